@@ -1,0 +1,133 @@
+//! The preallocated KV cache the rollout sampler decodes through.
+//!
+//! One (B, Hkv, capacity, hd) K and V tensor per layer, written in place slot by slot. All rows
+//! advance through the same slot index; rows at different positions are expressed by per-row
+//! position ids and a per-row validity mask (left padding, injected or finished rows), so one
+//! decode step is one batched forward. `select_rows` copies rows (a prompt's prefill into its G
+//! samples) or drops them (finished samples stop costing compute).
+
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// Per-layer K/V buffers plus which slots of each row hold real tokens.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// (B * capacity), 1 = the slot holds a real token.
+    valid: Vec<u8>,
+    b: usize,
+    capacity: usize,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new(
+        layers: usize,
+        b: usize,
+        kv_heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let mk = || Tensor::zeros((b, kv_heads, capacity, head_dim), dtype, device);
+        Ok(Self {
+            k: (0..layers).map(|_| mk()).collect::<Result<_>>()?,
+            v: (0..layers).map(|_| mk()).collect::<Result<_>>()?,
+            valid: vec![0; b * capacity],
+            b,
+            capacity,
+            len: 0,
+        })
+    }
+
+    /// Slots used so far (the same for every row).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn rows(&self) -> usize {
+        self.b
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub(crate) fn layer(&self, l: usize) -> (&Tensor, &Tensor) {
+        (&self.k[l], &self.v[l])
+    }
+
+    /// Reserves `s` new slots, records their validity and returns the (B, S, len + S)
+    /// "may attend" table of the new queries: real earlier-or-same slots only.
+    pub(crate) fn append_slots(&mut self, valid: &[u8], b: usize, s: usize) -> Result<Vec<u8>> {
+        if b != self.b || valid.len() != b * s {
+            bail!(
+                "kv cache holds {} rows; got {b} rows with {} validity flags for {s} slots",
+                self.b,
+                valid.len()
+            );
+        }
+        if self.len + s > self.capacity {
+            bail!(
+                "kv cache capacity {} exceeded ({} used + {s} new)",
+                self.capacity,
+                self.len
+            );
+        }
+        let (off, total) = (self.len, self.len + s);
+        for r in 0..b {
+            self.valid[r * self.capacity + off..r * self.capacity + total]
+                .copy_from_slice(&valid[r * s..(r + 1) * s]);
+        }
+        let mut allowed = vec![0u8; b * s * total];
+        for r in 0..b {
+            for i in 0..s {
+                for j in 0..=off + i {
+                    allowed[(r * s + i) * total + j] = self.valid[r * self.capacity + j];
+                }
+            }
+        }
+        self.len = total;
+        Ok(allowed)
+    }
+
+    /// Keeps (and possibly repeats) the given rows, in that order: row i of the result is row
+    /// `rows[i]` of this cache.
+    pub fn select_rows(&self, rows: &[usize]) -> Result<Self> {
+        if let Some(r) = rows.iter().find(|&&r| r >= self.b) {
+            bail!("row {r} out of range for a cache of {} rows", self.b);
+        }
+        let dev = self
+            .k
+            .first()
+            .map(|t| t.device().clone())
+            .unwrap_or(Device::Cpu);
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = Tensor::from_vec(idx, rows.len(), &dev)?;
+        let mut valid = Vec::with_capacity(rows.len() * self.capacity);
+        for &r in rows {
+            valid.extend_from_slice(&self.valid[r * self.capacity..(r + 1) * self.capacity]);
+        }
+        Ok(Self {
+            k: self
+                .k
+                .iter()
+                .map(|t| t.index_select(&idx, 0))
+                .collect::<Result<_>>()?,
+            v: self
+                .v
+                .iter()
+                .map(|t| t.index_select(&idx, 0))
+                .collect::<Result<_>>()?,
+            valid,
+            b: rows.len(),
+            capacity: self.capacity,
+            len: self.len,
+        })
+    }
+}

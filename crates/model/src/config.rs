@@ -1,0 +1,340 @@
+//! Qwen3 hyper-parameters read from an HF `config.json`; the first thing loading a checkpoint touches.
+//!
+//! The raw JSON is kept next to the parsed fields so that saving writes back exactly what
+//! transformers wrote (plus the storage dtype), and unsupported features are rejected here, once,
+//! instead of silently producing a different model.
+
+use candle_core::{bail, Result};
+use serde_json::Value;
+use std::path::Path;
+
+/// The parsed, validated architecture of a Qwen3ForCausalLM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    /// Independent of hidden_size / num_attention_heads (Qwen3-0.6B: 1024 / 16 heads, head_dim 128).
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub pad_token_id: Option<u32>,
+    /// The file as written by transformers; saving writes it back with only the dtype updated.
+    pub raw: Value,
+}
+
+fn usize_key(v: &Value, key: &str) -> Result<usize> {
+    match v.get(key) {
+        Some(x) => match x.as_u64() {
+            Some(n) => Ok(n as usize),
+            None => bail!("config key `{key}` must be a non-negative integer, got {x}"),
+        },
+        None => bail!("config is missing required key `{key}`"),
+    }
+}
+
+fn opt_u32(v: &Value, key: &str) -> Result<Option<u32>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => match x.as_u64() {
+            Some(n) => Ok(Some(n as u32)),
+            None => bail!("config key `{key}` must be a token id, got {x}"),
+        },
+    }
+}
+
+impl Config {
+    /// Reads and validates `config.json`; errors name the file and the offending key.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
+        let raw: Value = serde_json::from_str(&text).map_err(|e| {
+            candle_core::Error::Msg(format!("{}: invalid JSON: {e}", path.display()))
+        })?;
+        Self::from_json(raw)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses an already-loaded config object.
+    pub fn from_json(raw: Value) -> Result<Self> {
+        if !raw.is_object() {
+            bail!("config must be a JSON object");
+        }
+        if let Some(mt) = raw.get("model_type").and_then(Value::as_str) {
+            if mt != "qwen3" {
+                bail!("model_type `{mt}` is not supported (only `qwen3`)");
+            }
+        }
+        if raw.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            bail!("sliding-window attention (`use_sliding_window: true`) is not supported");
+        }
+        if let Some(types) = raw.get("layer_types").and_then(Value::as_array) {
+            if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+                bail!("layer type {t} is not supported (only `full_attention`)");
+            }
+        }
+        if raw.get("attention_bias").and_then(Value::as_bool) == Some(true) {
+            bail!("`attention_bias: true` is not supported");
+        }
+        if let Some(act) = raw.get("hidden_act").and_then(Value::as_str) {
+            if act != "silu" {
+                bail!("hidden_act `{act}` is not supported (only `silu`)");
+            }
+        }
+        let rope_theta = rope_theta(&raw)?;
+        let hidden_size = usize_key(&raw, "hidden_size")?;
+        let num_attention_heads = usize_key(&raw, "num_attention_heads")?;
+        let num_key_value_heads = match raw.get("num_key_value_heads") {
+            None | Some(Value::Null) => num_attention_heads,
+            Some(_) => usize_key(&raw, "num_key_value_heads")?,
+        };
+        let head_dim = match raw.get("head_dim") {
+            None | Some(Value::Null) => hidden_size / num_attention_heads.max(1),
+            Some(_) => usize_key(&raw, "head_dim")?,
+        };
+        let eos_token_ids = match raw.get("eos_token_id") {
+            None | Some(Value::Null) => vec![],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_u64().map(|n| n as u32))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    candle_core::Error::Msg("config key `eos_token_id` must hold token ids".into())
+                })?,
+            Some(_) => opt_u32(&raw, "eos_token_id")?.into_iter().collect(),
+        };
+        let cfg = Config {
+            vocab_size: usize_key(&raw, "vocab_size")?,
+            hidden_size,
+            intermediate_size: usize_key(&raw, "intermediate_size")?,
+            num_hidden_layers: usize_key(&raw, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: raw
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
+            rope_theta,
+            tie_word_embeddings: raw
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            max_position_embeddings: raw
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(32768) as usize,
+            bos_token_id: opt_u32(&raw, "bos_token_id")?,
+            eos_token_ids,
+            pad_token_id: opt_u32(&raw, "pad_token_id")?,
+            raw,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (k, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+        ] {
+            if v == 0 {
+                bail!("config key `{k}` must be positive, got 0");
+            }
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            bail!(
+                "config key `head_dim` must be a positive even number, got {}",
+                self.head_dim
+            );
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            bail!(
+                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                self.num_attention_heads,
+                self.num_key_value_heads
+            );
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            bail!("rope_theta must be positive, got {}", self.rope_theta);
+        }
+        Ok(())
+    }
+
+    /// Builds a config from the handful of numbers that define a Qwen3 shape (benches, tests).
+    #[allow(clippy::too_many_arguments)]
+    pub fn synthetic(
+        vocab_size: usize,
+        hidden_size: usize,
+        intermediate_size: usize,
+        num_hidden_layers: usize,
+        num_attention_heads: usize,
+        num_key_value_heads: usize,
+        head_dim: usize,
+        tie_word_embeddings: bool,
+    ) -> Result<Self> {
+        Self::from_json(serde_json::json!({
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": vocab_size,
+            "hidden_size": hidden_size,
+            "intermediate_size": intermediate_size,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": num_attention_heads,
+            "num_key_value_heads": num_key_value_heads,
+            "head_dim": head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": tie_word_embeddings,
+            "max_position_embeddings": 40960,
+            "attention_bias": false,
+            "use_sliding_window": false,
+            "dtype": "float32",
+        }))
+    }
+
+    /// The shape of Qwen3-0.6B (random weights are used for benchmarks).
+    pub fn qwen3_0_6b() -> Self {
+        Self::synthetic(151_936, 1024, 3072, 28, 16, 8, 128, true).expect("valid built-in shape")
+    }
+
+    /// Every tensor the checkpoint must hold, with its HF key and shape, in sorted key order.
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let (h, hd, i) = (self.hidden_size, self.head_dim, self.intermediate_size);
+        let (q, kv) = (self.num_attention_heads * hd, self.num_key_value_heads * hd);
+        let mut out = vec![
+            (
+                "model.embed_tokens.weight".to_string(),
+                vec![self.vocab_size, h],
+            ),
+            ("model.norm.weight".to_string(), vec![h]),
+        ];
+        if !self.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), vec![self.vocab_size, h]));
+        }
+        for l in 0..self.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            out.extend([
+                (format!("{p}.input_layernorm.weight"), vec![h]),
+                (format!("{p}.post_attention_layernorm.weight"), vec![h]),
+                (format!("{p}.self_attn.q_proj.weight"), vec![q, h]),
+                (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
+                (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
+                (format!("{p}.self_attn.o_proj.weight"), vec![h, q]),
+                (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
+                (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
+                (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
+                (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
+                (format!("{p}.mlp.down_proj.weight"), vec![h, i]),
+            ]);
+        }
+        out.sort();
+        out
+    }
+
+    /// Number of parameters, counting tied embeddings once.
+    pub fn num_parameters(&self) -> usize {
+        self.expected_tensors()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
+    }
+}
+
+/// `rope_theta` (transformers 4) or `rope_parameters.rope_theta` (transformers 5); only the
+/// default rope type is supported.
+fn rope_theta(raw: &Value) -> Result<f64> {
+    for key in ["rope_scaling", "rope_parameters"] {
+        if let Some(p) = raw.get(key).filter(|p| !p.is_null()) {
+            let ty = p
+                .get("rope_type")
+                .or_else(|| p.get("type"))
+                .and_then(Value::as_str);
+            if let Some(ty) = ty {
+                if ty != "default" {
+                    bail!(
+                        "rope scaling `{key}.rope_type = {ty}` is not supported (only `default`)"
+                    );
+                }
+            }
+        }
+    }
+    if let Some(t) = raw.get("rope_theta").and_then(Value::as_f64) {
+        return Ok(t);
+    }
+    if let Some(t) = raw
+        .pointer("/rope_parameters/rope_theta")
+        .and_then(Value::as_f64)
+    {
+        return Ok(t);
+    }
+    Ok(10_000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({"vocab_size": 32, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
+               "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4})
+    }
+
+    fn check_err(patch: Value, expect: &str) {
+        let mut v = base();
+        for (k, x) in patch.as_object().expect("object").iter() {
+            v[k] = x.clone();
+        }
+        let err = Config::from_json(v).expect_err("must fail").to_string();
+        assert!(err.contains(expect), "{err:?} does not mention {expect:?}");
+    }
+
+    #[test]
+    fn head_dim_is_independent_and_theta_has_two_homes() {
+        let c = Config::from_json(base()).expect("ok");
+        assert_eq!((c.head_dim, c.rope_theta), (4, 10_000.0));
+        let mut v = base();
+        v["rope_parameters"] = json!({"rope_theta": 1e6, "rope_type": "default"});
+        assert_eq!(Config::from_json(v).expect("ok").rope_theta, 1e6);
+        let mut v = base();
+        v["rope_theta"] = json!(5e5);
+        assert_eq!(Config::from_json(v).expect("ok").rope_theta, 5e5);
+    }
+
+    #[test]
+    fn unsupported_features_are_named() {
+        check_err(json!({"use_sliding_window": true}), "sliding-window");
+        check_err(
+            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+            "yarn",
+        );
+        check_err(
+            json!({"num_key_value_heads": 3}),
+            "multiple of num_key_value_heads",
+        );
+        check_err(json!({"hidden_size": "big"}), "`hidden_size`");
+        check_err(json!({"model_type": "llama"}), "llama");
+    }
+
+    #[test]
+    fn expected_tensors_follow_tying() {
+        let tied = Config::synthetic(10, 8, 12, 2, 2, 1, 4, true).expect("ok");
+        let untied = Config::synthetic(10, 8, 12, 2, 2, 1, 4, false).expect("ok");
+        assert_eq!(tied.expected_tensors().len(), 2 + 2 * 11);
+        assert_eq!(untied.expected_tensors().len(), 3 + 2 * 11);
+        assert_eq!(untied.num_parameters() - tied.num_parameters(), 80);
+    }
+}

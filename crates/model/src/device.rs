@@ -1,0 +1,52 @@
+//! Device selection from a user string ("cpu", "cuda", "cuda:1"): the one place that decides
+//! where tensors live and which dtype the forward computes in.
+
+use candle_core::{bail, DType, Device, Result};
+
+/// "cpu" -> (CPU, f32). "cuda[:N]" -> (GPU N, bf16) when built with the `cuda` feature; a build
+/// without it fails loudly instead of falling back to the CPU.
+pub fn select(spec: &str) -> Result<(Device, DType)> {
+    let spec = spec.trim();
+    if spec == "cpu" {
+        return Ok((Device::Cpu, DType::F32));
+    }
+    let ordinal = match spec.strip_prefix("cuda") {
+        Some("") => 0,
+        Some(rest) => match rest.strip_prefix(':').and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) => n,
+            None => bail!("device `{spec}` is not one of cpu, cuda, cuda:N"),
+        },
+        None => bail!("device `{spec}` is not one of cpu, cuda, cuda:N"),
+    };
+    cuda(spec, ordinal)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(spec: &str, ordinal: usize) -> Result<(Device, DType)> {
+    match Device::new_cuda(ordinal) {
+        Ok(d) => Ok((d, DType::BF16)),
+        Err(e) => bail!("device `{spec}`: no usable CUDA device ({e})"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(spec: &str, _ordinal: usize) -> Result<(Device, DType)> {
+    bail!("device `{spec}` requested but this binary was built without the `cuda` feature (rebuild with --features cuda)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_or_refuses() {
+        assert!(matches!(select("cpu"), Ok((Device::Cpu, DType::F32))));
+        let e = select("tpu").expect_err("bad").to_string();
+        assert!(e.contains("`tpu`"), "{e}");
+        #[cfg(not(feature = "cuda"))]
+        assert!(select("cuda:0")
+            .expect_err("no cuda")
+            .to_string()
+            .contains("without the `cuda` feature"));
+    }
+}

@@ -1,0 +1,222 @@
+//! Log-probabilities of chosen target tokens under the LM head, without a (B, T, V) log-softmax.
+//!
+//! Sits at the end of the training forward: final hidden rows (N, H) of the completion positions
+//! and the head weight (V, H) -> log p(target) (N). Rows are processed in chunks: the forward keeps
+//! only the (N) result, and the backward recomputes each chunk's softmax instead of storing it, so
+//! peak memory is one (chunk, V) block instead of (N, V) -- for Qwen3's 151,936-token vocabulary
+//! the difference between megabytes and gigabytes. Accumulation is in f32 for half inputs.
+
+use crate::ops::accum_dtype;
+use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor, D};
+
+/// Rows per chunk by default: 512 rows x 151,936 x 4 bytes = 311 MB per block at Qwen3 scale.
+pub const DEFAULT_CHUNK_ROWS: usize = 512;
+
+/// log p(targets[n] | hidden[n]) for hidden (N, H), weight (V, H), targets (N) u32 -> (N) f32/f64.
+/// Differentiable in `hidden` and `weight` when they carry a graph.
+pub fn token_logprobs(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    chunk_rows: usize,
+) -> Result<Tensor> {
+    let (n, h) = hidden.dims2()?;
+    let (_, hw) = weight.dims2()?;
+    if h != hw || targets.dims1()? != n {
+        bail!(
+            "token_logprobs: hidden {:?}, weight {:?}, targets {:?} do not agree",
+            hidden.shape(),
+            weight.shape(),
+            targets.shape()
+        );
+    }
+    let chunk = chunk_rows.max(1);
+    let (hd, wd) = (hidden.detach(), weight.detach());
+    let mut parts = Vec::with_capacity(n.div_ceil(chunk));
+    for start in (0..n).step_by(chunk) {
+        let len = chunk.min(n - start);
+        let logits = chunk_logits(&hd.narrow(0, start, len)?, &wd)?; // (n, V)
+        let m = logits.max_keepdim(D::Minus1)?;
+        let lse = (logits
+            .broadcast_sub(&m)?
+            .exp()?
+            .sum_keepdim(D::Minus1)?
+            .log()?
+            + m)?; // (n, 1)
+        let tgt = logits.gather(&targets.narrow(0, start, len)?.unsqueeze(1)?, 1)?; // (n, 1)
+        parts.push((tgt - lse)?.squeeze(1)?);
+    }
+    let values = if parts.is_empty() {
+        Tensor::zeros(0, accum_dtype(hidden.dtype()), hidden.device())?
+    } else {
+        Tensor::cat(&parts, 0)?
+    };
+    if !(hidden.track_op() || weight.track_op()) {
+        return Ok(values);
+    }
+    hidden.apply_op2(
+        weight,
+        FusedLogProb {
+            targets: targets.clone(),
+            values,
+            chunk,
+        },
+    )
+}
+
+/// One chunk's logits in the accumulation dtype: h (n, H) @ W^T -> (n, V).
+fn chunk_logits(h: &Tensor, w: &Tensor) -> Result<Tensor> {
+    h.matmul(&w.t()?)?.to_dtype(accum_dtype(h.dtype()))
+}
+
+/// The reference path the fused op replaces: full logits, full log-softmax, gather. Used by
+/// tests and by `bench model` to show the memory it costs.
+pub fn naive_token_logprobs(hidden: &Tensor, weight: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let logits = chunk_logits(hidden, weight)?; // (N, V)
+    let m = logits.max_keepdim(D::Minus1)?.detach();
+    let shifted = logits.broadcast_sub(&m)?;
+    let logz = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let logp = shifted.broadcast_sub(&logz)?; // (N, V)
+    logp.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)
+}
+
+/// The custom op carrying the chunked backward. Its forward result is computed beforehand with
+/// ordinary (detached) tensor ops on the right device; the op only hands that result to the graph.
+struct FusedLogProb {
+    targets: Tensor,
+    values: Tensor,
+    chunk: usize,
+}
+
+impl CustomOp2 for FusedLogProb {
+    fn name(&self) -> &'static str {
+        "fused-token-logprob"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (s, l) = self.values.storage_and_layout();
+        match &*s {
+            Storage::Cpu(c) if l.is_contiguous() && l.start_offset() == 0 => {
+                Ok((c.clone(), l.shape().clone()))
+            }
+            _ => bail!("fused-token-logprob: precomputed values are not a contiguous cpu tensor"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let (s, l) = self.values.storage_and_layout();
+        match &*s {
+            Storage::Cuda(c) => Ok((c.try_clone(l)?, l.shape().clone())),
+            _ => bail!("fused-token-logprob: precomputed values are not a cuda tensor"),
+        }
+    }
+
+    /// d logp_n / d logits_n = onehot(target_n) - softmax(logits_n); chained into h and W chunk
+    /// by chunk, recomputing the softmax.
+    fn bwd(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (h, w) = (hidden.detach(), weight.detach());
+        let (n, _) = h.dims2()?;
+        let acc = accum_dtype(h.dtype());
+        let grad = grad.detach().to_dtype(acc)?;
+        let wa = w.to_dtype(acc)?;
+        let mut dh_parts = Vec::new();
+        let mut dw = wa.zeros_like()?;
+        for start in (0..n).step_by(self.chunk) {
+            let len = self.chunk.min(n - start);
+            let hc = h.narrow(0, start, len)?;
+            let logits = chunk_logits(&hc, &w)?; // (n, V)
+            let m = logits.max_keepdim(D::Minus1)?;
+            let e = logits.broadcast_sub(&m)?.exp()?;
+            let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?; // (n, V)
+            let g = grad.narrow(0, start, len)?.unsqueeze(1)?; // (n, 1)
+            let tgt = self.targets.narrow(0, start, len)?.unsqueeze(1)?;
+            let dlogits = p.broadcast_mul(&g)?.neg()?.scatter_add(&tgt, &g, 1)?; // (n, V)
+            dh_parts.push(dlogits.matmul(&wa)?); // (n, H)
+            dw = (dw + dlogits.t()?.matmul(&hc.to_dtype(acc)?)?)?; // (V, H)
+        }
+        let dh = if dh_parts.is_empty() {
+            h.zeros_like()?
+        } else {
+            Tensor::cat(&dh_parts, 0)?.to_dtype(h.dtype())?
+        };
+        Ok((Some(dh), Some(dw.to_dtype(w.dtype())?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn data(n: usize, h: usize, v: usize) -> (Var, Var, Tensor) {
+        let dev = Device::Cpu;
+        let hid: Vec<f64> = (0..n * h)
+            .map(|i| ((i * 37 % 101) as f64 / 50.0 - 1.0))
+            .collect();
+        let w: Vec<f64> = (0..v * h)
+            .map(|i| ((i * 53 % 97) as f64 / 40.0 - 1.2))
+            .collect();
+        let tg: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
+        (
+            Var::from_tensor(&Tensor::from_vec(hid, (n, h), &dev).expect("h")).expect("var"),
+            Var::from_tensor(&Tensor::from_vec(w, (v, h), &dev).expect("w")).expect("var"),
+            Tensor::from_vec(tg, n, &dev).expect("t"),
+        )
+    }
+
+    #[test]
+    fn fused_equals_naive_in_value_and_gradient() {
+        let (h, w, t) = data(7, 5, 11);
+        for chunk in [1, 3, 7, 100] {
+            let fused = token_logprobs(&h, &w, &t, chunk).expect("fused");
+            let naive = naive_token_logprobs(&h, &w, &t).expect("naive");
+            let diff = (&fused - &naive)
+                .expect("d")
+                .abs()
+                .expect("a")
+                .max_all()
+                .expect("m");
+            assert!(diff.to_scalar::<f64>().expect("s") < 1e-12);
+            // A weighted sum so each row's gradient is scaled differently.
+            let wts = Tensor::arange(1f64, 8.0, &Device::Cpu).expect("w");
+            let gf = (fused * &wts)
+                .expect("x")
+                .sum_all()
+                .expect("s")
+                .backward()
+                .expect("bwd");
+            let gn = (naive * &wts)
+                .expect("x")
+                .sum_all()
+                .expect("s")
+                .backward()
+                .expect("bwd");
+            for v in [&h, &w] {
+                let a = gf.get(v.as_tensor()).expect("grad");
+                let b = gn.get(v.as_tensor()).expect("grad");
+                let d = (a - b).expect("d").abs().expect("a").max_all().expect("m");
+                assert!(d.to_scalar::<f64>().expect("s") < 1e-12, "chunk {chunk}");
+            }
+        }
+    }
+}

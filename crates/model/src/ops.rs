@@ -1,0 +1,136 @@
+//! Differentiable building blocks of the Qwen3 forward: RMSNorm, rotary embeddings, masked softmax
+//! attention with grouped KV heads. Composite candle ops only, so every one records a backward.
+//!
+//! candle-nn's fused `rms_norm`, `softmax_last_dim` and `rope` record no backward (the gradient is
+//! silently missing), which is why these exist. Half-precision inputs are upcast to f32 where HF
+//! does (norm statistics, softmax) and cast back afterwards.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+/// The dtype numerically sensitive reductions run in: f32 for half types, else the input's own.
+pub fn accum_dtype(dt: DType) -> DType {
+    match dt {
+        DType::BF16 | DType::F16 => DType::F32,
+        other => other,
+    }
+}
+
+/// HF Qwen3RMSNorm: `w * (x / sqrt(mean(x^2) + eps))`, statistics in f32, over the last dim.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let dt = x.dtype();
+    let xf = x.to_dtype(accum_dtype(dt))?;
+    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dt)?;
+    normed.broadcast_mul(weight)
+}
+
+/// Cos/sin tables for per-row position ids: positions (B, T) -> two (B, 1, T, head_dim) tensors,
+/// in the HF layout `cat(freqs, freqs)`. Computed in f32 (as transformers does), then cast.
+pub fn rope_tables(
+    positions: &Tensor,
+    head_dim: usize,
+    theta: f64,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
+    let (b, t) = positions.dims2()?;
+    let inv: Vec<f32> = (0..head_dim / 2)
+        .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+        .collect();
+    let inv = Tensor::from_vec(inv, (1, 1, head_dim / 2), positions.device())?;
+    let pos = positions.to_dtype(DType::F32)?.reshape((b, t, 1))?;
+    let freqs = pos.broadcast_mul(&inv)?; // (B, T, hd/2)
+    let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // (B, T, hd)
+    let cos = emb.cos()?.to_dtype(dtype)?.unsqueeze(1)?; // (B, 1, T, hd)
+    let sin = emb.sin()?.to_dtype(dtype)?.unsqueeze(1)?;
+    Ok((cos, sin))
+}
+
+/// Qwen's rotate-half rotary embedding: `x * cos + rotate_half(x) * sin`, x (B, H, T, hd).
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let hd = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, hd / 2)?;
+    let x2 = x.narrow(D::Minus1, hd / 2, hd / 2)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
+}
+
+/// Softmax over the last dim. The max is detached: subtracting any constant leaves the result
+/// (and so the true gradient) unchanged, and it keeps `max`'s tie-breaking out of the graph.
+pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&m)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// `silu(x) = x * sigmoid(x)`, written out so its backward is exact on every backend.
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    x.silu()
+}
+
+/// Additive attention bias (B, 1, 1, T, S) from a boolean "may attend" table laid out (B, T, S):
+/// 0 where allowed, a large negative number elsewhere (finite, so fully masked pad rows stay
+/// finite instead of NaN).
+pub fn attention_bias(
+    allowed: &[u8],
+    b: usize,
+    t: usize,
+    s: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    let bias: Vec<f32> = allowed
+        .iter()
+        .map(|&a| if a != 0 { 0.0 } else { -1e9 })
+        .collect();
+    Tensor::from_vec(bias, (b, 1, 1, t, s), device)?.to_dtype(dtype)
+}
+
+/// Scaled dot-product attention with grouped KV heads, without repeating K/V in memory.
+/// q (B, Hq, T, hd), k/v (B, Hkv, S, hd), bias (B, 1, 1, T, S) -> (B, Hq, T, hd).
+pub fn gqa_attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    let (b, hq, t, hd) = q.dims4()?;
+    let (_, hkv, s, _) = k.dims4()?;
+    let rep = hq / hkv;
+    let dt = q.dtype();
+    // Query heads h*rep..(h+1)*rep share KV head h (HF repeat_kv order).
+    let q = q.contiguous()?.reshape((b, hkv, rep * t, hd))?; // (B, Hkv, rep*T, hd)
+    let scale = 1.0 / (hd as f64).sqrt();
+    let kt = k.transpose(2, 3)?.contiguous()?; // (B, Hkv, hd, S)
+    let scores = (q.matmul(&kt)? * scale)?; // (B, Hkv, rep*T, S)
+    let scores = scores
+        .reshape((b, hkv, rep, t, s))?
+        .to_dtype(accum_dtype(dt))?;
+    let scores = scores.broadcast_add(&bias.to_dtype(accum_dtype(dt))?)?;
+    let probs = softmax_last(&scores)?.to_dtype(dt)?; // (B, Hkv, rep, T, S)
+    let probs = probs.reshape((b, hkv, rep * t, s))?;
+    let out = probs.matmul(&v.contiguous()?)?; // (B, Hkv, rep*T, hd)
+    out.reshape((b, hq, t, hd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_matches_closed_form() {
+        let x = Tensor::new(&[[1.0f64, 2.0, 3.0], [0.0, 0.0, -1e9]], &Device::Cpu).expect("t");
+        let p = softmax_last(&x).expect("sm").to_vec2::<f64>().expect("v");
+        let z = 1f64.exp() + 2f64.exp() + 3f64.exp();
+        assert!((p[0][2] - 3f64.exp() / z).abs() < 1e-12);
+        assert!((p[1][0] - 0.5).abs() < 1e-12 && p[1][2] == 0.0);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity() {
+        let dev = Device::Cpu;
+        let x = Tensor::arange(0f32, 8.0, &dev)
+            .expect("x")
+            .reshape((1, 1, 1, 8))
+            .expect("r");
+        let pos = Tensor::new(&[[0u32]], &dev).expect("p");
+        let (c, s) = rope_tables(&pos, 8, 1e4, DType::F32).expect("tables");
+        let y = rope(&x, &c, &s).expect("rope");
+        let d = (y - &x).expect("d").abs().expect("a").max_all().expect("m");
+        assert_eq!(d.to_scalar::<f32>().expect("s"), 0.0);
+    }
+}

@@ -1,0 +1,24 @@
+//! The single integration-test binary: golden checks against HF transformers, gradient checks,
+//! checkpoint round trips and bad-input errors, KV-cache parity.
+
+mod checkpoint;
+mod golden;
+mod gradients;
+mod kv_cache;
+
+use std::path::PathBuf;
+
+/// A fixture directory under tests/fixtures.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// A fresh scratch directory under the target dir (removed first if a previous run left it).
+pub fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}

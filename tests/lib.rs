@@ -1,0 +1,1 @@
+//! Integration tests live in `it/`; this library is empty so the package has one test binary.
