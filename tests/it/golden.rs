@@ -35,3 +35,13 @@ fn check_fixture(name: &str) {
 fn qwen3_tiny_matches_transformers() {
     check_fixture("qwen3-tiny");
 }
+
+#[test]
+fn untied_one_kv_head_legacy_rope_theta_matches_transformers() {
+    check_fixture("qwen3-untied-1kv");
+}
+
+#[test]
+fn sharded_bf16_checkpoint_matches_transformers() {
+    check_fixture("qwen3-sharded-bf16");
+}
