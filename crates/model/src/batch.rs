@@ -4,7 +4,7 @@
 //! (prompts, left-padded). Positions restart at 0 on each row's first real token, as in
 //! transformers (`cumsum(mask) - 1`, clamped at 0).
 
-use candle_core::{bail, Device, Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 
 /// Which side of a row padding goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ impl Batch {
         device: &Device,
     ) -> Result<Self> {
         if ids.len() != b * t || mask.len() != b * t || positions.len() != b * t {
-            bail!(
+            crate::fail!(
                 "batch of {b}x{t} needs {} ids, mask entries and positions",
                 b * t
             );

@@ -6,7 +6,7 @@
 //! decode step is one batched forward. `select_rows` copies rows (a prompt's prefill into its G
 //! samples) or drops them (finished samples stop costing compute).
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 /// Per-layer K/V buffers plus which slots of each row hold real tokens.
 #[derive(Debug, Clone)]
@@ -66,14 +66,14 @@ impl KvCache {
     /// "may attend" table of the new queries: real earlier-or-same slots only.
     pub(crate) fn append_slots(&mut self, valid: &[u8], b: usize, s: usize) -> Result<Vec<u8>> {
         if b != self.b || valid.len() != b * s {
-            bail!(
+            crate::fail!(
                 "kv cache holds {} rows; got {b} rows with {} validity flags for {s} slots",
                 self.b,
                 valid.len()
             );
         }
         if self.len + s > self.capacity {
-            bail!(
+            crate::fail!(
                 "kv cache capacity {} exceeded ({} used + {s} new)",
                 self.capacity,
                 self.len
@@ -100,7 +100,7 @@ impl KvCache {
     /// `rows[i]` of this cache.
     pub fn select_rows(&self, rows: &[usize]) -> Result<Self> {
         if let Some(r) = rows.iter().find(|&&r| r >= self.b) {
-            bail!("row {r} out of range for a cache of {} rows", self.b);
+            crate::fail!("row {r} out of range for a cache of {} rows", self.b);
         }
         let dev = self
             .k

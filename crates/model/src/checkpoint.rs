@@ -5,7 +5,7 @@
 //! `Qwen3` Vars ... training ... -> `write_checkpoint` (config.json + safetensors [+ index]).
 
 use crate::config::Config;
-use candle_core::{bail, DType, Device, Error, Result, Tensor};
+use candle_core::{DType, Device, Error, Result, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -28,7 +28,7 @@ pub fn resolve(name: &str, allow_download: bool) -> Result<PathBuf> {
         && !name.starts_with('/')
         && !name.contains('\\');
     if !looks_like_hub {
-        bail!("model directory `{name}` does not exist");
+        crate::fail!("model directory `{name}` does not exist");
     }
     let cache = hf_hub::Cache::from_env();
     let repo = cache.model(name.to_string());
@@ -39,7 +39,7 @@ pub fn resolve(name: &str, allow_download: bool) -> Result<PathBuf> {
         }
     }
     if !allow_download {
-        bail!(
+        crate::fail!(
             "model `{name}` is not a local directory and is not complete in the HF cache at {}; \
              pass --allow-download to fetch it, or point to a directory",
             cache
@@ -109,7 +109,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if single.is_file() {
         return Ok(vec![single]);
     }
-    bail!(
+    crate::fail!(
         "{}: no model.safetensors or model.safetensors.index.json",
         dir.display()
     )
@@ -136,10 +136,10 @@ pub fn read_weights(
                 Some(w) => w,
                 // transformers may store the tied head; it is the embedding, so skip it.
                 None if name == "lm_head.weight" && cfg.tie_word_embeddings => continue,
-                None => bail!("{}: unexpected tensor `{name}` {shape:?}", file.display()),
+                None => crate::fail!("{}: unexpected tensor `{name}` {shape:?}", file.display()),
             };
             if &shape != want {
-                bail!(
+                crate::fail!(
                     "{}: tensor `{name}` has shape {shape:?}, the config expects {want:?}",
                     file.display()
                 );
@@ -149,7 +149,7 @@ pub fn read_weights(
                 safetensors::Dtype::BF16 => DType::BF16,
                 safetensors::Dtype::F16 => DType::F16,
                 safetensors::Dtype::F64 => DType::F64,
-                other => bail!(
+                other => crate::fail!(
                     "{}: tensor `{name}` has unsupported dtype {other:?}",
                     file.display()
                 ),
@@ -161,7 +161,7 @@ pub fn read_weights(
         }
     }
     if let Some((name, shape)) = expected.iter().find(|(n, _)| !out.contains_key(*n)) {
-        bail!(
+        crate::fail!(
             "{}: missing tensor `{name}` (expected shape {shape:?})",
             dir.display()
         );
@@ -192,7 +192,7 @@ fn dtype_name(dt: DType) -> Result<&'static str> {
         DType::F32 => "float32",
         DType::BF16 => "bfloat16",
         DType::F16 => "float16",
-        other => bail!("cannot save weights as {other:?} (use f32, bf16 or f16)"),
+        other => crate::fail!("cannot save weights as {other:?} (use f32, bf16 or f16)"),
     })
 }
 

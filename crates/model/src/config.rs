@@ -4,7 +4,7 @@
 //! transformers wrote (plus the storage dtype), and unsupported features are rejected here, once,
 //! instead of silently producing a different model.
 
-use candle_core::{bail, Result};
+use candle_core::{Result};
 use serde_json::Value;
 use std::path::Path;
 
@@ -34,9 +34,9 @@ fn usize_key(v: &Value, key: &str) -> Result<usize> {
     match v.get(key) {
         Some(x) => match x.as_u64() {
             Some(n) => Ok(n as usize),
-            None => bail!("config key `{key}` must be a non-negative integer, got {x}"),
+            None => crate::fail!("config key `{key}` must be a non-negative integer, got {x}"),
         },
-        None => bail!("config is missing required key `{key}`"),
+        None => crate::fail!("config is missing required key `{key}`"),
     }
 }
 
@@ -45,7 +45,7 @@ fn opt_u32(v: &Value, key: &str) -> Result<Option<u32>> {
         None | Some(Value::Null) => Ok(None),
         Some(x) => match x.as_u64() {
             Some(n) => Ok(Some(n as u32)),
-            None => bail!("config key `{key}` must be a token id, got {x}"),
+            None => crate::fail!("config key `{key}` must be a token id, got {x}"),
         },
     }
 }
@@ -65,27 +65,27 @@ impl Config {
     /// Parses an already-loaded config object.
     pub fn from_json(raw: Value) -> Result<Self> {
         if !raw.is_object() {
-            bail!("config must be a JSON object");
+            crate::fail!("config must be a JSON object");
         }
         if let Some(mt) = raw.get("model_type").and_then(Value::as_str) {
             if mt != "qwen3" {
-                bail!("model_type `{mt}` is not supported (only `qwen3`)");
+                crate::fail!("model_type `{mt}` is not supported (only `qwen3`)");
             }
         }
         if raw.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
-            bail!("sliding-window attention (`use_sliding_window: true`) is not supported");
+            crate::fail!("sliding-window attention (`use_sliding_window: true`) is not supported");
         }
         if let Some(types) = raw.get("layer_types").and_then(Value::as_array) {
             if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
-                bail!("layer type {t} is not supported (only `full_attention`)");
+                crate::fail!("layer type {t} is not supported (only `full_attention`)");
             }
         }
         if raw.get("attention_bias").and_then(Value::as_bool) == Some(true) {
-            bail!("`attention_bias: true` is not supported");
+            crate::fail!("`attention_bias: true` is not supported");
         }
         if let Some(act) = raw.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
-                bail!("hidden_act `{act}` is not supported (only `silu`)");
+                crate::fail!("hidden_act `{act}` is not supported (only `silu`)");
             }
         }
         let rope_theta = rope_theta(&raw)?;
@@ -150,24 +150,24 @@ impl Config {
             ("num_key_value_heads", self.num_key_value_heads),
         ] {
             if v == 0 {
-                bail!("config key `{k}` must be positive, got 0");
+                crate::fail!("config key `{k}` must be positive, got 0");
             }
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            bail!(
+            crate::fail!(
                 "config key `head_dim` must be a positive even number, got {}",
                 self.head_dim
             );
         }
         if self.num_attention_heads % self.num_key_value_heads != 0 {
-            bail!(
+            crate::fail!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads,
                 self.num_key_value_heads
             );
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            bail!("rope_theta must be positive, got {}", self.rope_theta);
+            crate::fail!("rope_theta must be positive, got {}", self.rope_theta);
         }
         Ok(())
     }
@@ -264,7 +264,7 @@ fn rope_theta(raw: &Value) -> Result<f64> {
                 .and_then(Value::as_str);
             if let Some(ty) = ty {
                 if ty != "default" {
-                    bail!(
+                    crate::fail!(
                         "rope scaling `{key}.rope_type = {ty}` is not supported (only `default`)"
                     );
                 }

@@ -1,7 +1,7 @@
 //! Device selection from a user string ("cpu", "cuda", "cuda:1"): the one place that decides
 //! where tensors live and which dtype the forward computes in.
 
-use candle_core::{bail, DType, Device, Result};
+use candle_core::{DType, Device, Result};
 
 /// "cpu" -> (CPU, f32). "cuda[:N]" -> (GPU N, bf16) when built with the `cuda` feature; a build
 /// without it fails loudly instead of falling back to the CPU.
@@ -14,9 +14,9 @@ pub fn select(spec: &str) -> Result<(Device, DType)> {
         Some("") => 0,
         Some(rest) => match rest.strip_prefix(':').and_then(|n| n.parse::<usize>().ok()) {
             Some(n) => n,
-            None => bail!("device `{spec}` is not one of cpu, cuda, cuda:N"),
+            None => crate::fail!("device `{spec}` is not one of cpu, cuda, cuda:N"),
         },
-        None => bail!("device `{spec}` is not one of cpu, cuda, cuda:N"),
+        None => crate::fail!("device `{spec}` is not one of cpu, cuda, cuda:N"),
     };
     cuda(spec, ordinal)
 }
@@ -25,13 +25,13 @@ pub fn select(spec: &str) -> Result<(Device, DType)> {
 fn cuda(spec: &str, ordinal: usize) -> Result<(Device, DType)> {
     match Device::new_cuda(ordinal) {
         Ok(d) => Ok((d, DType::BF16)),
-        Err(e) => bail!("device `{spec}`: no usable CUDA device ({e})"),
+        Err(e) => crate::fail!("device `{spec}`: no usable CUDA device ({e})"),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda(spec: &str, _ordinal: usize) -> Result<(Device, DType)> {
-    bail!("device `{spec}` requested but this binary was built without the `cuda` feature (rebuild with --features cuda)")
+    crate::fail!("device `{spec}` requested but this binary was built without the `cuda` feature (rebuild with --features cuda)")
 }
 
 #[cfg(test)]

@@ -13,6 +13,15 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
+/// Returns a plain one-line error (candle's `bail!` attaches a backtrace when RUST_BACKTRACE is
+/// set, which would break the one-line error promise of the CLI).
+#[macro_export]
+macro_rules! fail {
+    ($($arg:tt)*) => {
+        return Err(candle_core::Error::Msg(format!($($arg)*)))
+    };
+}
+
 pub mod batch;
 pub mod cache;
 pub mod checkpoint;

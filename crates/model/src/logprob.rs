@@ -7,7 +7,7 @@
 //! the difference between megabytes and gigabytes. Accumulation is in f32 for half inputs.
 
 use crate::ops::accum_dtype;
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor, D};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor, D};
 
 /// Rows per chunk by default: 512 rows x 151,936 x 4 bytes = 311 MB per block at Qwen3 scale.
 pub const DEFAULT_CHUNK_ROWS: usize = 512;
@@ -23,7 +23,7 @@ pub fn token_logprobs(
     let (n, h) = hidden.dims2()?;
     let (_, hw) = weight.dims2()?;
     if h != hw || targets.dims1()? != n {
-        bail!(
+        crate::fail!(
             "token_logprobs: hidden {:?}, weight {:?}, targets {:?} do not agree",
             hidden.shape(),
             weight.shape(),
@@ -105,7 +105,7 @@ impl CustomOp2 for FusedLogProb {
             Storage::Cpu(c) if l.is_contiguous() && l.start_offset() == 0 => {
                 Ok((c.clone(), l.shape().clone()))
             }
-            _ => bail!("fused-token-logprob: precomputed values are not a contiguous cpu tensor"),
+            _ => crate::fail!("fused-token-logprob: precomputed values are not a contiguous cpu tensor"),
         }
     }
 
@@ -121,7 +121,7 @@ impl CustomOp2 for FusedLogProb {
         let (s, l) = self.values.storage_and_layout();
         match &*s {
             Storage::Cuda(c) => Ok((c.try_clone(l)?, l.shape().clone())),
-            _ => bail!("fused-token-logprob: precomputed values are not a cuda tensor"),
+            _ => crate::fail!("fused-token-logprob: precomputed values are not a cuda tensor"),
         }
     }
 

@@ -12,7 +12,7 @@ use crate::checkpoint::{read_weights, write_checkpoint, SaveOptions};
 use crate::config::Config;
 use crate::logprob;
 use crate::ops::{attention_bias, gqa_attention, rms_norm, rope, rope_tables};
-use candle_core::{bail, DType, Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,7 +45,7 @@ impl Qwen3 {
     /// Loads config.json and the weights of an HF checkpoint directory.
     pub fn load(dir: &Path, device: &Device, compute_dtype: DType) -> Result<Self> {
         if !dir.is_dir() {
-            bail!("model directory {} does not exist", dir.display());
+            crate::fail!("model directory {} does not exist", dir.display());
         }
         let config = Config::from_file(&dir.join("config.json"))?;
         let master = master_dtype(compute_dtype);
@@ -63,7 +63,7 @@ impl Qwen3 {
     ) -> Result<Self> {
         let device = match tensors.values().next() {
             Some(t) => t.device().clone(),
-            None => bail!("no tensors"),
+            None => crate::fail!("no tensors"),
         };
         let master = master_dtype(compute_dtype);
         let vars = tensors
@@ -136,7 +136,7 @@ impl Qwen3 {
     fn w(&self, name: &str, train: bool) -> Result<Tensor> {
         let v = match self.vars.get(name) {
             Some(v) => v,
-            None => bail!("internal: weight `{name}` missing"),
+            None => crate::fail!("internal: weight `{name}` missing"),
         };
         let t = if train {
             v.as_tensor().clone()
@@ -285,7 +285,7 @@ impl Qwen3 {
         train: bool,
     ) -> Result<Tensor> {
         if rows.len() != targets.len() {
-            bail!(
+            crate::fail!(
                 "token_logprobs: {} rows but {} targets",
                 rows.len(),
                 targets.len()

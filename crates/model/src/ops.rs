@@ -62,11 +62,6 @@ pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
-/// `silu(x) = x * sigmoid(x)`, written out so its backward is exact on every backend.
-pub fn silu(x: &Tensor) -> Result<Tensor> {
-    x.silu()
-}
-
 /// Additive attention bias (B, 1, 1, T, S) from a boolean "may attend" table laid out (B, T, S):
 /// 0 where allowed, a large negative number elsewhere (finite, so fully masked pad rows stay
 /// finite instead of NaN).

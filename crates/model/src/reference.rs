@@ -4,7 +4,7 @@
 //! continuation. Used by the golden tests and `cargo xtask check-model`.
 
 use crate::{Batch, Qwen3};
-use candle_core::{bail, DType, Device, Error, Result, Tensor, D};
+use candle_core::{DType, Device, Error, Result, Tensor, D};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -80,7 +80,7 @@ pub fn check(model: &Qwen3, path: &Path) -> Result<Report> {
     let theirs = floats(get(&r, path, "logits")?)?;
     let v = model.config.vocab_size;
     if theirs.len() != b * t * v {
-        bail!(
+        crate::fail!(
             "{}: reference logits hold {} values, expected {b}x{t}x{v}",
             path.display(),
             theirs.len()
