@@ -9,21 +9,32 @@ use terse_model::{logprob, ops, Batch, Config, Padding, Qwen3};
 
 fn rand_tensor(rng: &mut ChaCha8Rng, shape: &[usize], scale: f64) -> Tensor {
     let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n).map(|_| (rng.random::<f64>() * 2.0 - 1.0) * scale).collect();
+    let v: Vec<f64> = (0..n)
+        .map(|_| (rng.random::<f64>() * 2.0 - 1.0) * scale)
+        .collect();
     Tensor::from_vec(v, shape, &Device::Cpu).expect("tensor")
 }
 
 /// Checks d f / d inputs against central differences on every element (inputs are small).
 /// `f` must return a scalar.
 fn gradcheck(name: &str, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
-    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).expect("var")).collect();
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).expect("var"))
+        .collect();
     let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
     let grads = f(&ts).expect("f").backward().expect("backward");
     let eps = 1e-6;
     for (i, var) in vars.iter().enumerate() {
-        let g = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{name}: input {i} got no gradient"));
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: input {i} got no gradient"));
         let g = g.flatten_all().expect("f").to_vec1::<f64>().expect("v");
-        let base = inputs[i].flatten_all().expect("f").to_vec1::<f64>().expect("v");
+        let base = inputs[i]
+            .flatten_all()
+            .expect("f")
+            .to_vec1::<f64>()
+            .expect("v");
         for j in 0..base.len() {
             let eval = |d: f64| {
                 let mut x = base.clone();
@@ -34,7 +45,11 @@ fn gradcheck(name: &str, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tens
             };
             let fd = (eval(eps) - eval(-eps)) / (2.0 * eps);
             let tol = 1e-6 * (1.0 + fd.abs());
-            assert!((fd - g[j]).abs() < tol, "{name}: input {i} element {j}: autograd {} vs finite difference {fd}", g[j]);
+            assert!(
+                (fd - g[j]).abs() < tol,
+                "{name}: input {i} element {j}: autograd {} vs finite difference {fd}",
+                g[j]
+            );
         }
     }
 }
@@ -51,7 +66,9 @@ fn rms_norm_gradient() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let x = rand_tensor(&mut rng, &[2, 3, 6], 1.0);
     let w = rand_tensor(&mut rng, &[6], 1.0);
-    gradcheck("rms_norm", &[x, w], |a| project(&ops::rms_norm(&a[0], &a[1], 1e-6)?, 7));
+    gradcheck("rms_norm", &[x, w], |a| {
+        project(&ops::rms_norm(&a[0], &a[1], 1e-6)?, 7)
+    });
 }
 
 #[test]
@@ -71,10 +88,23 @@ fn gqa_attention_with_padding_gradient() {
     let k = rand_tensor(&mut rng, &[b, hkv, t, hd], 1.0);
     let v = rand_tensor(&mut rng, &[b, hkv, t, hd], 1.0);
     // Row 0 left-padded by one, row 1 right-padded by one.
-    let batch = Batch::new(vec![0; b * t], vec![0, 1, 1, 1, 1, 1, 1, 0], b, t, &Device::Cpu).expect("batch");
-    let bias = ops::attention_bias(&batch.causal_allowed(), b, t, t, DType::F64, &Device::Cpu).expect("bias");
+    let batch = Batch::new(
+        vec![0; b * t],
+        vec![0, 1, 1, 1, 1, 1, 1, 0],
+        b,
+        t,
+        &Device::Cpu,
+    )
+    .expect("batch");
+    let bias = ops::attention_bias(&batch.causal_allowed(), b, t, t, DType::F64, &Device::Cpu)
+        .expect("bias");
     // Only real query rows count, as in training.
-    let keep = Tensor::from_vec(vec![0f64, 1., 1., 1., 1., 1., 1., 0.], (b, 1, t, 1), &Device::Cpu).expect("keep");
+    let keep = Tensor::from_vec(
+        vec![0f64, 1., 1., 1., 1., 1., 1., 0.],
+        (b, 1, t, 1),
+        &Device::Cpu,
+    )
+    .expect("keep");
     gradcheck("attention", &[q, k, v], |a| {
         let out = ops::gqa_attention(&a[0], &a[1], &a[2], &bias)?.broadcast_mul(&keep)?;
         project(&out, 9)
@@ -100,7 +130,9 @@ fn fused_logprob_gradient() {
     let h = rand_tensor(&mut rng, &[5, 4], 1.0);
     let w = rand_tensor(&mut rng, &[9, 4], 1.0);
     let t = Tensor::new(&[0u32, 8, 3, 3, 5], &Device::Cpu).expect("targets");
-    gradcheck("logprob", &[h, w], |a| project(&logprob::token_logprobs(&a[0], &a[1], &t, 2)?, 11));
+    gradcheck("logprob", &[h, w], |a| {
+        project(&logprob::token_logprobs(&a[0], &a[1], &t, 2)?, 11)
+    });
 }
 
 fn tiny_model(seed: u64) -> Qwen3 {
@@ -111,7 +143,11 @@ fn tiny_model(seed: u64) -> Qwen3 {
         .into_iter()
         .map(|(k, s)| {
             let t = rand_tensor(&mut rng, &s, 0.5);
-            let t = if k.ends_with("norm.weight") { (t + 1.0).expect("shift") } else { t };
+            let t = if k.ends_with("norm.weight") {
+                (t + 1.0).expect("shift")
+            } else {
+                t
+            };
             (k, t)
         })
         .collect();
@@ -128,40 +164,80 @@ fn every_parameter_receives_a_gradient() {
     let model = tiny_model(6);
     let batch = padded_batch();
     let (rows, targets) = batch.next_token_selection();
-    let lp = model.token_logprobs(&batch, &rows, &targets, true).expect("logp");
+    let lp = model
+        .token_logprobs(&batch, &rows, &targets, true)
+        .expect("logp");
     let grads = lp.sum_all().expect("sum").backward().expect("backward");
     for (name, var) in model.vars() {
-        let g = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
-        let norm = g.sqr().expect("sq").sum_all().expect("s").to_scalar::<f64>().expect("f");
-        assert!(norm > 0.0 && norm.is_finite(), "gradient of {name} is {norm}");
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        let norm = g
+            .sqr()
+            .expect("sq")
+            .sum_all()
+            .expect("s")
+            .to_scalar::<f64>()
+            .expect("f");
+        assert!(
+            norm > 0.0 && norm.is_finite(),
+            "gradient of {name} is {norm}"
+        );
     }
 }
 
 #[test]
 fn full_model_gradient_matches_finite_differences() {
     let model = tiny_model(7);
-    let batch = Batch::from_rows(&[vec![3, 1, 4, 1, 5], vec![9, 2, 6]], 0, Padding::Right, &Device::Cpu).expect("batch");
+    let batch = Batch::from_rows(
+        &[vec![3, 1, 4, 1, 5], vec![9, 2, 6]],
+        0,
+        Padding::Right,
+        &Device::Cpu,
+    )
+    .expect("batch");
     let (rows, targets) = batch.next_token_selection();
     let loss = |m: &Qwen3| -> f64 {
-        let lp = m.token_logprobs(&batch, &rows, &targets, true).expect("logp");
+        let lp = m
+            .token_logprobs(&batch, &rows, &targets, true)
+            .expect("logp");
         project(&lp, 12).expect("p").to_scalar::<f64>().expect("f")
     };
-    let lp = model.token_logprobs(&batch, &rows, &targets, true).expect("logp");
+    let lp = model
+        .token_logprobs(&batch, &rows, &targets, true)
+        .expect("logp");
     let grads = project(&lp, 12).expect("p").backward().expect("backward");
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     for (name, var) in model.vars() {
-        let g = grads.get(var.as_tensor()).expect("grad").flatten_all().expect("f").to_vec1::<f64>().expect("v");
+        let g = grads
+            .get(var.as_tensor())
+            .expect("grad")
+            .flatten_all()
+            .expect("f")
+            .to_vec1::<f64>()
+            .expect("v");
         for _ in 0..3 {
             let j = rng.random_range(0..g.len());
             let shifted = |d: f64| {
                 let mut t = model.tensors();
-                let mut x = t[name].flatten_all().expect("f").to_vec1::<f64>().expect("v");
+                let mut x = t[name]
+                    .flatten_all()
+                    .expect("f")
+                    .to_vec1::<f64>()
+                    .expect("v");
                 x[j] += d;
-                t.insert(name.clone(), Tensor::from_vec(x, t[name].shape(), &Device::Cpu).expect("t"));
+                t.insert(
+                    name.clone(),
+                    Tensor::from_vec(x, t[name].shape(), &Device::Cpu).expect("t"),
+                );
                 loss(&Qwen3::from_tensors(model.config.clone(), t, DType::F64).expect("model"))
             };
             let fd = (shifted(1e-6) - shifted(-1e-6)) / 2e-6;
-            assert!((fd - g[j]).abs() < 1e-6 * (1.0 + fd.abs()), "{name}[{j}]: autograd {} vs fd {fd}", g[j]);
+            assert!(
+                (fd - g[j]).abs() < 1e-6 * (1.0 + fd.abs()),
+                "{name}[{j}]: autograd {} vs fd {fd}",
+                g[j]
+            );
         }
     }
 }

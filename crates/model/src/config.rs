@@ -4,7 +4,7 @@
 //! transformers wrote (plus the storage dtype), and unsupported features are rejected here, once,
 //! instead of silently producing a different model.
 
-use candle_core::{Result};
+use candle_core::Result;
 use serde_json::Value;
 use std::path::Path;
 
@@ -153,13 +153,16 @@ impl Config {
                 crate::fail!("config key `{k}` must be positive, got 0");
             }
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             crate::fail!(
                 "config key `head_dim` must be a positive even number, got {}",
                 self.head_dim
             );
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             crate::fail!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads,

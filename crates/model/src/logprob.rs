@@ -105,7 +105,9 @@ impl CustomOp2 for FusedLogProb {
             Storage::Cpu(c) if l.is_contiguous() && l.start_offset() == 0 => {
                 Ok((c.clone(), l.shape().clone()))
             }
-            _ => crate::fail!("fused-token-logprob: precomputed values are not a contiguous cpu tensor"),
+            _ => crate::fail!(
+                "fused-token-logprob: precomputed values are not a contiguous cpu tensor"
+            ),
         }
     }
 
@@ -140,20 +142,31 @@ impl CustomOp2 for FusedLogProb {
         let grad = grad.detach().to_dtype(acc)?;
         let wa = w.to_dtype(acc)?;
         let mut dh_parts = Vec::new();
-        let mut dw = wa.zeros_like()?;
+        let mut dw: Option<Tensor> = None;
         for start in (0..n).step_by(self.chunk) {
             let len = self.chunk.min(n - start);
             let hc = h.narrow(0, start, len)?;
-            let logits = chunk_logits(&hc, &w)?; // (n, V)
-            let m = logits.max_keepdim(D::Minus1)?;
-            let e = logits.broadcast_sub(&m)?.exp()?;
-            let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?; // (n, V)
             let g = grad.narrow(0, start, len)?.unsqueeze(1)?; // (n, 1)
             let tgt = self.targets.narrow(0, start, len)?.unsqueeze(1)?;
-            let dlogits = p.broadcast_mul(&g)?.neg()?.scatter_add(&tgt, &g, 1)?; // (n, V)
+            // dlogits = g * (onehot - softmax), built with as few (n, V) temporaries as possible.
+            let dlogits = {
+                let logits = chunk_logits(&hc, &w)?; // (n, V)
+                let m = logits.max_keepdim(D::Minus1)?;
+                let e = logits.broadcast_sub(&m)?.exp()?;
+                let scale = (g.neg()? / e.sum_keepdim(D::Minus1)?)?; // (n, 1)
+                e.broadcast_mul(&scale)?.scatter_add(&tgt, &g, 1)? // (n, V)
+            };
             dh_parts.push(dlogits.matmul(&wa)?); // (n, H)
-            dw = (dw + dlogits.t()?.matmul(&hc.to_dtype(acc)?)?)?; // (V, H)
+            let dwc = dlogits.t()?.matmul(&hc.to_dtype(acc)?)?; // (V, H)
+            dw = Some(match dw {
+                None => dwc,
+                Some(d) => (d + dwc)?,
+            });
         }
+        let dw = match dw {
+            Some(d) => d,
+            None => wa.zeros_like()?,
+        };
         let dh = if dh_parts.is_empty() {
             h.zeros_like()?
         } else {
@@ -171,10 +184,10 @@ mod tests {
     fn data(n: usize, h: usize, v: usize) -> (Var, Var, Tensor) {
         let dev = Device::Cpu;
         let hid: Vec<f64> = (0..n * h)
-            .map(|i| ((i * 37 % 101) as f64 / 50.0 - 1.0))
+            .map(|i| (i * 37 % 101) as f64 / 50.0 - 1.0)
             .collect();
         let w: Vec<f64> = (0..v * h)
-            .map(|i| ((i * 53 % 97) as f64 / 40.0 - 1.2))
+            .map(|i| (i * 53 % 97) as f64 / 40.0 - 1.2)
             .collect();
         let tg: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
         (

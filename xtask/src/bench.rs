@@ -1,0 +1,168 @@
+//! `cargo xtask bench model`: training forward+backward throughput on a testbed-sized and a
+//! Qwen3-0.6B-shaped model (random weights), and the peak memory and time of the fused log-prob
+//! path against the naive full-vocabulary log-softmax, measured in the same run.
+
+use crate::mem;
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor, Var};
+use serde_json::{json, Value};
+use std::process::ExitCode;
+use std::time::Instant;
+use terse_model::{logprob, Batch, Config, Padding, Qwen3};
+
+#[derive(clap::Subcommand)]
+pub enum What {
+    /// Model forward+backward tokens/s and log-prob path memory.
+    Model {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Smaller sizes (a smoke run of the bench itself).
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+pub fn run(w: &What) -> Result<ExitCode> {
+    match w {
+        What::Model { json, quick } => model(*json, *quick),
+    }
+}
+
+/// Which head the loss goes through.
+#[derive(Clone, Copy)]
+enum Head {
+    Fused,
+    Naive,
+}
+
+/// Seconds per forward+backward of a summed token log-prob loss over a (b, t) batch.
+fn fwd_bwd_seconds(model: &Qwen3, b: usize, t: usize, head: Head, iters: usize) -> Result<f64> {
+    let v = model.config.vocab_size as u32;
+    let rows: Vec<Vec<u32>> = (0..b)
+        .map(|r| (0..t).map(|j| ((r * 131 + j * 17) as u32) % v).collect())
+        .collect();
+    let batch = Batch::from_rows(&rows, 0, Padding::Right, model.device())?;
+    let (sel, targets) = batch.next_token_selection();
+    let step = || -> Result<()> {
+        let lp = match head {
+            Head::Fused => model.token_logprobs(&batch, &sel, &targets, true)?,
+            Head::Naive => {
+                let h = model.hidden_states(&batch, true)?;
+                let (bb, tt, hs) = h.dims3()?;
+                let idx = Tensor::from_slice(&sel, sel.len(), model.device())?;
+                let hsel = h.reshape((bb * tt, hs))?.index_select(&idx, 0)?; // (N, H)
+                let name = if model.config.tie_word_embeddings {
+                    "model.embed_tokens.weight"
+                } else {
+                    "lm_head.weight"
+                };
+                let tg = Tensor::from_slice(&targets, targets.len(), model.device())?;
+                logprob::naive_token_logprobs(&hsel, model.vars()[name].as_tensor(), &tg)?
+            }
+        };
+        let grads = lp.sum_all()?.backward()?;
+        drop(grads);
+        Ok(())
+    };
+    step()?; // warm-up
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    Ok(t0.elapsed().as_secs_f64() / iters as f64)
+}
+
+/// Peak extra heap bytes and seconds of forward+backward through one log-prob path.
+fn logprob_path(n: usize, h: usize, v: usize, head: Head) -> Result<(usize, f64)> {
+    let dev = Device::Cpu;
+    let hid = Var::from_tensor(&(Tensor::randn(0f32, 1.0, (n, h), &dev)? * 0.1)?)?;
+    let w = Var::from_tensor(&(Tensor::randn(0f32, 1.0, (v, h), &dev)? * 0.02)?)?;
+    let tg = Tensor::from_vec(
+        (0..n as u32)
+            .map(|i| (i * 7919) % v as u32)
+            .collect::<Vec<_>>(),
+        n,
+        &dev,
+    )?;
+    let base = mem::reset_peak();
+    let t0 = Instant::now();
+    let lp = match head {
+        Head::Fused => logprob::token_logprobs(
+            hid.as_tensor(),
+            w.as_tensor(),
+            &tg,
+            logprob::DEFAULT_CHUNK_ROWS,
+        )?,
+        Head::Naive => logprob::naive_token_logprobs(hid.as_tensor(), w.as_tensor(), &tg)?,
+    };
+    let grads = lp.sum_all()?.backward()?;
+    let secs = t0.elapsed().as_secs_f64();
+    let peak = mem::peak_above(base);
+    drop(grads);
+    Ok((peak, secs))
+}
+
+fn model(as_json: bool, quick: bool) -> Result<ExitCode> {
+    let dev = Device::Cpu;
+    let mut out = serde_json::Map::new();
+    out.insert("device".into(), json!("cpu"));
+    out.insert(
+        "threads".into(),
+        json!(candle_core::utils::get_num_threads()),
+    );
+
+    // Testbed-sized model (~1M parameters).
+    let tiny = Config::synthetic(64, 128, 384, 4, 4, 2, 32, true)?;
+    let tiny_params = tiny.num_parameters();
+    let m = Qwen3::random(tiny, 0, &dev, DType::F32)?;
+    let (b, t) = if quick { (4, 64) } else { (8, 128) };
+    let s = fwd_bwd_seconds(&m, b, t, Head::Fused, if quick { 2 } else { 5 })?;
+    let tiny_tps = (b * t) as f64 / s;
+    println!("tiny ({tiny_params} params) fwd+bwd  batch {b}x{t}: {tiny_tps:.0} tokens/s");
+    out.insert(
+        "tiny".into(),
+        json!({"params": tiny_params, "batch": b, "seq": t, "fwd_bwd_tokens_per_s": tiny_tps}),
+    );
+    drop(m);
+
+    // Qwen3-0.6B shape, random weights; a small batch because this is a CPU.
+    let cfg = if quick {
+        Config::synthetic(151_936, 1024, 3072, 2, 16, 8, 128, true)?
+    } else {
+        Config::qwen3_0_6b()
+    };
+    let layers = cfg.num_hidden_layers;
+    let m = Qwen3::random(cfg, 0, &dev, DType::F32)?;
+    let (b, t) = if quick { (1, 32) } else { (2, 64) };
+    let sf = fwd_bwd_seconds(&m, b, t, Head::Fused, 1)?;
+    let sn = fwd_bwd_seconds(&m, b, t, Head::Naive, 1)?;
+    let (tf, tn) = ((b * t) as f64 / sf, (b * t) as f64 / sn);
+    println!("qwen3-0.6b shape ({layers} layers) fwd+bwd batch {b}x{t}: fused head {tf:.1} tokens/s, naive head {tn:.1} tokens/s (x{:.2})", tf / tn);
+    out.insert("qwen3_0_6b".into(), json!({"layers": layers, "batch": b, "seq": t, "fused_tokens_per_s": tf, "naive_tokens_per_s": tn, "speedup": tf / tn}));
+    drop(m);
+
+    // The log-prob path alone at Qwen3 vocabulary size.
+    let (n, h, v) = if quick {
+        (256, 256, 151_936)
+    } else {
+        (2048, 1024, 151_936)
+    };
+    let (pf, sf) = logprob_path(n, h, v, Head::Fused)?;
+    let (pn, sn) = logprob_path(n, h, v, Head::Naive)?;
+    let mib = |x: usize| x as f64 / (1 << 20) as f64;
+    println!(
+        "log-prob fwd+bwd N={n} H={h} V={v}: fused {:.0} MiB peak {:.2}s, naive {:.0} MiB peak {:.2}s (memory x{:.2} less)",
+        mib(pf), sf, mib(pn), sn, pn as f64 / pf as f64
+    );
+    out.insert(
+        "logprob".into(),
+        json!({"rows": n, "hidden": h, "vocab": v, "chunk_rows": logprob::DEFAULT_CHUNK_ROWS,
+               "fused_peak_mib": mib(pf), "naive_peak_mib": mib(pn), "memory_ratio": pn as f64 / pf as f64,
+               "fused_s": sf, "naive_s": sn}),
+    );
+    if as_json {
+        println!("{}", Value::Object(out));
+    }
+    Ok(ExitCode::SUCCESS)
+}
