@@ -1,0 +1,144 @@
+//! Advantage estimators over shaped rewards (spec §0.3): GRPO (group mean/std), Dr.GRPO (mean
+//! only), RLOO (leave-one-out mean) and REINFORCE++ (token-weighted whitening over the batch).
+//! Unscorable samples get advantage 0 and do not enter any statistic.
+
+use crate::types::{mean, std, Group, Shaped};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "estimator", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Advantage {
+    /// (r − mean) / (std + ε); `std = false` skips the division. Singleton groups: mean 0, std 1.
+    Grpo { std: bool, ddof: usize, eps: f64 },
+    /// r − mean (no std normalisation, Liu et al.).
+    DrGrpo,
+    /// r_i − mean_{j≠i} r_j.
+    Rloo,
+    /// Outcome reward whitened over all tokens of the batch (γ = 1): each sample weighs its length.
+    ReinforcePp { eps: f64 },
+}
+
+impl Default for Advantage {
+    fn default() -> Self {
+        Advantage::Grpo {
+            std: true,
+            ddof: 1,
+            eps: 1e-6,
+        }
+    }
+}
+
+/// Per-sample advantages and how many groups carried no signal.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Advantages {
+    pub values: Vec<Vec<f64>>,
+    /// Groups whose scorable rewards are all equal (zero advantage under group estimators).
+    pub zero_std_groups: usize,
+}
+
+impl Advantage {
+    pub fn validate(&self) -> Result<(), String> {
+        match *self {
+            Advantage::Grpo { ddof, eps, .. } => {
+                if ddof > 1 {
+                    return Err(format!("advantage.ddof must be 0 or 1, got {ddof}"));
+                }
+                if !(eps >= 0.0 && eps.is_finite()) {
+                    return Err(format!(
+                        "advantage.eps must be a finite number >= 0, got {eps}"
+                    ));
+                }
+            }
+            Advantage::ReinforcePp { eps } if !(eps >= 0.0 && eps.is_finite()) => {
+                return Err(format!(
+                    "advantage.eps must be a finite number >= 0, got {eps}"
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub fn compute(&self, groups: &[Group], shaped: &Shaped) -> Advantages {
+        let mut zero_std_groups = 0;
+        let mut values: Vec<Vec<f64>> = groups.iter().map(|g| vec![0.0; g.samples.len()]).collect();
+        let scorable = |g: &Group, r: &[f64]| -> (Vec<usize>, Vec<f64>) {
+            g.samples
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.scorable)
+                .map(|(i, _)| (i, r[i]))
+                .unzip()
+        };
+        for (k, (g, r)) in groups.iter().zip(&shaped.rewards).enumerate() {
+            let (idx, rs) = scorable(g, r);
+            if rs.len() > 1 && rs.iter().all(|x| *x == rs[0]) {
+                zero_std_groups += 1;
+            }
+            let m = mean(&rs);
+            let adv: Vec<f64> = match *self {
+                Advantage::Grpo {
+                    std: use_std,
+                    ddof,
+                    eps,
+                } => {
+                    if rs.len() == 1 {
+                        // verl: a singleton group has mean 0 and std 1.
+                        vec![rs[0] / (1.0 + eps)]
+                    } else if use_std {
+                        let sd = std(&rs, ddof);
+                        rs.iter().map(|x| (x - m) / (sd + eps)).collect()
+                    } else {
+                        rs.iter().map(|x| x - m).collect()
+                    }
+                }
+                Advantage::DrGrpo => rs.iter().map(|x| x - m).collect(),
+                Advantage::Rloo => {
+                    let n = rs.len() as f64;
+                    if rs.len() < 2 {
+                        vec![0.0; rs.len()]
+                    } else {
+                        let sum: f64 = rs.iter().sum();
+                        rs.iter().map(|x| x - (sum - x) / (n - 1.0)).collect()
+                    }
+                }
+                Advantage::ReinforcePp { .. } => rs.clone(),
+            };
+            for (i, a) in idx.into_iter().zip(adv) {
+                values[k][i] = a;
+            }
+        }
+        if let Advantage::ReinforcePp { eps } = *self {
+            // verl masked_whiten over tokens: each sample's return repeats on its L tokens.
+            let (mut w, mut s1) = (0.0, 0.0);
+            for (g, v) in groups.iter().zip(&values) {
+                for (s, x) in g.samples.iter().zip(v).filter(|(s, _)| s.scorable) {
+                    w += s.len.max(1) as f64;
+                    s1 += s.len.max(1) as f64 * x;
+                }
+            }
+            let m = if w > 0.0 { s1 / w } else { 0.0 };
+            let mut ss = 0.0;
+            for (g, v) in groups.iter().zip(&values) {
+                for (s, x) in g.samples.iter().zip(v).filter(|(s, _)| s.scorable) {
+                    ss += s.len.max(1) as f64 * (x - m) * (x - m);
+                }
+            }
+            // Unbiased token variance, as torch's masked_var.
+            let var = if w > 1.0 { ss / (w - 1.0) } else { 0.0 };
+            for (g, v) in groups.iter().zip(values.iter_mut()) {
+                for (s, x) in g.samples.iter().zip(v.iter_mut()) {
+                    *x = if s.scorable {
+                        (*x - m) / (var + eps).sqrt()
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+        Advantages {
+            values,
+            zero_std_groups,
+        }
+    }
+}

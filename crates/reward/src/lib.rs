@@ -1,0 +1,54 @@
+//! terse-reward: outcomes and lengths in, shaped rewards and advantages out. Pure functions, no
+//! tensors, no IO: every formula, default and edge case follows shared/spec/length-rewards.md.
+//!
+//! Data flow: `Group`s (one per prompt, G `SampleStat`s) -> [`RewardConfig::shape`] (with
+//! [`ShaperState`] for Short-RL's acc_max) -> [`Shaped`] -> [`Advantage::compute`].
+//!
+//! Research code plugs in its own shaper through [`LengthShaper`] (a closure works) and its own
+//! verifier through [`RewardFn`]:
+//!
+//! ```
+//! use terse_reward::{Advantage, Group, LengthShaper, Outcome, RewardFn, SampleStat, Shaped, StepCtx};
+//!
+//! // A custom shaper: −0.001 per token on correct answers only.
+//! let mut mine = |groups: &[Group], _ctx: &StepCtx| Shaped {
+//!     rewards: groups
+//!         .iter()
+//!         .map(|g| g.samples.iter().map(|s| s.base_reward - if s.correct { 0.001 * s.len as f64 } else { 0.0 }).collect())
+//!         .collect(),
+//!     ..Default::default()
+//! };
+//! // A custom verifier: exact match of the last line.
+//! let exact = |completion: &str, answer: &str| Outcome {
+//!     correct: completion.lines().last() == Some(answer),
+//!     base_reward: f64::from(u8::from(completion.lines().last() == Some(answer))),
+//!     format_ok: true,
+//!     reason: None,
+//! };
+//! let o = exact.score("thinking...\n42", "42");
+//! let groups = vec![Group::new(0, vec![SampleStat::new(100, o.correct, o.base_reward), SampleStat::new(300, true, 1.0)])];
+//! let shaped = mine.shape(&groups, &StepCtx::default()).unwrap();
+//! let adv = Advantage::default().compute(&groups, &shaped);
+//! assert!(adv.values[0][0] > adv.values[0][1]); // the shorter correct answer is preferred
+//! ```
+
+pub mod advantage;
+pub mod baselines;
+pub mod care;
+pub mod grpo_lambda;
+pub mod metrics;
+pub mod shaper;
+pub mod short_rl;
+pub mod step_grpo;
+pub mod types;
+
+pub use advantage::{Advantage, Advantages};
+pub use shaper::{
+    BuiltinShaper, LengthShaper, Method, Outcome, RewardConfig, RewardError, RewardFn, ShaperState,
+};
+pub use types::{Group, SampleStat, Shaped, StepCtx};
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;

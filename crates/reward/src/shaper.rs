@@ -1,0 +1,216 @@
+//! The closed set of shapers, selected by a serde tag (`method = "short_rl"` in TOML), their
+//! validation and persistent state, and the plug-in traits for research code.
+//!
+//! Sits between scoring and advantages: `Group`s -> `RewardConfig::shape` -> `Shaped`.
+
+use crate::baselines::{Alp, CosFn, DapoOverlong, Dast, Efficient, Kimi, L1};
+use crate::care::Care;
+use crate::grpo_lambda::GrpoLambda;
+use crate::short_rl::{ShortRl, ShortRlState};
+use crate::step_grpo::StepGrpo;
+use crate::types::{Group, Shaped, StepCtx};
+use serde::{Deserialize, Serialize};
+
+/// A shaping failure that is the caller's data, not a completion (e.g. L1 without a target).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RewardError(pub String);
+
+impl std::fmt::Display for RewardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RewardError {}
+
+/// Every length-aware method terse implements; `method` is the tag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "method", rename_all = "snake_case")]
+pub enum Method {
+    /// The base reward unchanged ("Standard").
+    #[default]
+    None,
+    Kimi(Kimi),
+    ShortRl(ShortRl),
+    GrpoLambda(GrpoLambda),
+    Care(Care),
+    StepGrpo(StepGrpo),
+    CosFn(CosFn),
+    Efficient(Efficient),
+    Alp(Alp),
+    Dast(Dast),
+    L1(L1),
+}
+
+/// The reward section of a run config: one method, optionally plus DAPO's soft overlong
+/// punishment (which the papers combine with the others).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardConfig {
+    pub shaper: Method,
+    pub overlong: Option<DapoOverlong>,
+}
+
+/// State a shaper carries across steps; saved in checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ShaperState {
+    pub short_rl: ShortRlState,
+}
+
+fn positive(name: &str, v: f64) -> Result<(), String> {
+    if v > 0.0 && v.is_finite() {
+        Ok(())
+    } else {
+        Err(format!("{name} must be a finite number > 0, got {v}"))
+    }
+}
+
+impl RewardConfig {
+    /// Checks every option; the error names the key and the value.
+    pub fn validate(&self) -> Result<(), String> {
+        match &self.shaper {
+            Method::None => {}
+            Method::Kimi(k) => {
+                if !k.weight.is_finite() || k.weight < 0.0 {
+                    return Err(format!(
+                        "kimi.weight must be a finite number >= 0, got {}",
+                        k.weight
+                    ));
+                }
+            }
+            Method::ShortRl(s) => s.validate()?,
+            Method::GrpoLambda(g) => g.validate()?,
+            Method::Care(c) => c.validate()?,
+            Method::StepGrpo(s) => s.validate()?,
+            Method::CosFn(c) => {
+                if c.l_max == 0 {
+                    return Err("cos_fn.l_max must be > 0, got 0".into());
+                }
+                if c.r0_wrong > 0.0 || c.rl_wrong > 0.0 {
+                    return Err(format!(
+                        "cos_fn wrong-answer rewards must be <= 0, got {} and {}",
+                        c.r0_wrong, c.rl_wrong
+                    ));
+                }
+            }
+            Method::Efficient(e) => positive("efficient.alpha", e.alpha)?,
+            Method::Alp(a) => {
+                positive("alp.beta", a.beta)?;
+                if a.l_max == 0 {
+                    return Err("alp.l_max must be > 0, got 0".into());
+                }
+            }
+            Method::Dast(d) => {
+                if d.l_max == 0 {
+                    return Err("dast.l_max must be > 0, got 0".into());
+                }
+            }
+            Method::L1(_) => {}
+        }
+        if let Some(o) = &self.overlong {
+            o.validate()?;
+        }
+        Ok(())
+    }
+
+    /// Shapes a batch of groups. Stateful methods (Short-RL) update `state`.
+    pub fn shape(
+        &self,
+        groups: &[Group],
+        ctx: &StepCtx,
+        state: &mut ShaperState,
+    ) -> Result<Shaped, RewardError> {
+        let per_group = |f: &dyn Fn(&Group) -> Vec<f64>| Shaped {
+            rewards: groups.iter().map(f).collect(),
+            ..Default::default()
+        };
+        let mut out = match &self.shaper {
+            Method::None => Shaped::base(groups),
+            Method::Kimi(k) => per_group(&|g| k.rewards(g, ctx.step)),
+            Method::ShortRl(s) => s.shape(groups, &mut state.short_rl),
+            Method::GrpoLambda(g) => g.shape(groups, ctx),
+            Method::Care(c) => c.shape(groups, ctx),
+            Method::StepGrpo(s) => s.shape(groups),
+            Method::CosFn(c) => per_group(&|g| {
+                g.samples
+                    .iter()
+                    .map(|s| c.reward(s.len, s.correct))
+                    .collect()
+            }),
+            Method::Efficient(e) => per_group(&|g| e.rewards(g)),
+            Method::Alp(a) => per_group(&|g| a.rewards(g)),
+            Method::Dast(d) => per_group(&|g| d.rewards(g)),
+            Method::L1(l) => {
+                if let Some(g) = groups.iter().find(|g| g.target_len.is_none()) {
+                    return Err(RewardError(format!(
+                        "l1: prompt {} has no target length (n_gold)",
+                        g.prompt_id
+                    )));
+                }
+                per_group(&|g| {
+                    let n = g.target_len.unwrap_or_default();
+                    g.samples
+                        .iter()
+                        .map(|s| l.reward(s.len, s.correct, n))
+                        .collect()
+                })
+            }
+        };
+        if let Some(o) = &self.overlong {
+            for (g, r) in groups.iter().zip(out.rewards.iter_mut()) {
+                for (s, x) in g.samples.iter().zip(r.iter_mut()) {
+                    *x += o.penalty(s.len);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What the trainer calls to shape rewards. The built-in methods implement it through
+/// `BuiltinShaper`; research code implements it (or passes a closure) to plug in its own.
+pub trait LengthShaper {
+    fn shape(&mut self, groups: &[Group], ctx: &StepCtx) -> Result<Shaped, RewardError>;
+}
+
+/// A configured built-in method with its state.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BuiltinShaper {
+    pub config: RewardConfig,
+    pub state: ShaperState,
+}
+
+impl LengthShaper for BuiltinShaper {
+    fn shape(&mut self, groups: &[Group], ctx: &StepCtx) -> Result<Shaped, RewardError> {
+        self.config.shape(groups, ctx, &mut self.state)
+    }
+}
+
+impl<F: FnMut(&[Group], &StepCtx) -> Shaped> LengthShaper for F {
+    fn shape(&mut self, groups: &[Group], ctx: &StepCtx) -> Result<Shaped, RewardError> {
+        Ok(self(groups, ctx))
+    }
+}
+
+/// A verifier's verdict on one completion. An unparsable completion is a zero reward with a
+/// reason, never an error.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Outcome {
+    pub correct: bool,
+    pub base_reward: f64,
+    pub format_ok: bool,
+    /// Why the completion scored as it did, when it was not plainly right.
+    pub reason: Option<String>,
+}
+
+/// A task's reward function: completion text + reference answer -> outcome. Implemented by the
+/// tasks crate's verifiers and by any `Fn(&str, &str) -> Outcome` closure.
+pub trait RewardFn: Send + Sync {
+    fn score(&self, completion: &str, answer: &str) -> Outcome;
+}
+
+impl<F: Fn(&str, &str) -> Outcome + Send + Sync> RewardFn for F {
+    fn score(&self, completion: &str, answer: &str) -> Outcome {
+        self(completion, answer)
+    }
+}
