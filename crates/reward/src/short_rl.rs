@@ -17,6 +17,10 @@ pub struct ShortRl {
     /// D1: min/max over the correct set, incorrect completions get 0. Off gives Kimi's rule
     /// (min/max over all completions, incorrect get min(0, λ)).
     pub correct_only: bool,
+    /// D2: the nucleus. Off behaves as τ_ℓ = 0 whatever `tau_len` says.
+    pub nucleus: bool,
+    /// D3: the accuracy gate. Off keeps the length reward always on (τ_acc = 1).
+    pub acc_gate: bool,
 }
 
 impl Default for ShortRl {
@@ -25,6 +29,8 @@ impl Default for ShortRl {
             tau_len: 200.0,
             tau_acc: 0.05,
             correct_only: true,
+            nucleus: true,
+            acc_gate: true,
         }
     }
 }
@@ -49,7 +55,7 @@ impl ShortRl {
         Some(Self {
             tau_len,
             tau_acc,
-            correct_only: true,
+            ..Self::default()
         })
     }
 
@@ -89,7 +95,8 @@ impl ShortRl {
         if acc > state.acc_max {
             state.acc_max = acc;
         }
-        let gate = acc >= state.acc_max - self.tau_acc;
+        let gate = !self.acc_gate || acc >= state.acc_max - self.tau_acc;
+        let tau_len = if self.nucleus { self.tau_len } else { 0.0 };
         let terms = groups
             .iter()
             .map(|g| {
@@ -107,7 +114,7 @@ impl ShortRl {
                             return 0.0;
                         }
                         let l = s.len as f64;
-                        let beta = if l > lmin + self.tau_len {
+                        let beta = if l > lmin + tau_len {
                             0.5 - (l - lmin) / (lmax - lmin + 1e-5)
                         } else {
                             0.5

@@ -230,7 +230,7 @@ fn short_rl_gate_tracks_acc_max_and_zero_correct_batch() {
     let s = ShortRl {
         tau_len: 0.0,
         tau_acc: 0.05,
-        correct_only: true,
+        ..Default::default()
     };
     let mut st = ShortRlState::default();
     // First batch: gate on, acc_max updated before the test.
@@ -255,10 +255,30 @@ fn short_rl_gate_tracks_acc_max_and_zero_correct_batch() {
         Some(ShortRl {
             tau_len: 0.0,
             tau_acc: 1.0,
-            correct_only: true
+            ..Default::default()
         })
     );
     assert!(ShortRl::preset("D2").is_none());
+    // Switching D3 off keeps the reward on after the bad batch; switching D2 off ignores τ_ℓ.
+    let no_gate = ShortRl {
+        acc_gate: false,
+        ..s.clone()
+    };
+    let out = no_gate.shape(
+        &[group(&[10, 20, 30, 40], &[true, true, false, false])],
+        &mut st,
+    );
+    assert_eq!(out.diagnostics["gate_on"], 1.0);
+    let no_nucleus = ShortRl {
+        tau_len: 1000.0,
+        nucleus: false,
+        ..Default::default()
+    };
+    let (t, _, _) = no_nucleus.length_terms(
+        &[group(&[10, 20], &[true, true])],
+        &mut ShortRlState::default(),
+    );
+    check(&t[0], &[0.5, 0.5 - 10.0 / (10.0 + 1e-5)]);
 }
 
 // ---- GRPO-λ edge cases (spec §3.2) ----
