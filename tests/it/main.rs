@@ -5,6 +5,7 @@ mod checkpoint;
 mod golden;
 mod gradients;
 mod kv_cache;
+mod optim;
 
 use std::path::PathBuf;
 

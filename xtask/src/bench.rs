@@ -1,6 +1,7 @@
 //! `cargo xtask bench model`: training forward+backward throughput on a testbed-sized and a
 //! Qwen3-0.6B-shaped model (random weights), and the peak memory and time of the fused log-prob
-//! path against the naive full-vocabulary log-softmax, measured in the same run.
+//! path against the naive full-vocabulary log-softmax, measured in the same run; `bench optim`:
+//! the AdamW step against a plain SGD update.
 
 use crate::mem;
 use anyhow::Result;
@@ -21,11 +22,18 @@ pub enum What {
         #[arg(long)]
         quick: bool,
     },
+    /// AdamW step time for ~1M and ~100M parameters against a plain SGD update.
+    Optim {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(w: &What) -> Result<ExitCode> {
     match w {
         What::Model { json, quick } => model(*json, *quick),
+        What::Optim { json } => optim(*json),
     }
 }
 
@@ -161,6 +169,58 @@ fn model(as_json: bool, quick: bool) -> Result<ExitCode> {
                "fused_peak_mib": mib(pf), "naive_peak_mib": mib(pn), "memory_ratio": pn as f64 / pf as f64,
                "fused_s": sf, "naive_s": sn}),
     );
+    if as_json {
+        println!("{}", Value::Object(out));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench optim`: seconds per AdamW step (with global-norm clipping) for ~1M and ~100M f32
+/// parameters, against a plain SGD update over the same tensors as the baseline.
+pub fn optim(as_json: bool) -> Result<ExitCode> {
+    use std::collections::BTreeMap;
+    use terse_optim::{clip_grad_norm, AdamW, AdamWConfig, Grads};
+    let dev = Device::Cpu;
+    let mut out = serde_json::Map::new();
+    for (label, n_tensors, size) in [("1m", 8usize, 131_072usize), ("100m", 24, 4_194_304)] {
+        let params: BTreeMap<String, Var> = (0..n_tensors)
+            .map(|i| {
+                Ok((
+                    format!("p{i:02}"),
+                    Var::from_tensor(&Tensor::randn(0f32, 1.0, size, &dev)?)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let grads: Grads = params
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.as_tensor().randn_like(0.0, 1e-3)?)))
+            .collect::<Result<_>>()?;
+        let mut opt = AdamW::new(AdamWConfig::default(), &params)?;
+        let iters = if size > 1_000_000 { 3 } else { 20 };
+        let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            f()?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                f()?;
+            }
+            Ok(t0.elapsed().as_secs_f64() / iters as f64)
+        };
+        let adamw = time(&mut || {
+            let mut g = grads.clone();
+            clip_grad_norm(&mut g, 1.0)?;
+            opt.step(&params, &g, 1e-4)?;
+            Ok(())
+        })?;
+        let sgd = time(&mut || {
+            for (k, v) in &params {
+                v.set(&(v.as_tensor() - (&grads[k] * 1e-4)?)?)?;
+            }
+            Ok(())
+        })?;
+        let n = n_tensors * size;
+        println!("optim {label} ({n} params): adamw+clip {:.2} ms/step, sgd baseline {:.2} ms/step (x{:.2})", adamw * 1e3, sgd * 1e3, adamw / sgd);
+        out.insert(label.into(), json!({"params": n, "adamw_clip_ms": adamw * 1e3, "sgd_ms": sgd * 1e3, "ratio": adamw / sgd}));
+    }
     if as_json {
         println!("{}", Value::Object(out));
     }
