@@ -217,7 +217,7 @@ impl AdamW {
                 st.master = take("master", Some(&m))?;
             }
         }
-        if let Some(extra) = loaded.keys().next() {
+        if let Some(extra) = loaded.keys().min() {
             return Err(Error::Msg(format!(
                 "optimizer state has `{extra}`, which matches no model parameter"
             )));
