@@ -6,6 +6,7 @@ mod golden;
 mod gradients;
 mod kv_cache;
 mod optim;
+mod rollout;
 
 use std::path::PathBuf;
 

@@ -1,7 +1,8 @@
 //! `cargo xtask bench model`: training forward+backward throughput on a testbed-sized and a
 //! Qwen3-0.6B-shaped model (random weights), and the peak memory and time of the fused log-prob
 //! path against the naive full-vocabulary log-softmax, measured in the same run; `bench optim`:
-//! the AdamW step against a plain SGD update.
+//! the AdamW step against a plain SGD update; `bench rollout`: decode with and without the KV
+//! cache.
 
 use crate::mem;
 use anyhow::Result;
@@ -22,6 +23,15 @@ pub enum What {
         #[arg(long)]
         quick: bool,
     },
+    /// Decode tokens/s with and without the KV cache; cost per token at context 128 vs 1024.
+    Rollout {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Smaller sizes (a smoke run of the bench itself).
+        #[arg(long)]
+        quick: bool,
+    },
     /// AdamW step time for ~1M and ~100M parameters against a plain SGD update.
     Optim {
         /// Print one JSON object as the last line.
@@ -34,6 +44,7 @@ pub fn run(w: &What) -> Result<ExitCode> {
     match w {
         What::Model { json, quick } => model(*json, *quick),
         What::Optim { json } => optim(*json),
+        What::Rollout { json, quick } => rollout(*json, *quick),
     }
 }
 
@@ -221,6 +232,100 @@ pub fn optim(as_json: bool) -> Result<ExitCode> {
         println!("optim {label} ({n} params): adamw+clip {:.2} ms/step, sgd baseline {:.2} ms/step (x{:.2})", adamw * 1e3, sgd * 1e3, adamw / sgd);
         out.insert(label.into(), json!({"params": n, "adamw_clip_ms": adamw * 1e3, "sgd_ms": sgd * 1e3, "ratio": adamw / sgd}));
     }
+    if as_json {
+        println!("{}", Value::Object(out));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench rollout`: decode tokens/s with the KV cache and without it, for a testbed-sized and a
+/// Qwen3-0.6B-shaped model (random weights), and the cost per token at context 128 vs 1024.
+pub fn rollout(as_json: bool, quick: bool) -> Result<ExitCode> {
+    use terse_rollout::{generate, greedy_no_cache, GenParams, Prompt, SamplingParams};
+    let dev = Device::Cpu;
+    let none = |_: &[u32]| String::new();
+    let params = |n: usize| GenParams {
+        sampling: SamplingParams::default(),
+        max_new_tokens: n,
+        eos_ids: vec![],
+        stop_strings: vec![],
+        pad_id: 0,
+        step_exit: None,
+    };
+    let prompts = |b: usize, len: usize, v: usize| -> Vec<Prompt> {
+        (0..b)
+            .map(|i| Prompt {
+                id: i as u64,
+                tokens: (0..len)
+                    .map(|j| ((i * 31 + j * 7) % (v - 1) + 1) as u32)
+                    .collect(),
+            })
+            .collect()
+    };
+    let mut out = serde_json::Map::new();
+    let shapes = [
+        (
+            "tiny",
+            Config::synthetic(64, 128, 384, 4, 4, 2, 32, true)?,
+            if quick { vec![1, 16] } else { vec![1, 16, 64] },
+            if quick { 64 } else { 256 },
+        ),
+        (
+            "qwen3_0_6b",
+            Config::qwen3_0_6b(),
+            vec![1, 16],
+            if quick { 4 } else { 16 },
+        ),
+    ];
+    for (label, cfg, batches, new) in shapes {
+        let v = cfg.vocab_size;
+        let m = Qwen3::random(cfg, 0, &dev, DType::F32)?;
+        let mut rows = vec![];
+        for b in batches {
+            let ps = prompts(b, 32, v);
+            let t0 = Instant::now();
+            let s = generate(&m, &ps, 1, &params(new), 0, &none)?;
+            let secs = t0.elapsed().as_secs_f64();
+            let toks: usize = s.iter().map(|x| x.tokens.len()).sum();
+            // Without the cache: a full forward per token (fewer tokens: it is quadratic).
+            let nc_new = (new / 8).max(2);
+            let raw: Vec<Vec<u32>> = ps.iter().map(|p| p.tokens.clone()).collect();
+            let t1 = Instant::now();
+            greedy_no_cache(&m, &raw, nc_new, &dev)?;
+            let nc = (b * nc_new) as f64 / t1.elapsed().as_secs_f64();
+            let tps = toks as f64 / secs;
+            println!("rollout {label} batch {b:>2}: prompt 32 + {new} new: {tps:.0} tokens/s with KV cache, {nc:.0} tokens/s without ({nc_new} new) (x{:.1})", tps / nc);
+            rows.push(json!({"batch": b, "new_tokens": new, "kv_tokens_per_s": tps, "no_cache_tokens_per_s": nc, "speedup": tps / nc}));
+        }
+        out.insert(label.into(), Value::Array(rows));
+    }
+    // Cost per decode token at context 128 vs 1024 (tiny model, batch 16).
+    let m = Qwen3::random(
+        Config::synthetic(64, 128, 384, 4, 4, 2, 32, true)?,
+        0,
+        &dev,
+        DType::F32,
+    )?;
+    let mut per_token = vec![];
+    for ctx in [128usize, 1024] {
+        let ps = prompts(16, ctx, 64);
+        let t0 = Instant::now();
+        generate(&m, &ps, 1, &params(1), 0, &none)?;
+        let prefill = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        generate(&m, &ps, 1, &params(33), 0, &none)?;
+        let per = (t1.elapsed().as_secs_f64() - prefill) / (32.0 * 16.0);
+        per_token.push(per);
+        println!(
+            "rollout tiny batch 16 context {ctx}: {:.1} us per decoded token",
+            per * 1e6
+        );
+    }
+    println!(
+        "cost per token at context 1024 / 128: x{:.2}",
+        per_token[1] / per_token[0]
+    );
+    out.insert("per_token_us".into(), json!({"ctx128": per_token[0] * 1e6, "ctx1024": per_token[1] * 1e6, "ratio": per_token[1] / per_token[0]}));
     if as_json {
         println!("{}", Value::Object(out));
     }

@@ -88,17 +88,25 @@ pub fn gqa_attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Resul
     let rep = hq / hkv;
     let dt = q.dtype();
     // Query heads h*rep..(h+1)*rep share KV head h (HF repeat_kv order).
-    let q = q.contiguous()?.reshape((b, hkv, rep * t, hd))?; // (B, Hkv, rep*T, hd)
     let scale = 1.0 / (hd as f64).sqrt();
-    let kt = k.transpose(2, 3)?.contiguous()?; // (B, Hkv, hd, S)
-    let scores = (q.matmul(&kt)? * scale)?; // (B, Hkv, rep*T, S)
+    // Scaling q (T rows) is cheaper than scaling the scores (S columns).
+    let q = (q.contiguous()? * scale)?.reshape((b, hkv, rep * t, hd))?; // (B, Hkv, rep*T, hd)
+    let kt = k.transpose(2, 3)?; // (B, Hkv, hd, S), a strided view: no copy of the cache
+    let scores = q.matmul(&kt)?; // (B, Hkv, rep*T, S)
     let scores = scores
         .reshape((b, hkv, rep, t, s))?
         .to_dtype(accum_dtype(dt))?;
     let scores = scores.broadcast_add(&bias.to_dtype(accum_dtype(dt))?)?;
-    let probs = softmax_last(&scores)?.to_dtype(dt)?; // (B, Hkv, rep, T, S)
+    // Inference (no graph) may use candle-nn's fused softmax; training needs the composite one,
+    // because the fused op records no backward.
+    let probs = if scores.track_op() {
+        softmax_last(&scores)?
+    } else {
+        candle_nn::ops::softmax_last_dim(&scores)?
+    };
+    let probs = probs.to_dtype(dt)?; // (B, Hkv, rep, T, S)
     let probs = probs.reshape((b, hkv, rep * t, s))?;
-    let out = probs.matmul(&v.contiguous()?)?; // (B, Hkv, rep*T, hd)
+    let out = probs.matmul(v)?; // (B, Hkv, rep*T, hd)
     out.reshape((b, hq, t, hd))
 }
 

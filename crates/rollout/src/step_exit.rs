@@ -1,0 +1,153 @@
+//! Step-GRPO's dynamic truncated rollout (spec §5.2–5.4): the configuration, trigger detection
+//! on decoded text, and the confidence of a trial answer. The engine runs the probes.
+
+use serde::{Deserialize, Serialize};
+
+/// How the trial answer's token probabilities become one confidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfidencePolicy {
+    /// exp(mean log p): the geometric mean (default).
+    GeoMean,
+    /// mean p (DEER's code default).
+    ArithMean,
+    /// min p.
+    Min,
+}
+
+/// Early exit at trigger words when a greedy trial answer is confident enough.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepExit {
+    /// Trigger words, matched case-sensitively at the end of the decoded completion.
+    pub triggers: Vec<String>,
+    /// Token ids of the answer-induction text p_ind, e.g. "\n</think>\n\nThe final answer is \\boxed{".
+    pub induction_ids: Vec<u32>,
+    /// Token ids appended after the trial answer on exit (e.g. "}" then EOS); not sampled.
+    pub close_ids: Vec<u32>,
+    /// The trial answer ends at the first of these strings (default "}"); that token is excluded.
+    #[serde(default = "default_answer_stops")]
+    pub answer_stops: Vec<String>,
+    #[serde(default = "default_max_ans_tokens")]
+    pub max_ans_tokens: usize,
+    /// Exit when confidence > δ.
+    #[serde(default = "default_delta")]
+    pub delta: f64,
+    #[serde(default = "default_policy")]
+    pub confidence: ConfidencePolicy,
+    #[serde(default)]
+    pub skip_first_token: bool,
+    #[serde(default = "default_max_judge_steps")]
+    pub max_judge_steps: usize,
+    /// Keep the trigger that fired at the end of the path (Step-GRPO's text) or drop it (DEER).
+    #[serde(default = "default_true")]
+    pub include_trigger_on_exit: bool,
+}
+
+fn default_answer_stops() -> Vec<String> {
+    vec!["}".into()]
+}
+fn default_max_ans_tokens() -> usize {
+    20
+}
+fn default_delta() -> f64 {
+    0.95
+}
+fn default_policy() -> ConfidencePolicy {
+    ConfidencePolicy::GeoMean
+}
+fn default_max_judge_steps() -> usize {
+    10
+}
+fn default_true() -> bool {
+    true
+}
+
+impl StepExit {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.triggers.iter().all(String::is_empty) {
+            return Err("step_exit.triggers must hold at least one non-empty word".into());
+        }
+        if self.induction_ids.is_empty() {
+            return Err("step_exit.induction_ids must not be empty".into());
+        }
+        if !(0.0..=1.0).contains(&self.delta) {
+            return Err(format!(
+                "step_exit.delta must be in [0, 1], got {}",
+                self.delta
+            ));
+        }
+        if self.max_ans_tokens == 0 {
+            return Err("step_exit.max_ans_tokens must be > 0, got 0".into());
+        }
+        Ok(())
+    }
+
+    /// The trigger that `text` ends with, preceded by the start, whitespace or punctuation.
+    pub fn trigger_at_end<'a>(&'a self, text: &str) -> Option<&'a str> {
+        self.triggers
+            .iter()
+            .map(String::as_str)
+            .filter(|t| !t.is_empty())
+            .find(|t| {
+                text.strip_suffix(t).is_some_and(|before| {
+                    before
+                        .chars()
+                        .next_back()
+                        .is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
+                })
+            })
+    }
+}
+
+/// The confidence of a trial answer from its tokens' log-probabilities (0 when empty).
+pub fn confidence(logps: &[f32], policy: ConfidencePolicy, skip_first: bool) -> f64 {
+    let lp: Vec<f64> = logps
+        .iter()
+        .skip(usize::from(skip_first))
+        .map(|&x| f64::from(x))
+        .collect();
+    if lp.is_empty() {
+        return 0.0;
+    }
+    match policy {
+        ConfidencePolicy::GeoMean => (lp.iter().sum::<f64>() / lp.len() as f64).exp(),
+        ConfidencePolicy::ArithMean => lp.iter().map(|x| x.exp()).sum::<f64>() / lp.len() as f64,
+        ConfidencePolicy::Min => lp.iter().copied().fold(f64::INFINITY, f64::min).exp(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confidence_policies() {
+        let lp = [0.9f32.ln(), 0.4f32.ln()];
+        assert!((confidence(&lp, ConfidencePolicy::GeoMean, false) - 0.6).abs() < 1e-6);
+        assert!((confidence(&lp, ConfidencePolicy::ArithMean, false) - 0.65).abs() < 1e-6);
+        assert!((confidence(&lp, ConfidencePolicy::Min, false) - 0.4).abs() < 1e-6);
+        assert!((confidence(&lp, ConfidencePolicy::Min, true) - 0.4).abs() < 1e-6);
+        assert!((confidence(&lp[..1], ConfidencePolicy::GeoMean, true)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn triggers_need_a_boundary_before() {
+        let s = StepExit {
+            triggers: vec!["Wait".into(), "Alternatively".into()],
+            induction_ids: vec![1],
+            close_ids: vec![],
+            answer_stops: default_answer_stops(),
+            max_ans_tokens: 20,
+            delta: 0.95,
+            confidence: ConfidencePolicy::GeoMean,
+            skip_first_token: false,
+            max_judge_steps: 10,
+            include_trigger_on_exit: true,
+        };
+        assert_eq!(s.trigger_at_end("x = 2. Wait"), Some("Wait"));
+        assert_eq!(s.trigger_at_end("Wait"), Some("Wait"));
+        assert_eq!(s.trigger_at_end("Await"), None);
+        assert_eq!(s.trigger_at_end("Wait, no"), None);
+    }
+}
