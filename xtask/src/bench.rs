@@ -31,6 +31,9 @@ pub enum What {
         /// Smaller sizes (a smoke run of the bench itself).
         #[arg(long)]
         quick: bool,
+        /// Only the testbed-sized model (skip the Qwen3-0.6B shape).
+        #[arg(long)]
+        tiny_only: bool,
     },
     /// AdamW step time for ~1M and ~100M parameters against a plain SGD update.
     Optim {
@@ -44,7 +47,11 @@ pub fn run(w: &What) -> Result<ExitCode> {
     match w {
         What::Model { json, quick } => model(*json, *quick),
         What::Optim { json } => optim(*json),
-        What::Rollout { json, quick } => rollout(*json, *quick),
+        What::Rollout {
+            json,
+            quick,
+            tiny_only,
+        } => rollout(*json, *quick, *tiny_only),
     }
 }
 
@@ -240,7 +247,7 @@ pub fn optim(as_json: bool) -> Result<ExitCode> {
 
 /// `bench rollout`: decode tokens/s with the KV cache and without it, for a testbed-sized and a
 /// Qwen3-0.6B-shaped model (random weights), and the cost per token at context 128 vs 1024.
-pub fn rollout(as_json: bool, quick: bool) -> Result<ExitCode> {
+pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> {
     use terse_rollout::{generate, greedy_no_cache, GenParams, Prompt, SamplingParams};
     let dev = Device::Cpu;
     let none = |_: &[u32]| String::new();
@@ -277,7 +284,7 @@ pub fn rollout(as_json: bool, quick: bool) -> Result<ExitCode> {
             if quick { 4 } else { 16 },
         ),
     ];
-    for (label, cfg, batches, new) in shapes {
+    for (label, cfg, batches, new) in shapes.into_iter().take(if tiny_only { 1 } else { 2 }) {
         let v = cfg.vocab_size;
         let m = Qwen3::random(cfg, 0, &dev, DType::F32)?;
         let mut rows = vec![];
@@ -308,13 +315,27 @@ pub fn rollout(as_json: bool, quick: bool) -> Result<ExitCode> {
     )?;
     let mut per_token = vec![];
     for ctx in [128usize, 1024] {
-        let ps = prompts(16, ctx, 64);
+        // Prefill a batch-16 cache to `ctx`, then time 32 decode steps through it.
+        let b = 16;
+        let ps = prompts(b, ctx, 64);
+        let rows: Vec<Vec<u32>> = ps.iter().map(|p| p.tokens.clone()).collect();
+        let batch = Batch::from_rows(&rows, 0, Padding::Left, &dev)?;
+        let mut cache = m.new_cache(b, ctx + 40)?;
+        m.forward_cached(
+            &mut cache,
+            &batch.input_ids,
+            &batch.position_ids,
+            &batch.mask,
+        )?;
+        let steps = 32;
         let t0 = Instant::now();
-        generate(&m, &ps, 1, &params(1), 0, &none)?;
-        let prefill = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        generate(&m, &ps, 1, &params(33), 0, &none)?;
-        let per = (t1.elapsed().as_secs_f64() - prefill) / (32.0 * 16.0);
+        for s in 0..steps {
+            let ids = Tensor::from_vec(vec![(s % 63 + 1) as u32; b], (b, 1), &dev)?;
+            let pos = Tensor::from_vec(vec![(ctx + s) as u32; b], (b, 1), &dev)?;
+            m.forward_cached(&mut cache, &ids, &pos, &vec![1; b])?
+                .to_vec2::<f32>()?;
+        }
+        let per = t0.elapsed().as_secs_f64() / (steps * b) as f64;
         per_token.push(per);
         println!(
             "rollout tiny batch 16 context {ctx}: {:.1} us per decoded token",

@@ -48,8 +48,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            // One line: the whole context chain joined by ": ".
-            eprintln!("error: {e:#}");
+            // One line: the whole context chain joined by ": ", without the backtrace candle
+            // appends to its errors when RUST_BACKTRACE is set.
+            let msg = format!("{e:#}");
+            eprintln!("error: {}", msg.lines().next().unwrap_or_default());
             ExitCode::FAILURE
         }
     }

@@ -25,7 +25,11 @@ pub fn select(spec: &str) -> Result<(Device, DType)> {
 fn cuda(spec: &str, ordinal: usize) -> Result<(Device, DType)> {
     match Device::new_cuda(ordinal) {
         Ok(d) => Ok((d, DType::BF16)),
-        Err(e) => crate::fail!("device `{spec}`: no usable CUDA device ({e})"),
+        // First line only: candle appends a backtrace when RUST_BACKTRACE is set.
+        Err(e) => crate::fail!(
+            "device `{spec}`: no usable CUDA device ({})",
+            e.to_string().lines().next().unwrap_or_default()
+        ),
     }
 }
 

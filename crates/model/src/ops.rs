@@ -16,7 +16,12 @@ pub fn accum_dtype(dt: DType) -> DType {
 }
 
 /// HF Qwen3RMSNorm: `w * (x / sqrt(mean(x^2) + eps))`, statistics in f32, over the last dim.
+/// Without a graph (inference) candle-nn's fused kernel does it in one op; with one, the
+/// composite form records the backward (and serves f64, which the fused kernel lacks).
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    if !(x.track_op() || weight.track_op()) && x.dtype() != DType::F64 {
+        return candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32);
+    }
     let dt = x.dtype();
     let xf = x.to_dtype(accum_dtype(dt))?;
     let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
@@ -24,8 +29,9 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     normed.broadcast_mul(weight)
 }
 
-/// Cos/sin tables for per-row position ids: positions (B, T) -> two (B, 1, T, head_dim) tensors,
-/// in the HF layout `cat(freqs, freqs)`. Computed in f32 (as transformers does), then cast.
+/// Cos/sin tables for per-row position ids: positions (B, T) -> two (B, T, head_dim / 2)
+/// tensors (the first half of HF's `cat(freqs, freqs)` layout). Computed in f32 (as
+/// transformers does), then cast.
 pub fn rope_tables(
     positions: &Tensor,
     head_dim: usize,
@@ -39,19 +45,21 @@ pub fn rope_tables(
     let inv = Tensor::from_vec(inv, (1, 1, head_dim / 2), positions.device())?;
     let pos = positions.to_dtype(DType::F32)?.reshape((b, t, 1))?;
     let freqs = pos.broadcast_mul(&inv)?; // (B, T, hd/2)
-    let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // (B, T, hd)
-    let cos = emb.cos()?.to_dtype(dtype)?.unsqueeze(1)?; // (B, 1, T, hd)
-    let sin = emb.sin()?.to_dtype(dtype)?.unsqueeze(1)?;
-    Ok((cos, sin))
+    Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
 }
 
-/// Qwen's rotate-half rotary embedding: `x * cos + rotate_half(x) * sin`, x (B, H, T, hd).
+/// Qwen's rotate-half rotary embedding: `x * cos + rotate_half(x) * sin`, x (B, H, T, hd), with
+/// half tables (B, T, hd/2). Inference uses candle-nn's fused kernel; training the composite.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if !x.track_op() {
+        return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
+    }
     let hd = x.dim(D::Minus1)?;
+    let full = |t: &Tensor| -> Result<Tensor> { Tensor::cat(&[t, t], D::Minus1)?.unsqueeze(1) }; // (B, 1, T, hd)
     let x1 = x.narrow(D::Minus1, 0, hd / 2)?;
     let x2 = x.narrow(D::Minus1, hd / 2, hd / 2)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
+    x.broadcast_mul(&full(cos)?)? + rotated.broadcast_mul(&full(sin)?)?
 }
 
 /// Softmax over the last dim. The max is detached: subtracting any constant leaves the result
