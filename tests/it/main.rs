@@ -7,6 +7,7 @@ mod gradients;
 mod kv_cache;
 mod optim;
 mod rollout;
+mod tasks;
 
 use std::path::PathBuf;
 

@@ -8,6 +8,7 @@
 
 pub mod kk;
 pub mod math;
+pub mod template;
 
 #[cfg(test)]
 mod proptests;
