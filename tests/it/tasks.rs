@@ -37,3 +37,82 @@ fn qwen3_chat_template_matches_transformers_byte_for_byte() {
         );
     }
 }
+
+#[test]
+fn datasets_load_from_jsonl_and_parquet_with_named_columns() {
+    use terse_tasks::dataset::{load, Columns, PromptText};
+    let cols = Columns {
+        prompt: "question".into(),
+        answer: "answer".into(),
+        extra: vec!["level".into()],
+    };
+    let (j, _) = load(&fixture("datasets").join("flat.jsonl"), &cols, false).expect("jsonl");
+    let (p, _) = load(&fixture("datasets").join("flat.parquet"), &cols, false).expect("parquet");
+    assert_eq!(j.len(), 5);
+    assert_eq!(
+        j.iter().map(|r| (&r.prompt, &r.answer)).collect::<Vec<_>>(),
+        p.iter().map(|r| (&r.prompt, &r.answer)).collect::<Vec<_>>()
+    );
+    assert_eq!(p[3].answer, "6");
+    assert_eq!(p[2].extra[0].1, serde_json::json!(2));
+    // verl layout: chat prompt, nested ground truth, zstd compression.
+    let verl = Columns {
+        prompt: "prompt".into(),
+        answer: "reward_model.ground_truth".into(),
+        extra: vec![],
+    };
+    let (v, _) = load(&fixture("datasets").join("verl.parquet"), &verl, false).expect("verl");
+    assert_eq!(v.len(), 4);
+    assert!(
+        matches!(&v[1].prompt, PromptText::Chat(m) if m[0].content == "Puzzle 1" && m[0].role == "user")
+    );
+    assert_eq!(v[1].answer, "(1) Zoey is a knight");
+}
+
+#[test]
+fn bad_dataset_rows_name_file_and_line_or_are_skipped_and_reported() {
+    use terse_tasks::dataset::{load, Columns};
+    let cols = Columns {
+        prompt: "question".into(),
+        answer: "answer".into(),
+        extra: vec![],
+    };
+    let path = fixture("datasets").join("bad.jsonl");
+    let e = load(&path, &cols, false).expect_err("bad row");
+    assert!(
+        e.contains("bad.jsonl") && e.contains("line 2") && e.contains("invalid JSON"),
+        "{e}"
+    );
+    let (rows, report) = load(&path, &cols, true).expect("skipping");
+    assert_eq!(rows.iter().map(|r| r.index).collect::<Vec<_>>(), [1, 6]);
+    assert_eq!(
+        report.skipped.iter().map(|s| s.0).collect::<Vec<_>>(),
+        [2, 3, 5]
+    );
+    assert!(
+        report.skipped[1].1.contains("`answer` is missing"),
+        "{:?}",
+        report.skipped
+    );
+    assert!(
+        report.skipped[2].1.contains("`question` must be a string"),
+        "{:?}",
+        report.skipped
+    );
+    let e = load(&fixture("datasets").join("nope.csv"), &cols, false).expect_err("format");
+    assert!(
+        e.contains("nope.csv") && e.contains("unknown dataset format"),
+        "{e}"
+    );
+    let e = load(
+        &fixture("datasets").join("flat.jsonl"),
+        &Columns {
+            prompt: "q".into(),
+            answer: "answer".into(),
+            extra: vec![],
+        },
+        false,
+    )
+    .expect_err("column");
+    assert!(e.contains("line 1") && e.contains("`q` is missing"), "{e}");
+}

@@ -6,6 +6,7 @@
 //! Present: Knights & Knaves ([`kk`]) and math answers ([`math`]). Datasets (JSONL/Parquet),
 //! chat templates and the CPU testbed are not written yet.
 
+pub mod dataset;
 pub mod kk;
 pub mod math;
 pub mod template;
