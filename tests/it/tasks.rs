@@ -116,3 +116,42 @@ fn bad_dataset_rows_name_file_and_line_or_are_skipped_and_reported() {
     .expect_err("column");
     assert!(e.contains("line 1") && e.contains("`q` is missing"), "{e}");
 }
+
+#[test]
+fn testbed_recipe_is_committed_loads_and_covers_every_trace() {
+    use rand::SeedableRng;
+    use terse_tasks::testbed::{model_config_json, tokenizer_json, Problem, Teacher, MAX_LEVEL};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/testbed");
+    // The committed files are exactly what `cargo xtask make-testbed` writes.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tokenizer.json")).expect("tokenizer"),
+        tokenizer_json()
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("config.json")).expect("config"),
+        model_config_json()
+    );
+    let cfg = terse_model::Config::from_file(&dir.join("config.json")).expect("config parses");
+    assert!(
+        (500_000..1_500_000).contains(&cfg.num_parameters()),
+        "{}",
+        cfg.num_parameters()
+    );
+    let tok =
+        tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizers loads it");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    for level in 1..=MAX_LEVEL {
+        let p = Problem::generate(level, 7);
+        let text = format!(
+            "{} {}",
+            p.prompt(),
+            Teacher::default().trace(&p, &mut rng).0
+        );
+        let enc = tok.encode(text.as_str(), false).expect("encode");
+        assert!(!enc.get_ids().contains(&1), "unknown token in {text}");
+        assert_eq!(enc.get_ids().len(), text.split_whitespace().count());
+        assert!(enc.get_ids().iter().all(|&i| (i as usize) < cfg.vocab_size));
+        let back = tok.decode(enc.get_ids(), false).expect("decode");
+        assert_eq!(back, text);
+    }
+}

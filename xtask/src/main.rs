@@ -28,6 +28,11 @@ enum Cmd {
     },
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
+    /// Write the CPU testbed's tokenizer.json and config.json (models/testbed by default).
+    MakeTestbed {
+        #[arg(long, default_value = "models/testbed")]
+        out: std::path::PathBuf,
+    },
     /// Benchmarks; `bench model` measures the training forward/backward and the log-prob path.
     Bench {
         #[command(subcommand)]
@@ -44,6 +49,7 @@ fn main() -> ExitCode {
         Cmd::Train { config } => train(&config),
         Cmd::CheckModel(args) => check_model::run(&args),
         Cmd::Bench { what } => bench::run(&what),
+        Cmd::MakeTestbed { out } => make_testbed(&out),
     };
     match result {
         Ok(code) => code,
@@ -67,4 +73,20 @@ fn train(config: &str) -> anyhow::Result<ExitCode> {
          Not built yet: rollout sampler, length-aware rewards, optimizer, tasks/testbed, GRPO loop."
     );
     Ok(ExitCode::from(2))
+}
+
+/// Writes the testbed model recipe; the committed files in models/testbed are its output.
+fn make_testbed(out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    use terse_tasks::testbed::{model_config_json, tokenizer_json};
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for (name, text) in [
+        ("tokenizer.json", tokenizer_json()),
+        ("config.json", model_config_json()),
+    ] {
+        let path = out.join(name);
+        terse_model::checkpoint::atomic_write(&path, text.as_bytes())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }

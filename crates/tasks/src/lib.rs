@@ -10,6 +10,7 @@ pub mod dataset;
 pub mod kk;
 pub mod math;
 pub mod template;
+pub mod testbed;
 
 #[cfg(test)]
 mod proptests;

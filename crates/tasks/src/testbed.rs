@@ -1,0 +1,344 @@
+//! The CPU testbed: a generated task family small enough for a ~1M-parameter Qwen3 to learn on
+//! two cores, built so that length pressure is meaningful (see models/testbed/README.md).
+//!
+//! A problem of level L is a start digit and L operations `+ d` / `- d` modulo 10. The teacher's
+//! trace writes every intermediate result (`a + d = r ;`): these L steps are NECESSARY, because a
+//! tiny model cannot add L digits in one token. After steps it randomly re-checks earlier ones
+//! (`Wait a + d = r ;`): these are REDUNDANT, so a model warmed up on the traces overthinks and a
+//! length reward has something safe to remove, while a length-blind penalty that also cuts
+//! necessary steps costs accuracy, more so at higher levels.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// The highest level; levels are 1..=MAX_LEVEL operations.
+pub const MAX_LEVEL: usize = 8;
+
+/// Every token of the testbed vocabulary, in id order.
+pub const VOCAB: [&str; 30] = [
+    "<pad>",
+    "<unk>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "user",
+    "assistant",
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7",
+    "8",
+    "9",
+    "+",
+    "-",
+    "=",
+    ";",
+    "Wait",
+    "mod",
+    "10",
+    "?",
+    "\n",
+];
+
+/// One problem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    pub level: usize,
+    pub start: u8,
+    /// (is_plus, digit)
+    pub ops: Vec<(bool, u8)>,
+}
+
+impl Problem {
+    pub fn generate(level: usize, seed: u64) -> Self {
+        assert!(
+            (1..=MAX_LEVEL).contains(&level),
+            "testbed levels are 1..={MAX_LEVEL}, got {level}"
+        );
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        Self {
+            level,
+            start: rng.random_range(0..10),
+            ops: (0..level)
+                .map(|_| (rng.random_bool(0.5), rng.random_range(1..10)))
+                .collect(),
+        }
+    }
+
+    /// Intermediate results after each operation.
+    pub fn partials(&self) -> Vec<u8> {
+        let mut v = self.start;
+        self.ops
+            .iter()
+            .map(|&(plus, d)| {
+                v = if plus {
+                    (v + d) % 10
+                } else {
+                    (v + 10 - d) % 10
+                };
+                v
+            })
+            .collect()
+    }
+
+    pub fn answer(&self) -> u8 {
+        self.partials().last().copied().unwrap_or(self.start)
+    }
+
+    fn expr(&self) -> String {
+        let mut s = self.start.to_string();
+        for &(plus, d) in &self.ops {
+            s.push_str(&format!(" {} {d}", if plus { "+" } else { "-" }));
+        }
+        s
+    }
+
+    /// The prompt, ending in the open thinking span.
+    pub fn prompt(&self) -> String {
+        format!(
+            "<|im_start|> user {} mod 10 ? <|im_end|> <|im_start|> assistant <think>",
+            self.expr()
+        )
+    }
+
+    fn step(&self, i: usize) -> String {
+        let before = if i == 0 {
+            self.start
+        } else {
+            self.partials()[i - 1]
+        };
+        let (plus, d) = self.ops[i];
+        format!(
+            "{before} {} {d} = {} ;",
+            if plus { "+" } else { "-" },
+            self.partials()[i]
+        )
+    }
+}
+
+/// How the teacher pads its traces with redundant re-checks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Teacher {
+    /// After each step, the chance of one more re-check (drawn repeatedly, up to the cap).
+    pub recheck_prob: f64,
+    pub max_rechecks_per_step: usize,
+}
+
+impl Default for Teacher {
+    fn default() -> Self {
+        Self {
+            recheck_prob: 0.5,
+            max_rechecks_per_step: 2,
+        }
+    }
+}
+
+impl Teacher {
+    /// A correct completion: the L necessary steps, random `Wait` re-checks of already written
+    /// steps, then the answer. Returns the text and the number of re-checks.
+    pub fn trace(&self, p: &Problem, rng: &mut impl Rng) -> (String, usize) {
+        let mut parts = vec![];
+        let mut rechecks = 0;
+        for i in 0..p.ops.len() {
+            parts.push(p.step(i));
+            for _ in 0..self.max_rechecks_per_step {
+                if !rng.random_bool(self.recheck_prob) {
+                    break;
+                }
+                parts.push(format!("Wait {}", p.step(rng.random_range(0..=i))));
+                rechecks += 1;
+            }
+        }
+        parts.push(format!(
+            "</think> <answer> {} </answer> <|im_end|>",
+            p.answer()
+        ));
+        (parts.join(" "), rechecks)
+    }
+}
+
+/// The verifier's verdict on a completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub correct: bool,
+    pub format_ok: bool,
+    /// 1 when correct, else 0.
+    pub reward: f64,
+    pub reason: &'static str,
+}
+
+/// Checks a completion (text after the prompt): `</think>` once, then `<answer> d </answer>`.
+pub fn verify(completion: &str, answer: u8) -> Verdict {
+    let v = |correct: bool, format_ok: bool, reason| Verdict {
+        correct,
+        format_ok,
+        reward: f64::from(u8::from(correct)),
+        reason,
+    };
+    let Some((_, after)) = completion.split_once("</think>") else {
+        return v(false, false, "no </think>");
+    };
+    if after.contains("</think>") || completion.contains("<think>") {
+        return v(false, false, "think tags repeated");
+    }
+    let Some(body) = after
+        .split_once("<answer>")
+        .and_then(|(_, r)| r.split_once("</answer>"))
+        .map(|(a, _)| a.trim())
+    else {
+        return v(false, false, "no <answer>...</answer> after </think>");
+    };
+    match body.parse::<u8>() {
+        Ok(d) if d == answer => v(true, true, "correct"),
+        Ok(_) => v(false, true, "wrong answer"),
+        Err(_) => v(false, true, "answer is not a digit"),
+    }
+}
+
+/// tokenizer.json for the testbed: a WordLevel model over `VOCAB`, split on whitespace, with
+/// the chat markers as special tokens. Loadable by the `tokenizers` crate and by transformers.
+pub fn tokenizer_json() -> String {
+    let special = [
+        "<pad>",
+        "<unk>",
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+        "<answer>",
+        "</answer>",
+    ];
+    let added: Vec<serde_json::Value> = special
+        .iter()
+        .map(|t| {
+            let id = VOCAB.iter().position(|v| v == t).unwrap_or_default();
+            serde_json::json!({"id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = VOCAB
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), i.into()))
+        .collect();
+    let tok = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    serde_json::to_string_pretty(&tok).unwrap_or_default() + "\n"
+}
+
+/// config.json of the testbed Qwen3 (~0.8M parameters, tied embeddings).
+pub fn model_config_json() -> String {
+    let cfg = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB.len(),
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": true,
+        "attention_bias": false,
+        "use_sliding_window": false,
+        "bos_token_id": 3,
+        "eos_token_id": 4,
+        "pad_token_id": 0,
+        "dtype": "float32"
+    });
+    serde_json::to_string_pretty(&cfg).unwrap_or_default() + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn teacher_traces_are_correct_and_overthink() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let t = Teacher::default();
+        let mut total_rechecks = 0;
+        for level in 1..=MAX_LEVEL {
+            for seed in 0..20 {
+                let p = Problem::generate(level, seed);
+                let (trace, r) = t.trace(&p, &mut rng);
+                total_rechecks += r;
+                assert_eq!(
+                    verify(&trace, p.answer()),
+                    Verdict {
+                        correct: true,
+                        format_ok: true,
+                        reward: 1.0,
+                        reason: "correct"
+                    }
+                );
+                assert_eq!(trace.matches("Wait").count(), r);
+                // Necessary steps: one "=" per operation, plus one per re-check.
+                assert_eq!(trace.matches('=').count(), level + r);
+                assert!(
+                    trace.split_whitespace().all(|w| VOCAB.contains(&w)),
+                    "{trace}"
+                );
+                assert!(p.prompt().split_whitespace().all(|w| VOCAB.contains(&w)));
+            }
+        }
+        assert!(total_rechecks > 100, "{total_rechecks}");
+        let lazy = Teacher {
+            recheck_prob: 0.0,
+            ..Teacher::default()
+        };
+        assert_eq!(lazy.trace(&Problem::generate(3, 1), &mut rng).1, 0);
+    }
+
+    #[test]
+    fn arithmetic_and_verifier() {
+        let p = Problem {
+            level: 3,
+            start: 7,
+            ops: vec![(true, 5), (false, 9), (true, 1)],
+        };
+        assert_eq!(p.partials(), [2, 3, 4]);
+        assert_eq!(
+            p.prompt(),
+            "<|im_start|> user 7 + 5 - 9 + 1 mod 10 ? <|im_end|> <|im_start|> assistant <think>"
+        );
+        let check = |c: &str, correct, format_ok| {
+            let v = verify(c, 4);
+            assert_eq!((v.correct, v.format_ok), (correct, format_ok), "{c}: {v:?}");
+        };
+        check(
+            "7 + 5 = 2 ; </think> <answer> 4 </answer> <|im_end|>",
+            true,
+            true,
+        );
+        check("</think> <answer> 4 </answer>", true, true);
+        check("</think> <answer> 5 </answer>", false, true);
+        check("</think> <answer> + </answer>", false, true);
+        check("<answer> 4 </answer>", false, false);
+        check("</think> </think> <answer> 4 </answer>", false, false);
+        check("</think> 4", false, false);
+    }
+}
