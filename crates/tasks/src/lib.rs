@@ -3,8 +3,9 @@
 //! Data flow: a generator or dataset row -> prompt text + reference answer -> (rollout) ->
 //! completion text -> a scorer here -> `Outcome`-like verdicts the reward crate shapes.
 //!
-//! Present: Knights & Knaves ([`kk`]) and math answers ([`math`]). Datasets (JSONL/Parquet),
-//! chat templates and the CPU testbed are not written yet.
+//! Modules: [`kk`] (Knights & Knaves), [`math`] (answer extraction, equivalence, scorers),
+//! [`template`] (chat templates via minijinja, plain templates), [`dataset`] (JSONL/Parquet
+//! loading) and [`testbed`] (the CPU testbed task, its teacher, verifier and model recipe).
 
 pub mod dataset;
 pub mod kk;

@@ -46,5 +46,8 @@ proptest! {
         let s = kk::score(&a, "(1) Zoey is a knight\n(2) Oliver is a knave");
         prop_assert!([3.0, -0.5, -1.0, -3.0].contains(&s.total));
         let _ = kk::parse_solution(&b);
+        let v = crate::testbed::verify(&a, 3);
+        prop_assert!(v.reward == 0.0 || v.reward == 1.0);
+        let _ = crate::template::render_plain(&a, &[("quiz", "x")]);
     }
 }
