@@ -8,6 +8,7 @@ mod kv_cache;
 mod optim;
 mod rollout;
 mod tasks;
+mod train;
 
 use std::path::PathBuf;
 

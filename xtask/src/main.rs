@@ -28,6 +28,14 @@ enum Cmd {
     },
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
+    /// Draw a run's metrics.jsonl as PNG curves (length, accuracy, reward, γ_ℓ).
+    Plot {
+        /// metrics.jsonl of a run.
+        metrics: std::path::PathBuf,
+        /// Where the PNGs go (default: next to metrics.jsonl).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Write the CPU testbed's tokenizer.json and config.json (models/testbed by default).
     MakeTestbed {
         #[arg(long, default_value = "models/testbed")]
@@ -50,6 +58,7 @@ fn main() -> ExitCode {
         Cmd::CheckModel(args) => check_model::run(&args),
         Cmd::Bench { what } => bench::run(&what),
         Cmd::MakeTestbed { out } => make_testbed(&out),
+        Cmd::Plot { metrics, out } => plot(&metrics, out),
     };
     match result {
         Ok(code) => code,
@@ -63,18 +72,46 @@ fn main() -> ExitCode {
     }
 }
 
-/// Until the GRPO trainer lands, `train` says exactly what exists and what does not; it never
-/// pretends to train.
+/// Runs (or resumes) a training run and prints the summary table.
 fn train(config: &str) -> anyhow::Result<ExitCode> {
-    eprintln!(
-        "terse train ({config}): the trainer is not built yet.\n\
-         Built so far: the Qwen3 model crate (HF checkpoints in/out, training forward with fused\n\
-         log-probs, KV-cache inference), `cargo xtask check-model` and `cargo xtask bench model`.\n\
-         Not built yet: rollout sampler, length-aware rewards, optimizer, tasks/testbed, GRPO loop."
+    let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
+    let s = terse_train::train(&cfg)?;
+    println!("\nrun: {}", s.dir.display());
+    println!("| level | pass@1 before | pass@1 after | tokens before | tokens after |");
+    println!("|---|---|---|---|---|");
+    for (i, a) in s.after.by_level.iter().enumerate() {
+        let b = s.before.as_ref().map(|b| &b.by_level[i]);
+        let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "| {} | {} | {:.3} | {} | {:.1} |",
+            a.level,
+            fmt(b.map(|b| b.pass1)),
+            a.pass1,
+            fmt(b.map(|b| b.len_mean)),
+            a.len_mean
+        );
+    }
+    println!(
+        "| all | {} | {:.3} | {} | {:.1} |",
+        s.before
+            .as_ref()
+            .map_or("-".into(), |b| format!("{:.3}", b.accuracy)),
+        s.after.accuracy,
+        s.before
+            .as_ref()
+            .map_or("-".into(), |b| format!("{:.1}", b.len_mean)),
+        s.after.len_mean
     );
-    Ok(ExitCode::from(2))
+    println!(
+        "\nrollout length: first step {:.1}, last step {:.1}, averaged by steps {:.1}",
+        s.len_first, s.len_last, s.len_avg_by_steps
+    );
+    println!(
+        "mean reward: first step {:.3}, last step {:.3}",
+        s.reward_first, s.reward_last
+    );
+    Ok(ExitCode::SUCCESS)
 }
-
 /// Writes the testbed model recipe; the committed files in models/testbed are its output.
 fn make_testbed(out: &std::path::Path) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
@@ -87,6 +124,20 @@ fn make_testbed(out: &std::path::Path) -> anyhow::Result<ExitCode> {
         let path = out.join(name);
         terse_model::checkpoint::atomic_write(&path, text.as_bytes())?;
         println!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Draws a run's curves next to its metrics (or into `out`).
+fn plot(metrics: &std::path::Path, out: Option<std::path::PathBuf>) -> anyhow::Result<ExitCode> {
+    let dir = out.unwrap_or_else(|| {
+        metrics
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default()
+    });
+    for p in terse_train::plot::plot_run(metrics, &dir)? {
+        println!("wrote {}", p.display());
     }
     Ok(ExitCode::SUCCESS)
 }

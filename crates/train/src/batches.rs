@@ -1,0 +1,148 @@
+//! From sequences to gradients: token-budget micro-batches, each a right-padded model batch
+//! whose completion tokens are scored with the fused log-prob path, a loss with global weights,
+//! backward, and gradient accumulation. The same function serves SFT and GRPO.
+
+use crate::loss::{ppo_loss, sft_loss, LossStats, PpoParams};
+use candle_core::{Result, Tensor};
+use terse_model::{Batch, Padding, Qwen3};
+use terse_optim::{accumulate, collect_grads, Grads};
+
+/// One training sequence: prompt ⊕ completion, with per-completion-token data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seq {
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Per completion token: whether it enters the loss (injected tokens do not).
+    pub loss_mask: Vec<bool>,
+    /// Per completion token: the sampler's log-prob (GRPO) — ignored by SFT.
+    pub old_logp: Vec<f32>,
+    /// Per completion token: the reference model's log-prob, when β > 0.
+    pub ref_logp: Option<Vec<f32>>,
+    pub advantage: f32,
+    /// The aggregation weight of each of this sequence's loss tokens (see `loss::agg_weights`).
+    pub weight: f32,
+}
+
+impl Seq {
+    pub fn loss_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|m| **m).count()
+    }
+}
+
+/// What to optimise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Objective {
+    Sft,
+    Ppo(PpoParams),
+}
+
+/// Splits sequence indices into consecutive groups of at most `budget` tokens (a longer
+/// sequence gets a micro-batch of its own).
+pub fn micro_batches(seqs: &[Seq], budget: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = vec![];
+    let mut used = 0;
+    for (i, s) in seqs.iter().enumerate() {
+        let n = s.tokens.len();
+        if out.is_empty() || (used + n > budget && used > 0) {
+            out.push(vec![]);
+            used = 0;
+        }
+        used += n;
+        out.last_mut().expect("non-empty").push(i);
+    }
+    out
+}
+
+/// Flat (row, target) selections of the loss tokens of `seqs` laid out as a right-padded batch.
+fn selection(seqs: &[&Seq], t: usize) -> (Vec<u32>, Vec<u32>) {
+    let (mut rows, mut targets) = (vec![], vec![]);
+    for (r, s) in seqs.iter().enumerate() {
+        for (j, &m) in s.loss_mask.iter().enumerate() {
+            if m {
+                let pos = s.prompt_len + j; // the target token's position
+                rows.push((r * t + pos - 1) as u32);
+                targets.push(s.tokens[pos]);
+            }
+        }
+    }
+    (rows, targets)
+}
+
+/// Per-token log-probs of every sequence's completion tokens under `model` (no graph), in
+/// `loss_mask` order: the reference policy's pass.
+pub fn logprobs(model: &Qwen3, seqs: &[Seq], budget: usize) -> Result<Vec<Vec<f32>>> {
+    let mut out = vec![vec![]; seqs.len()];
+    for mb in micro_batches(seqs, budget) {
+        let group: Vec<&Seq> = mb.iter().map(|&i| &seqs[i]).collect();
+        let rows_in: Vec<Vec<u32>> = group.iter().map(|s| s.tokens.clone()).collect();
+        let batch = Batch::from_rows(&rows_in, 0, Padding::Right, model.device())?;
+        let (rows, targets) = selection(&group, batch.t);
+        let lp = model
+            .token_logprobs(&batch, &rows, &targets, false)?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1::<f32>()?;
+        let mut k = 0;
+        for &i in &mb {
+            let n = seqs[i].loss_tokens();
+            out[i] = lp[k..k + n].to_vec();
+            k += n;
+        }
+    }
+    Ok(out)
+}
+
+/// Loss and accumulated gradients over all sequences, micro-batch by micro-batch.
+pub fn gradients(
+    model: &Qwen3,
+    seqs: &[Seq],
+    objective: Objective,
+    budget: usize,
+) -> Result<(Grads, LossStats)> {
+    let dev = model.device();
+    let mut grads = Grads::new();
+    let mut total = LossStats::default();
+    for mb in micro_batches(seqs, budget) {
+        let group: Vec<&Seq> = mb.iter().map(|&i| &seqs[i]).collect();
+        if group.iter().all(|s| s.loss_tokens() == 0) {
+            continue;
+        }
+        let rows_in: Vec<Vec<u32>> = group.iter().map(|s| s.tokens.clone()).collect();
+        let batch = Batch::from_rows(&rows_in, 0, Padding::Right, dev)?;
+        let (rows, targets) = selection(&group, batch.t);
+        let logp = model.token_logprobs(&batch, &rows, &targets, true)?; // (N)
+        let per_token = |f: &dyn Fn(&Seq) -> Vec<f32>| -> Result<Tensor> {
+            let v: Vec<f32> = group.iter().flat_map(|s| f(s)).collect();
+            Tensor::from_vec(v, rows.len(), dev)
+        };
+        let masked = |s: &Seq, v: &[f32]| -> Vec<f32> {
+            s.loss_mask
+                .iter()
+                .zip(v)
+                .filter(|(m, _)| **m)
+                .map(|(_, x)| *x)
+                .collect()
+        };
+        let w = per_token(&|s| vec![s.weight; s.loss_tokens()])?;
+        let (loss, st) = match objective {
+            Objective::Sft => sft_loss(&logp, &w)?,
+            Objective::Ppo(p) => {
+                let old = per_token(&|s| masked(s, &s.old_logp))?;
+                let adv = per_token(&|s| vec![s.advantage; s.loss_tokens()])?;
+                let reference = if p.kl_coef > 0.0 {
+                    Some(per_token(&|s| s.ref_logp.clone().unwrap_or_default())?)
+                } else {
+                    None
+                };
+                ppo_loss(&logp, &old, &adv, &w, reference.as_ref(), &p)?
+            }
+        };
+        accumulate(&mut grads, collect_grads(model.vars(), &loss.backward()?))?;
+        total.loss += st.loss;
+        total.tokens += st.tokens;
+        total.clipped_low += st.clipped_low;
+        total.clipped_high += st.clipped_high;
+        total.kl_sum += st.kl_sum;
+        total.logp_gap_sum += st.logp_gap_sum;
+    }
+    Ok((grads, total))
+}

@@ -1,0 +1,109 @@
+//! Run checkpoints: `step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
+//! state.json, written into a temporary directory that is renamed into place, DONE last; resume
+//! takes the newest directory with DONE; keep-last-N pruning (step 0, the GRPO start and KL
+//! reference, is always kept).
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use terse_model::{Qwen3, SaveOptions};
+use terse_optim::AdamW;
+
+/// What a checkpoint restores besides weights and optimizer: the step (which is also the data
+/// cursor, since every stream is keyed by step) and the shaper's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    pub step: u64,
+    pub shaper: serde_json::Value,
+}
+
+pub fn step_name(step: u64) -> String {
+    format!("step_{step:06}")
+}
+
+/// Writes the checkpoint of `step` atomically.
+pub fn save_checkpoint(
+    run_dir: &Path,
+    step: u64,
+    model: &Qwen3,
+    opt: &AdamW,
+    state: &TrainState,
+    model_src: &Path,
+) -> Result<PathBuf> {
+    let final_dir = run_dir.join(step_name(step));
+    let tmp = run_dir.join(format!("{}.tmp", step_name(step)));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("removing stale {}", tmp.display()))?;
+    }
+    model.save(&tmp, &SaveOptions::default())?;
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if model_src.join(f).is_file() {
+            std::fs::copy(model_src.join(f), tmp.join(f))
+                .with_context(|| format!("copying {f} into {}", tmp.display()))?;
+        }
+    }
+    std::fs::write(tmp.join("optimizer.safetensors"), opt.to_safetensors()?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)?;
+    std::fs::write(tmp.join("DONE"), b"")?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir)
+            .with_context(|| format!("replacing {}", final_dir.display()))?;
+    }
+    std::fs::rename(&tmp, &final_dir)
+        .with_context(|| format!("renaming {} into place", tmp.display()))?;
+    Ok(final_dir)
+}
+
+fn complete_steps(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = vec![];
+    if !run_dir.is_dir() {
+        return Ok(out);
+    }
+    for e in std::fs::read_dir(run_dir).with_context(|| format!("listing {}", run_dir.display()))? {
+        let p = e?.path();
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if let Some(step) = name
+            .strip_prefix("step_")
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            if p.join("DONE").is_file() {
+                out.push((step, p));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The newest complete checkpoint and its state; directories without DONE are ignored.
+pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(PathBuf, TrainState)>> {
+    match complete_steps(run_dir)?.pop() {
+        Some((_, p)) => {
+            let text = std::fs::read_to_string(p.join("state.json"))
+                .with_context(|| format!("reading {}", p.display()))?;
+            let state: TrainState = serde_json::from_str(&text)
+                .with_context(|| format!("{}/state.json", p.display()))?;
+            Ok(Some((p, state)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Deletes all but the newest `keep` complete checkpoints (step 0 always stays).
+pub fn prune(run_dir: &Path, keep: usize) -> Result<()> {
+    let steps: Vec<(u64, PathBuf)> = complete_steps(run_dir)?
+        .into_iter()
+        .filter(|(s, _)| *s > 0)
+        .collect();
+    let n = steps.len().saturating_sub(keep.max(1));
+    for (_, p) in &steps[..n] {
+        std::fs::remove_dir_all(p).with_context(|| format!("pruning {}", p.display()))?;
+    }
+    Ok(())
+}

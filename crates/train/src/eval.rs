@@ -1,0 +1,89 @@
+//! Validation on held-out testbed problems: accuracy (pass@1 over n samples, and pass@n) and
+//! mean completion length, overall and by level.
+
+use crate::config::RunConfig;
+use crate::data;
+use crate::run::encode;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use terse_model::Qwen3;
+use terse_reward::metrics::pass_at_k;
+use terse_rollout::{generate, GenParams, Prompt};
+use terse_tasks::testbed::verify;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelReport {
+    pub level: usize,
+    pub pass1: f64,
+    pub pass_k: f64,
+    pub len_mean: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    pub accuracy: f64,
+    pub len_mean: f64,
+    pub by_level: Vec<LevelReport>,
+}
+
+pub fn evaluate(cfg: &RunConfig, model: &Qwen3, tok: &tokenizers::Tokenizer) -> Result<EvalReport> {
+    let e = &cfg.eval;
+    let n = e.samples.max(1);
+    let gen = GenParams {
+        sampling: cfg.grpo.sampling.clone(),
+        max_new_tokens: cfg.grpo.max_new_tokens,
+        eos_ids: model.config.eos_token_ids.clone(),
+        stop_strings: vec![],
+        pad_id: model.config.pad_token_id.unwrap_or(0),
+        step_exit: None,
+    };
+    let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
+    let mut by_level = vec![];
+    for &level in &cfg.data.levels {
+        let problems: Vec<_> = (0..e.per_level as u64)
+            .map(|j| data::eval_problem(cfg.run.seed, level, j))
+            .collect();
+        let prompts: Vec<Prompt> = problems
+            .iter()
+            .enumerate()
+            .map(|(j, p)| {
+                Ok(Prompt {
+                    id: j as u64,
+                    tokens: encode(tok, &p.prompt())?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let samples = generate(
+            model,
+            &prompts,
+            n,
+            &gen,
+            data::mix(cfg.run.seed, data::EVAL, level as u64),
+            &detok,
+        )?;
+        let (mut p1, mut pk, mut len) = (0.0, 0.0, 0.0);
+        for (j, p) in problems.iter().enumerate() {
+            let group = &samples[j * n..(j + 1) * n];
+            let c = group
+                .iter()
+                .filter(|s| verify(&detok(&s.tokens), p.answer()).correct)
+                .count();
+            p1 += pass_at_k(n, c, 1);
+            pk += pass_at_k(n, c, n);
+            len += group.iter().map(|s| s.len() as f64).sum::<f64>() / n as f64;
+        }
+        let m = problems.len().max(1) as f64;
+        by_level.push(LevelReport {
+            level,
+            pass1: p1 / m,
+            pass_k: pk / m,
+            len_mean: len / m,
+        });
+    }
+    let k = by_level.len().max(1) as f64;
+    Ok(EvalReport {
+        accuracy: by_level.iter().map(|l| l.pass1).sum::<f64>() / k,
+        len_mean: by_level.iter().map(|l| l.len_mean).sum::<f64>() / k,
+        by_level,
+    })
+}

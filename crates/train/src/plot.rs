@@ -1,0 +1,133 @@
+//! PNG curves of a run's metrics.jsonl (length, accuracy, reward, γ_ℓ against step), written
+//! into the run directory with plotters; the font ships with the crate (DejaVu Sans).
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+fn register_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // The bundled font is valid; a failure would only drop text from the plots.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    });
+}
+
+/// One curve: (step, value) pairs.
+pub type Series = Vec<(f64, f64)>;
+
+/// Draws `series` (name, points) into `path` as a line chart.
+pub fn line_chart(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    series: &[(String, Series)],
+) -> Result<()> {
+    register_font();
+    let pts: Vec<&(f64, f64)> = series.iter().flat_map(|(_, s)| s).collect();
+    let (x0, x1) = pts
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.0), b.max(p.0))
+        });
+    let (y0, y1) = pts
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.1), b.max(p.1))
+        });
+    let (x0, x1) = if x0.is_finite() {
+        (x0, x1.max(x0 + 1.0))
+    } else {
+        (0.0, 1.0)
+    };
+    let pad = ((y1 - y0).abs() * 0.05).max(1e-3);
+    let (y0, y1) = if y0.is_finite() {
+        (y0 - pad, y1 + pad)
+    } else {
+        (0.0, 1.0)
+    };
+    let root = BitMapBackend::new(path, (800, 480)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plotting {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| err(&e))?;
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    for (i, (name, s)) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        chart
+            .draw_series(LineSeries::new(s.iter().copied(), c.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+    }
+    if series.len() > 1 {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// length.png, accuracy.png, reward.png and gamma_l.png from a run's metrics.jsonl.
+pub fn plot_run(metrics: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    let lines = crate::metrics::read_grpo(metrics)?;
+    let col = |k: &str| -> Series {
+        lines
+            .iter()
+            .filter_map(|l| Some((l["step"].as_f64()?, l[k].as_f64()?)))
+            .collect()
+    };
+    let mut out = vec![];
+    for (file, title, y, keys) in [
+        (
+            "length.png",
+            "Mean completion length",
+            "tokens",
+            vec!["len_mean", "len_correct", "len_incorrect"],
+        ),
+        (
+            "accuracy.png",
+            "Rollout accuracy",
+            "accuracy",
+            vec!["accuracy"],
+        ),
+        ("reward.png", "Mean shaped reward", "reward", vec!["reward"]),
+        (
+            "gamma_l.png",
+            "Length control rate γ_ℓ (−1: gate off)",
+            "γ_ℓ",
+            vec!["gamma_l"],
+        ),
+    ] {
+        let series: Vec<(String, Series)> = keys
+            .iter()
+            .map(|k| (k.to_string(), col(k)))
+            .filter(|(_, s)| !s.is_empty())
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let path = out_dir.join(file);
+        line_chart(&path, title, y, &series)
+            .with_context(|| format!("writing {}", path.display()))?;
+        out.push(path);
+    }
+    Ok(out)
+}

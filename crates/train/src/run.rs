@@ -1,0 +1,429 @@
+//! One training run, top to bottom: load or initialise the model, SFT warm-up on teacher
+//! traces, then GRPO steps (rollout -> score -> shape -> advantage -> PPO-clip + KL with
+//! micro-batch accumulation -> clip -> AdamW), metrics.jsonl, checkpoints, evaluation.
+
+use crate::batches::{gradients, logprobs, Objective, Seq};
+use crate::checkpoint::{latest_checkpoint, prune, save_checkpoint, TrainState};
+use crate::config::RunConfig;
+use crate::data;
+use crate::eval::{evaluate, EvalReport};
+use crate::loss::{agg_weights, PpoParams};
+use crate::metrics::MetricsWriter;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use terse_model::Qwen3;
+use terse_optim::{clip_grad_norm, AdamW};
+use terse_reward::{
+    metrics::length_stats, BuiltinShaper, Group, LengthShaper, SampleStat, StepCtx,
+};
+use terse_rollout::{generate, Finish, GenParams, Prompt};
+use terse_tasks::testbed::{verify, Teacher};
+
+/// What a finished run leaves behind.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub dir: PathBuf,
+    pub before: Option<EvalReport>,
+    pub after: EvalReport,
+    /// Mean rollout length at the first and last GRPO step, and averaged over steps.
+    pub len_first: f64,
+    pub len_last: f64,
+    pub len_avg_by_steps: f64,
+    pub reward_first: f64,
+    pub reward_last: f64,
+}
+
+/// The tokenizer every text passes through.
+pub fn load_tokenizer(model_dir: &Path) -> Result<tokenizers::Tokenizer> {
+    let path = model_dir.join("tokenizer.json");
+    if !path.is_file() {
+        bail!(
+            "model directory {} has no tokenizer.json",
+            model_dir.display()
+        );
+    }
+    tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+pub fn encode(tok: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
+    Ok(tok
+        .encode(text, false)
+        .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?
+        .get_ids()
+        .to_vec())
+}
+
+/// Runs (or resumes) the whole configured run with the built-in shaper.
+pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
+    let mut shaper = BuiltinShaper {
+        config: cfg.reward.clone(),
+        state: Default::default(),
+    };
+    train_with(cfg, &mut shaper)
+}
+
+/// Runs with any shaper: research code passes its own `LengthShaper` (a closure works).
+/// A `BuiltinShaper`'s state is restored from and saved into checkpoints.
+pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<RunSummary> {
+    cfg.validate()?;
+    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let dir = cfg.run.dir.join(&cfg.run.name);
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+    let probe = dir.join(".write-test");
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("run directory {} is not writable", dir.display()))?;
+    std::fs::remove_file(&probe).ok();
+    let resolved = toml::to_string_pretty(cfg).context("serialising the resolved config")?;
+    terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
+    let tok = load_tokenizer(&cfg.model.path)?;
+
+    // Resume from the newest complete checkpoint, or start from the configured model.
+    let resume = if cfg.run.resume == "auto" {
+        latest_checkpoint(&dir)?
+    } else {
+        None
+    };
+    if resume.is_none() && cfg.run.resume == "never" && dir.join("metrics.jsonl").exists() {
+        bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
+    }
+    let (model, start, opt_bytes) = match &resume {
+        Some((ckpt, state)) => {
+            tracing::info!("resuming from {}", ckpt.display());
+            shaper.restore(&state.shaper);
+            let m = Qwen3::load(ckpt, &dev, dtype)?;
+            let bytes = std::fs::read(ckpt.join("optimizer.safetensors"))
+                .with_context(|| format!("reading {}", ckpt.display()))?;
+            (m, state.step, Some(bytes))
+        }
+        None => {
+            let config = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?;
+            let m = if cfg.model.init == "random" {
+                Qwen3::random(config, data::mix(cfg.run.seed, 0, 0), &dev, dtype)?
+            } else {
+                Qwen3::load(&cfg.model.path, &dev, dtype)?
+            };
+            (m, 0, None)
+        }
+    };
+    let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"), start)?;
+
+    if resume.is_none() && cfg.sft.steps > 0 {
+        sft(cfg, &model, &tok, &mut metrics)?;
+    }
+    if resume.is_none() {
+        save_checkpoint(
+            &dir,
+            0,
+            &model,
+            &AdamW::new(cfg.optim.clone(), model.vars())?,
+            &TrainState {
+                step: 0,
+                shaper: shaper.state(),
+            },
+            &cfg.model.path,
+        )?;
+    }
+    let mut opt = match opt_bytes {
+        Some(b) => AdamW::from_safetensors(cfg.optim.clone(), model.vars(), &b)?,
+        None => AdamW::new(cfg.optim.clone(), model.vars())?,
+    };
+    let reference = if cfg.grpo.kl_coef > 0.0 {
+        Some(Qwen3::load(
+            &dir.join(crate::checkpoint::step_name(0)),
+            &dev,
+            dtype,
+        )?)
+    } else {
+        None
+    };
+    let before = if start == 0 {
+        Some(evaluate(cfg, &model, &tok)?)
+    } else {
+        None
+    };
+
+    let g = &cfg.grpo;
+    let gen = GenParams {
+        sampling: g.sampling.clone(),
+        max_new_tokens: g.max_new_tokens,
+        eos_ids: model.config.eos_token_ids.clone(),
+        stop_strings: vec![],
+        pad_id: model.config.pad_token_id.unwrap_or(0),
+        step_exit: None,
+    };
+    let ppo = PpoParams {
+        clip_low: g.clip_low,
+        clip_high: g.clip_high,
+        dual_clip: g.dual_clip,
+        log_ratio_clamp: g.log_ratio_clamp,
+        kl_coef: g.kl_coef,
+        kl_estimator: g.kl_estimator,
+    };
+    let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
+    for step in start..g.steps {
+        let t0 = Instant::now();
+        // Rollout: G samples for each of this step's prompts (the data cursor is the step).
+        let problems: Vec<_> = (0..g.prompts_per_step as u64)
+            .map(|i| {
+                data::problem(
+                    cfg.run.seed,
+                    data::TRAIN,
+                    step * g.prompts_per_step as u64 + i,
+                    &cfg.data.levels,
+                )
+            })
+            .collect();
+        let prompts: Vec<Prompt> = problems
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Ok(Prompt {
+                    id: step * g.prompts_per_step as u64 + i as u64,
+                    tokens: encode(&tok, &p.prompt())?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let samples = generate(
+            &model,
+            &prompts,
+            g.group_size,
+            &gen,
+            data::mix(cfg.run.seed, data::TRAIN, step),
+            &detok,
+        )?;
+        let t_rollout = t0.elapsed().as_secs_f64();
+
+        // Score, shape, advantages.
+        let t1 = Instant::now();
+        let groups: Vec<Group> = prompts
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let stats = samples[k * g.group_size..(k + 1) * g.group_size]
+                    .iter()
+                    .map(|s| {
+                        let text = detok(&s.tokens);
+                        let v = verify(&text, problems[k].answer());
+                        SampleStat {
+                            len: s.len(),
+                            correct: v.correct,
+                            base_reward: v.reward,
+                            format_ok: v.format_ok,
+                            steps: terse_reward::step_grpo::count_steps(
+                                &text,
+                                &["Wait".to_string()],
+                                terse_reward::step_grpo::StepScope::Thinking,
+                            ),
+                            truncated: s.finish == Finish::Length,
+                            scorable: true,
+                        }
+                    })
+                    .collect();
+                Group::new(p.id, stats)
+            })
+            .collect();
+        let shaped = shaper.shape(
+            &groups,
+            &StepCtx {
+                step,
+                seed: cfg.run.seed,
+            },
+        )?;
+        let adv = cfg.advantage.compute(&groups, &shaped);
+        let t_score = t1.elapsed().as_secs_f64();
+
+        // Policy update over all samples, micro-batched with global aggregation weights.
+        let t2 = Instant::now();
+        let lens: Vec<usize> = samples
+            .iter()
+            .map(|s| s.sampled.iter().filter(|m| **m).count())
+            .collect();
+        let w = agg_weights(g.loss_agg, &lens, g.norm_len.unwrap_or(g.max_new_tokens));
+        let mut seqs: Vec<Seq> = samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let k = i / g.group_size;
+                let mut tokens = prompts[k].tokens.clone();
+                tokens.extend_from_slice(&s.tokens);
+                Seq {
+                    tokens,
+                    prompt_len: prompts[k].tokens.len(),
+                    loss_mask: s.sampled.clone(),
+                    old_logp: s.logp_plain.clone(),
+                    ref_logp: None,
+                    advantage: adv.values[k][i % g.group_size] as f32,
+                    weight: w[i] as f32,
+                }
+            })
+            .collect();
+        if let Some(r) = &reference {
+            let ref_lp = logprobs(r, &seqs, g.micro_batch_tokens)?;
+            for (s, lp) in seqs.iter_mut().zip(ref_lp) {
+                s.ref_logp = Some(lp);
+            }
+        }
+        let (mut grads, st) = gradients(&model, &seqs, Objective::Ppo(ppo), g.micro_batch_tokens)?;
+        let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
+        if !st.loss.is_finite() || !grad_norm.is_finite() {
+            bail!(
+                "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating. The last good checkpoint is in {}",
+                if st.loss.is_finite() { "gradient" } else { "loss" },
+                st.loss,
+                dir.display()
+            );
+        }
+        let lr = g.schedule.lr_at(step);
+        opt.step(model.vars(), &grads, lr)?;
+        let t_update = t2.elapsed().as_secs_f64();
+
+        let ls = length_stats(&groups);
+        let n = samples.len() as f64;
+        let rewards: Vec<f64> = shaped.rewards.iter().flatten().copied().collect();
+        let tokens: usize = samples.iter().map(|s| s.tokens.len()).sum();
+        let mut line = json!({
+            "phase": "grpo",
+            "step": step,
+            "reward": rewards.iter().sum::<f64>() / n,
+            "accuracy": groups.iter().flat_map(|g| &g.samples).filter(|s| s.correct).count() as f64 / n,
+            "format_ok": groups.iter().flat_map(|g| &g.samples).filter(|s| s.format_ok).count() as f64 / n,
+            "len_mean": ls.mean, "len_min": ls.min, "len_max": ls.max,
+            "len_correct": ls.mean_correct, "len_incorrect": ls.mean_incorrect,
+            "truncated": ls.truncated_frac,
+            "zero_std_groups": adv.zero_std_groups as f64 / groups.len() as f64,
+            "clip_frac_low": st.clipped_low as f64 / st.tokens.max(1) as f64,
+            "clip_frac_high": st.clipped_high as f64 / st.tokens.max(1) as f64,
+            "kl": st.kl_sum / st.tokens.max(1) as f64,
+            "logp_gap": st.logp_gap_sum / st.tokens.max(1) as f64,
+            "loss": st.loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "steps_mean": groups.iter().flat_map(|g| &g.samples).map(|s| s.steps as f64).sum::<f64>() / n,
+            "time": {"rollout_s": t_rollout, "score_s": t_score, "update_s": t_update, "tokens_per_s": tokens as f64 / (t_rollout + t_update)},
+        });
+        for (k, v) in &shaped.diagnostics {
+            line[k] = json!(v);
+        }
+        metrics.write(&line)?;
+
+        let done = step + 1;
+        if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == g.steps {
+            save_checkpoint(
+                &dir,
+                done,
+                &model,
+                &opt,
+                &TrainState {
+                    step: done,
+                    shaper: shaper.state(),
+                },
+                &cfg.model.path,
+            )?;
+            prune(&dir, cfg.checkpoint.keep_last)?;
+        }
+        if cfg.eval.every > 0 && done % cfg.eval.every == 0 && done != g.steps {
+            let e = evaluate(cfg, &model, &tok)?;
+            metrics.write(&json!({"phase": "eval", "step": done, "accuracy": e.accuracy, "len_mean": e.len_mean, "by_level": e.by_level}))?;
+        }
+    }
+    let after = evaluate(cfg, &model, &tok)?;
+    metrics.write(&json!({"phase": "eval", "step": g.steps, "accuracy": after.accuracy, "len_mean": after.len_mean, "by_level": after.by_level}))?;
+    crate::plot::plot_run(&dir.join("metrics.jsonl"), &dir)?;
+    let grpo = crate::metrics::read_grpo(&dir.join("metrics.jsonl"))?;
+    let col = |k: &str| -> Vec<f64> { grpo.iter().filter_map(|l| l[k].as_f64()).collect() };
+    let (lens, rewards) = (col("len_mean"), col("reward"));
+    Ok(RunSummary {
+        dir,
+        before,
+        after,
+        len_first: lens.first().copied().unwrap_or(0.0),
+        len_last: lens.last().copied().unwrap_or(0.0),
+        len_avg_by_steps: terse_reward::metrics::averaged_by_steps(&lens).0,
+        reward_first: rewards.first().copied().unwrap_or(0.0),
+        reward_last: rewards.last().copied().unwrap_or(0.0),
+    })
+}
+
+/// SFT warm-up: completion-only cross-entropy on teacher traces.
+fn sft(
+    cfg: &RunConfig,
+    model: &Qwen3,
+    tok: &tokenizers::Tokenizer,
+    metrics: &mut MetricsWriter,
+) -> Result<()> {
+    let s = &cfg.sft;
+    let teacher = Teacher {
+        recheck_prob: cfg.data.recheck_prob,
+        ..Teacher::default()
+    };
+    let mut opt = AdamW::new(cfg.optim.clone(), model.vars())?;
+    for step in 0..s.steps {
+        let mut seqs = vec![];
+        for i in 0..s.batch_size as u64 {
+            let (p, trace) = data::sft_example(
+                cfg.run.seed,
+                step * s.batch_size as u64 + i,
+                &cfg.data.levels,
+                &teacher,
+            );
+            let prompt = encode(tok, &p.prompt())?;
+            let completion = encode(tok, &trace)?;
+            let mut tokens = prompt.clone();
+            tokens.extend_from_slice(&completion);
+            seqs.push(Seq {
+                tokens,
+                prompt_len: prompt.len(),
+                loss_mask: vec![true; completion.len()],
+                old_logp: vec![],
+                ref_logp: None,
+                advantage: 0.0,
+                weight: 0.0,
+            });
+        }
+        let lens: Vec<usize> = seqs.iter().map(Seq::loss_tokens).collect();
+        for (q, w) in seqs
+            .iter_mut()
+            .zip(agg_weights(crate::config::LossAgg::TokenMean, &lens, 1))
+        {
+            q.weight = w as f32;
+        }
+        let (mut grads, st) = gradients(model, &seqs, Objective::Sft, cfg.grpo.micro_batch_tokens)?;
+        let norm = clip_grad_norm(&mut grads, cfg.grpo.grad_clip)?;
+        if !st.loss.is_finite() || !norm.is_finite() {
+            bail!(
+                "sft step {step}: non-finite loss {} or grad norm {norm}",
+                st.loss
+            );
+        }
+        let lr = s.schedule.lr_at(step);
+        opt.step(model.vars(), &grads, lr)?;
+        metrics.write(
+            &json!({"phase": "sft", "step": step, "loss": st.loss, "grad_norm": norm, "lr": lr}),
+        )?;
+    }
+    Ok(())
+}
+
+/// A shaper whose state (if any) the trainer checkpoints.
+pub trait ShaperWithState: LengthShaper {
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    fn restore(&mut self, _state: &serde_json::Value) {}
+}
+
+impl<F: FnMut(&[Group], &StepCtx) -> terse_reward::Shaped> ShaperWithState for F {}
+
+impl ShaperWithState for BuiltinShaper {
+    fn state(&self) -> serde_json::Value {
+        serde_json::to_value(self.state).unwrap_or_default()
+    }
+    fn restore(&mut self, state: &serde_json::Value) {
+        if let Ok(s) = serde_json::from_value(state.clone()) {
+            self.state = s;
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The trainer: micro-batch invariance of loss and gradients, resume equals not stopping,
+//! a short end-to-end GRPO run that raises the reward, and one-line errors for bad input.
+
+use candle_core::{DType, Device};
+use std::path::{Path, PathBuf};
+use terse_model::{Config, Qwen3};
+use terse_train::batches::{gradients, micro_batches, Objective, Seq};
+use terse_train::config::{KlEstimator, LossAgg};
+use terse_train::loss::{agg_weights, PpoParams};
+use terse_train::RunConfig;
+
+fn repo(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+fn testbed_model(seed: u64) -> Qwen3 {
+    let cfg = Config::from_file(&repo("models/testbed/config.json")).expect("config");
+    Qwen3::random(cfg, seed, &Device::Cpu, DType::F32).expect("model")
+}
+
+#[test]
+fn loss_and_gradients_do_not_depend_on_micro_batching() {
+    let model = testbed_model(1);
+    // Six sequences of different lengths with a masked (injected) token in one of them.
+    let mut seqs: Vec<Seq> = (0..6usize)
+        .map(|i| {
+            let prompt: Vec<u32> = (0..4 + i % 3).map(|j| (11 + (i + j) % 10) as u32).collect();
+            let completion: Vec<u32> = (0..3 + i)
+                .map(|j| (11 + (i * 7 + j * 3) % 14) as u32)
+                .collect();
+            let n = completion.len();
+            let mut tokens = prompt.clone();
+            tokens.extend(&completion);
+            Seq {
+                tokens,
+                prompt_len: prompt.len(),
+                loss_mask: (0..n).map(|j| !(i == 2 && j == 1)).collect(),
+                old_logp: (0..n).map(|j| -3.0 + 0.1 * j as f32).collect(),
+                ref_logp: None,
+                advantage: i as f32 - 2.5,
+                weight: 0.0,
+            }
+        })
+        .collect();
+    let lens: Vec<usize> = seqs.iter().map(Seq::loss_tokens).collect();
+    let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+    let ppo = PpoParams {
+        clip_low: 0.2,
+        clip_high: 0.28,
+        dual_clip: Some(3.0),
+        log_ratio_clamp: 20.0,
+        kl_coef: 0.0,
+        kl_estimator: KlEstimator::K3,
+    };
+    for agg in [
+        LossAgg::TokenMean,
+        LossAgg::SeqMeanTokenMean,
+        LossAgg::SeqMeanTokenSum,
+        LossAgg::SeqMeanTokenSumNorm,
+    ] {
+        for (s, w) in seqs.iter_mut().zip(agg_weights(agg, &lens, 16)) {
+            s.weight = w as f32;
+        }
+        let run =
+            |budget: usize| gradients(&model, &seqs, Objective::Ppo(ppo), budget).expect("grads");
+        let (g1, s1) = run(total);
+        for parts in [2, 4] {
+            let budget = total.div_ceil(parts) + 1;
+            assert!(
+                micro_batches(&seqs, budget).len() >= parts.min(seqs.len()) - 1,
+                "{agg:?}: not split"
+            );
+            let (g, s) = run(budget);
+            assert!(
+                (s.loss - s1.loss).abs() < 1e-6,
+                "{agg:?} {parts}: loss {} vs {}",
+                s.loss,
+                s1.loss
+            );
+            for (k, a) in &g1 {
+                let d = (a - &g[k])
+                    .expect("d")
+                    .abs()
+                    .expect("a")
+                    .max_all()
+                    .expect("m")
+                    .to_scalar::<f32>()
+                    .expect("s");
+                assert!(
+                    d < 1e-6,
+                    "{agg:?} {parts} micro-batches: gradient of {k} differs by {d}"
+                );
+            }
+        }
+    }
+}
+
+fn small_config(dir: &Path, name: &str, steps: u64) -> RunConfig {
+    let mut c = RunConfig::default();
+    c.run.dir = dir.to_path_buf();
+    c.run.name = name.into();
+    c.model.path = repo("models/testbed");
+    c.data.levels = vec![1, 2];
+    c.sft.steps = 4;
+    c.sft.batch_size = 4;
+    c.sft.schedule = terse_optim::Schedule {
+        peak_lr: 1e-3,
+        ..Default::default()
+    };
+    c.grpo.steps = steps;
+    c.grpo.prompts_per_step = 2;
+    c.grpo.group_size = 4;
+    c.grpo.max_new_tokens = 20;
+    c.grpo.kl_coef = 0.01;
+    c.checkpoint.every = 2;
+    c.eval.per_level = 2;
+    c.eval.samples = 2;
+    c.reward = toml::from_str("[shaper]\nmethod = \"short_rl\"\ntau_len = 2\n").expect("reward");
+    c
+}
+
+/// metrics.jsonl without the wall-clock "time" objects.
+fn deterministic_metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).expect("json");
+            if let Some(o) = v.as_object_mut() {
+                o.remove("time");
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn resuming_equals_not_stopping_and_partial_checkpoints_are_ignored() {
+    let root = crate::scratch("train-resume");
+    let straight = terse_train::train(&small_config(&root, "straight", 4)).expect("straight");
+    terse_train::train(&small_config(&root, "resumed", 2)).expect("first half");
+    // A crash during the next checkpoint write leaves a .tmp directory and no DONE: ignored.
+    std::fs::create_dir_all(root.join("resumed/step_000004.tmp")).expect("tmp");
+    std::fs::write(
+        root.join("resumed/step_000004.tmp/model.safetensors"),
+        b"partial",
+    )
+    .expect("partial");
+    let resumed = terse_train::train(&small_config(&root, "resumed", 4)).expect("second half");
+    let (a, b) = (
+        deterministic_metrics(&straight.dir),
+        deterministic_metrics(&resumed.dir),
+    );
+    assert_eq!(a.iter().filter(|v| v["phase"] == "grpo").count(), 4);
+    assert_eq!(a, b, "metrics differ between straight and resumed runs");
+    // Keep-last-2 plus the step-0 start.
+    let mut dirs: Vec<String> = std::fs::read_dir(&straight.dir)
+        .expect("dir")
+        .map(|e| e.expect("e").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step_"))
+        .collect();
+    dirs.sort();
+    assert_eq!(dirs, ["step_000000", "step_000002", "step_000004"]);
+    assert!(straight.dir.join("config.toml").is_file());
+}
+
+fn one_line_err(r: anyhow::Result<terse_train::RunSummary>) -> String {
+    let e = format!("{:#}", r.expect_err("must fail"));
+    assert_eq!(e.lines().count(), 1, "not one line: {e}");
+    e
+}
+
+#[test]
+fn bad_input_gives_one_line_errors() {
+    let root = crate::scratch("train-bad");
+    let e = RunConfig::from_toml("[grpo]\nstepz = 3\n", Path::new("bad.toml"))
+        .map(|_| ())
+        .expect_err("unknown key");
+    let msg = format!("{e:#}");
+    assert!(msg.contains("bad.toml") && msg.contains("stepz"), "{msg}");
+    let e = RunConfig::from_toml("[data]\ntask = \"gsm8k\"\n", Path::new("c.toml"))
+        .map(|_| ())
+        .expect_err("task");
+    assert!(format!("{e:#}").contains("gsm8k"));
+
+    let mut c = small_config(&root, "notok", 1);
+    let empty = root.join("model-without-tokenizer");
+    std::fs::create_dir_all(&empty).expect("dir");
+    std::fs::copy(
+        repo("models/testbed/config.json"),
+        empty.join("config.json"),
+    )
+    .expect("copy");
+    c.model.path = empty;
+    assert!(one_line_err(terse_train::train(&c)).contains("has no tokenizer.json"));
+
+    let mut c = small_config(&root, "cuda", 1);
+    c.run.device = "cuda".into();
+    let e = one_line_err(terse_train::train(&c));
+    assert!(e.contains("cuda"), "{e}");
+
+    // A run directory that cannot be created (its parent is a file).
+    let file = root.join("a-file");
+    std::fs::write(&file, b"x").expect("file");
+    let c = small_config(&file, "run", 1);
+    assert!(one_line_err(terse_train::train(&c)).contains("cannot create run directory"));
+}
+
+#[test]
+fn twenty_grpo_steps_from_the_sft_checkpoint_raise_the_reward_deterministically() {
+    let root = crate::scratch("train-e2e");
+    let mut c = RunConfig::default();
+    c.run.dir = root.clone();
+    c.run.name = "e2e".into();
+    c.run.resume = "never".into();
+    c.model.path = crate::fixture("testbed-sft");
+    c.model.init = "checkpoint".into();
+    c.data.levels = vec![3, 4, 5, 6];
+    c.sft.steps = 0;
+    c.grpo.steps = 20;
+    c.grpo.prompts_per_step = 4;
+    c.grpo.group_size = 8;
+    c.grpo.max_new_tokens = 96;
+    c.grpo.schedule = terse_optim::Schedule {
+        peak_lr: 2e-4,
+        ..Default::default()
+    };
+    c.checkpoint.every = 0;
+    c.eval.per_level = 4;
+    c.eval.samples = 2;
+    c.reward = toml::from_str("[shaper]\nmethod = \"none\"\n").expect("reward");
+    let s = terse_train::train(&c).expect("train");
+    let grpo: Vec<f64> = deterministic_metrics(&s.dir)
+        .iter()
+        .filter(|v| v["phase"] == "grpo")
+        .map(|v| v["reward"].as_f64().expect("reward"))
+        .collect();
+    assert_eq!(grpo.len(), 20);
+    let (first, last) = (
+        grpo[..5].iter().sum::<f64>() / 5.0,
+        grpo[15..].iter().sum::<f64>() / 5.0,
+    );
+    println!("mean reward: first 5 steps {first:.3}, last 5 steps {last:.3}");
+    assert!(
+        last > first,
+        "GRPO did not raise the reward: {first:.3} -> {last:.3} ({grpo:?})"
+    );
+    for png in ["length.png", "accuracy.png", "reward.png"] {
+        assert!(s.dir.join(png).is_file(), "{png} missing");
+    }
+    // Deterministic: the same run again gives the same metrics.
+    let mut again = c.clone();
+    again.run.name = "e2e-again".into();
+    let s2 = terse_train::train(&again).expect("train again");
+    assert_eq!(
+        deterministic_metrics(&s.dir),
+        deterministic_metrics(&s2.dir)
+    );
+}
