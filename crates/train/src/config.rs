@@ -177,10 +177,6 @@ pub struct GrpoSection {
     /// Tokens per micro-batch (gradient accumulation keeps the loss identical).
     pub micro_batch_tokens: usize,
     pub grad_clip: f64,
-    /// Drop groups whose rewards are all equal and sample more prompts, up to `max_resample`
-    /// extra rounds.
-    pub dynamic_sampling: bool,
-    pub max_resample: usize,
 }
 
 impl Default for GrpoSection {
@@ -205,8 +201,6 @@ impl Default for GrpoSection {
             norm_len: None,
             micro_batch_tokens: 4096,
             grad_clip: 1.0,
-            dynamic_sampling: false,
-            max_resample: 2,
         }
     }
 }

@@ -1,6 +1,25 @@
 //! terse-train: the GRPO loop with length-aware rewards, the SFT warm-up before it, checkpoints,
 //! metrics and evaluation. The library research code embeds: [`train`] runs a [`RunConfig`];
 //! [`train_with`] takes your own shaper (any `FnMut(&[Group], &StepCtx) -> Shaped`).
+//!
+//! ```no_run
+//! use terse_reward::{Group, Shaped, StepCtx};
+//! use terse_train::RunConfig;
+//!
+//! let mut cfg = RunConfig::from_file("configs/default.toml".as_ref())?;
+//! cfg.run.name = "my-reward".into();
+//! // A custom reward: the verifier's reward minus 0.01 per token, for correct answers only.
+//! let mut mine = |groups: &[Group], _ctx: &StepCtx| Shaped {
+//!     rewards: groups
+//!         .iter()
+//!         .map(|g| g.samples.iter().map(|s| s.base_reward - if s.correct { 0.01 * s.len as f64 } else { 0.0 }).collect())
+//!         .collect(),
+//!     ..Default::default()
+//! };
+//! let summary = terse_train::train_with(&cfg, &mut mine)?;
+//! println!("pass@1 {:.3}, mean tokens {:.1}", summary.after.accuracy, summary.after.len_mean);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 pub mod batches;
 pub mod checkpoint;
