@@ -49,6 +49,8 @@ pub use shaper::{
 pub use types::{Group, SampleStat, Shaped, StepCtx};
 
 #[cfg(test)]
+mod edge_cases;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;
