@@ -3,6 +3,7 @@
 
 mod bench;
 mod check_model;
+mod eval;
 mod mem;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,9 @@ enum Cmd {
         #[arg(long, default_value = "configs/default.toml")]
         config: String,
     },
+    /// Evaluate a checkpoint on held-out testbed problems (pass@1/pass@k, tokens, compression
+    /// rate against --base), by level.
+    Eval(eval::Args),
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
     /// Draw a run's metrics.jsonl as PNG curves (length, accuracy, reward, γ_ℓ).
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().cmd {
         Cmd::Train { config } => train(&config),
         Cmd::CheckModel(args) => check_model::run(&args),
+        Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
         Cmd::MakeTestbed { out } => make_testbed(&out),
         Cmd::Plot { metrics, out } => plot(&metrics, out),

@@ -163,6 +163,8 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
         kl_estimator: g.kl_estimator,
     };
     let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
+    // A progress bar on a terminal (hidden otherwise) with the step's key figures.
+    let bar = progress_bar("grpo", g.steps, start);
     for step in start..g.steps {
         let t0 = Instant::now();
         // Rollout: G samples for each of this step's prompts (the data cursor is the step).
@@ -308,6 +310,13 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             line[k] = json!(v);
         }
         metrics.write(&line)?;
+        bar.set_message(format!(
+            "acc {:.2}  len {:.1}  reward {:.3}",
+            line["accuracy"].as_f64().unwrap_or(0.0),
+            ls.mean.unwrap_or(0.0),
+            rewards.iter().sum::<f64>() / n
+        ));
+        bar.inc(1);
 
         let done = step + 1;
         if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == g.steps {
@@ -329,6 +338,7 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             metrics.write(&json!({"phase": "eval", "step": done, "accuracy": e.accuracy, "len_mean": e.len_mean, "by_level": e.by_level}))?;
         }
     }
+    bar.finish_and_clear();
     let after = evaluate(cfg, &model, &tok)?;
     metrics.write(&json!({"phase": "eval", "step": g.steps, "accuracy": after.accuracy, "len_mean": after.len_mean, "by_level": after.by_level}))?;
     crate::plot::plot_run(&dir.join("metrics.jsonl"), &dir)?;
@@ -360,6 +370,7 @@ fn sft(
         ..Teacher::default()
     };
     let mut opt = AdamW::new(cfg.optim.clone(), model.vars())?;
+    let bar = progress_bar("sft", s.steps, 0);
     for step in 0..s.steps {
         let mut seqs = vec![];
         for i in 0..s.batch_size as u64 {
@@ -403,8 +414,21 @@ fn sft(
         metrics.write(
             &json!({"phase": "sft", "step": step, "loss": st.loss, "grad_norm": norm, "lr": lr}),
         )?;
+        bar.set_message(format!("loss {:.3}", st.loss));
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     Ok(())
+}
+
+fn progress_bar(phase: &str, len: u64, pos: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    let template = format!("{phase} {{bar:30}} {{pos}}/{{len}} {{elapsed}} {{msg}}");
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
+        bar.set_style(style);
+    }
+    bar.set_position(pos);
+    bar
 }
 
 /// A shaper whose state (if any) the trainer checkpoints.

@@ -1,0 +1,110 @@
+//! `cargo xtask eval`: a checkpoint on held-out testbed problems: pass@1 / pass@k and mean
+//! tokens by level, and the compression rate against a base model when one is given. Prints a
+//! markdown table; with --json the last line is one JSON object.
+
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use terse_train::eval::{evaluate, EvalReport};
+use terse_train::RunConfig;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (HF layout with tokenizer.json), e.g. runs/default/step_000060.
+    #[arg(long)]
+    model: PathBuf,
+    /// A base checkpoint to compare against (compression rate = tokens / base tokens).
+    #[arg(long)]
+    base: Option<PathBuf>,
+    /// Testbed levels, comma separated.
+    #[arg(long, default_value = "1,2,3,4,5,6", value_delimiter = ',')]
+    levels: Vec<usize>,
+    /// Held-out problems per level.
+    #[arg(long, default_value_t = 32)]
+    per_level: usize,
+    /// Samples per problem (pass@k uses k = samples).
+    #[arg(long, default_value_t = 4)]
+    samples: usize,
+    #[arg(long, default_value_t = 96)]
+    max_new_tokens: usize,
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long)]
+    json: bool,
+}
+
+fn run_eval(a: &Args, model_dir: &Path) -> Result<EvalReport> {
+    let mut cfg = RunConfig::default();
+    cfg.run.seed = a.seed;
+    cfg.run.device = a.device.clone();
+    cfg.model.path = model_dir.to_path_buf();
+    cfg.model.init = "checkpoint".into();
+    cfg.data.levels = a.levels.clone();
+    cfg.eval.per_level = a.per_level;
+    cfg.eval.samples = a.samples;
+    cfg.grpo.max_new_tokens = a.max_new_tokens;
+    cfg.grpo.sampling.temperature = a.temperature;
+    cfg.validate()?;
+    let (dev, dtype) = terse_model::device::select(&a.device)?;
+    let model = terse_model::Qwen3::load(model_dir, &dev, dtype)?;
+    let tok = terse_train::run::load_tokenizer(model_dir)?;
+    evaluate(&cfg, &model, &tok)
+}
+
+pub fn run(a: &Args) -> Result<ExitCode> {
+    let r = run_eval(a, &a.model)?;
+    let base = a.base.as_ref().map(|b| run_eval(a, b)).transpose()?;
+    let k = a.samples;
+    println!(
+        "| level | pass@1 | pass@{k} | tokens |{}",
+        if base.is_some() {
+            " base pass@1 | base tokens | CR |"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "|---|---|---|---|{}",
+        if base.is_some() { "---|---|---|" } else { "" }
+    );
+    for (i, l) in r.by_level.iter().enumerate() {
+        let extra = base.as_ref().map_or(String::new(), |b| {
+            let bl = &b.by_level[i];
+            format!(
+                " {:.3} | {:.1} | {:.1}% |",
+                bl.pass1,
+                bl.len_mean,
+                100.0 * terse_reward::metrics::compression_rate(l.len_mean, bl.len_mean)
+            )
+        });
+        println!(
+            "| {} | {:.3} | {:.3} | {:.1} |{extra}",
+            l.level, l.pass1, l.pass_k, l.len_mean
+        );
+    }
+    let overall_cr = base
+        .as_ref()
+        .map(|b| terse_reward::metrics::compression_rate(r.len_mean, b.len_mean));
+    println!(
+        "| all | {:.3} | - | {:.1} |{}",
+        r.accuracy,
+        r.len_mean,
+        base.as_ref().map_or(String::new(), |b| format!(
+            " {:.3} | {:.1} | {:.1}% |",
+            b.accuracy,
+            b.len_mean,
+            100.0 * overall_cr.unwrap_or(0.0)
+        ))
+    );
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"model": r, "base": base, "compression_rate": overall_cr})
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
