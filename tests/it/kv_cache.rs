@@ -4,17 +4,6 @@
 use candle_core::{DType, Device, Tensor};
 use terse_model::{Batch, Config, Padding, Qwen3};
 
-fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .expect("d")
-        .abs()
-        .expect("a")
-        .max_all()
-        .expect("m")
-        .to_scalar::<f32>()
-        .expect("s")
-}
-
 /// Full-forward logits of the last token of `row` (no padding).
 fn full_last_logits(model: &Qwen3, row: &[u32]) -> Tensor {
     let b = Batch::from_rows(&[row.to_vec()], 0, Padding::Left, &Device::Cpu).expect("batch");
@@ -44,7 +33,7 @@ fn batched_decode_with_left_padding_and_row_selection_matches_full_forward() {
         )
         .expect("prefill");
     for (r, p) in prompts.iter().enumerate() {
-        let d = max_abs(&logits.get(r).expect("row"), &full_last_logits(&model, p));
+        let d = crate::max_abs_diff(&logits.get(r).expect("row"), &full_last_logits(&model, p));
         assert!(d < 1e-5, "prefill row {r}: {d}");
     }
     // Expand: prompt 0 twice, prompt 2 once (a G-sample group copy); prompt 1 dropped.
@@ -68,7 +57,7 @@ fn batched_decode_with_left_padding_and_row_selection_matches_full_forward() {
                 continue;
             }
             seqs[r].push(next[r]);
-            let d = max_abs(
+            let d = crate::max_abs_diff(
                 &logits.get(r).expect("row"),
                 &full_last_logits(&model, &seqs[r]),
             );

@@ -26,3 +26,15 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
 }
+
+/// max |a - b| of two f32 tensors of the same shape.
+pub fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .expect("d")
+        .abs()
+        .expect("a")
+        .max_all()
+        .expect("m")
+        .to_scalar::<f32>()
+        .expect("s")
+}

@@ -5,7 +5,7 @@ use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use terse_model::{Config, Qwen3};
 use terse_train::batches::{gradients, micro_batches, Objective, Seq};
-use terse_train::config::{KlEstimator, LossAgg};
+use terse_train::config::LossAgg;
 use terse_train::loss::{agg_weights, PpoParams};
 use terse_train::RunConfig;
 
@@ -44,14 +44,8 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
         .collect();
     let lens: Vec<usize> = seqs.iter().map(Seq::loss_tokens).collect();
     let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-    let ppo = PpoParams {
-        clip_low: 0.2,
-        clip_high: 0.28,
-        dual_clip: Some(3.0),
-        log_ratio_clamp: 20.0,
-        kl_coef: 0.0,
-        kl_estimator: KlEstimator::K3,
-    };
+    // The default GRPO settings: clip 0.2 / 0.28, dual clip 3, no KL.
+    let ppo = PpoParams::from(&terse_train::config::GrpoSection::default());
     for agg in [
         LossAgg::TokenMean,
         LossAgg::SeqMeanTokenMean,
@@ -78,14 +72,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
                 s1.loss
             );
             for (k, a) in &g1 {
-                let d = (a - &g[k])
-                    .expect("d")
-                    .abs()
-                    .expect("a")
-                    .max_all()
-                    .expect("m")
-                    .to_scalar::<f32>()
-                    .expect("s");
+                let d = crate::max_abs_diff(a, &g[k]);
                 assert!(
                     d < 1e-6,
                     "{agg:?} {parts} micro-batches: gradient of {k} differs by {d}"

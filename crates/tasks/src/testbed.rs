@@ -213,17 +213,8 @@ pub fn verify(completion: &str, answer: u8) -> Verdict {
 /// tokenizer.json for the testbed: a WordLevel model over `VOCAB`, split on whitespace, with
 /// the chat markers as special tokens. Loadable by the `tokenizers` crate and by transformers.
 pub fn tokenizer_json() -> String {
-    let special = [
-        "<pad>",
-        "<unk>",
-        "<|endoftext|>",
-        "<|im_start|>",
-        "<|im_end|>",
-        "<think>",
-        "</think>",
-        "<answer>",
-        "</answer>",
-    ];
+    // The first nine vocabulary entries are the special tokens.
+    let special = &VOCAB[..9];
     let added: Vec<serde_json::Value> = special
         .iter()
         .map(|t| {

@@ -26,17 +26,22 @@ pub struct EvalReport {
     pub by_level: Vec<LevelReport>,
 }
 
-pub fn evaluate(cfg: &RunConfig, model: &Qwen3, tok: &tokenizers::Tokenizer) -> Result<EvalReport> {
-    let e = &cfg.eval;
-    let n = e.samples.max(1);
-    let gen = GenParams {
+/// The sampling settings of the run's rollouts (training and validation alike).
+pub fn gen_params(cfg: &RunConfig, model: &Qwen3) -> GenParams {
+    GenParams {
         sampling: cfg.grpo.sampling.clone(),
         max_new_tokens: cfg.grpo.max_new_tokens,
         eos_ids: model.config.eos_token_ids.clone(),
         stop_strings: vec![],
         pad_id: model.config.pad_token_id.unwrap_or(0),
         step_exit: None,
-    };
+    }
+}
+
+pub fn evaluate(cfg: &RunConfig, model: &Qwen3, tok: &tokenizers::Tokenizer) -> Result<EvalReport> {
+    let e = &cfg.eval;
+    let n = e.samples.max(1);
+    let gen = gen_params(cfg, model);
     let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
     let mut by_level = vec![];
     for &level in &cfg.data.levels {

@@ -3,7 +3,7 @@
 //! splitting a mini-batch into micro-batches never changes the loss or its gradient; and the
 //! completion-only cross-entropy of SFT. Pure tensor functions.
 
-use crate::config::{KlEstimator, LossAgg};
+use crate::config::{GrpoSection, KlEstimator, LossAgg};
 use candle_core::{DType, Result, Tensor};
 
 /// Per-token aggregation weights for a mini-batch whose sequences have `lens` loss tokens:
@@ -30,6 +30,19 @@ pub struct PpoParams {
     pub log_ratio_clamp: f64,
     pub kl_coef: f64,
     pub kl_estimator: KlEstimator,
+}
+
+impl From<&GrpoSection> for PpoParams {
+    fn from(g: &GrpoSection) -> Self {
+        Self {
+            clip_low: g.clip_low,
+            clip_high: g.clip_high,
+            dual_clip: g.dual_clip,
+            log_ratio_clamp: g.log_ratio_clamp,
+            kl_coef: g.kl_coef,
+            kl_estimator: g.kl_estimator,
+        }
+    }
 }
 
 /// Detached statistics of one loss evaluation (sums; divide by `tokens` for fractions).

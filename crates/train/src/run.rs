@@ -18,7 +18,7 @@ use terse_optim::{clip_grad_norm, AdamW};
 use terse_reward::{
     metrics::length_stats, BuiltinShaper, Group, LengthShaper, SampleStat, StepCtx,
 };
-use terse_rollout::{generate, Finish, GenParams, Prompt};
+use terse_rollout::{generate, Finish, Prompt};
 use terse_tasks::testbed::{verify, Teacher};
 
 /// What a finished run leaves behind.
@@ -146,22 +146,8 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     };
 
     let g = &cfg.grpo;
-    let gen = GenParams {
-        sampling: g.sampling.clone(),
-        max_new_tokens: g.max_new_tokens,
-        eos_ids: model.config.eos_token_ids.clone(),
-        stop_strings: vec![],
-        pad_id: model.config.pad_token_id.unwrap_or(0),
-        step_exit: None,
-    };
-    let ppo = PpoParams {
-        clip_low: g.clip_low,
-        clip_high: g.clip_high,
-        dual_clip: g.dual_clip,
-        log_ratio_clamp: g.log_ratio_clamp,
-        kl_coef: g.kl_coef,
-        kl_estimator: g.kl_estimator,
-    };
+    let gen = crate::eval::gen_params(cfg, &model);
+    let ppo = PpoParams::from(g);
     let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
     // A progress bar on a terminal (hidden otherwise) with the step's key figures.
     let bar = progress_bar("grpo", g.steps, start);
