@@ -9,6 +9,7 @@ mod optim;
 mod rollout;
 mod tasks;
 mod train;
+mod train_modes;
 
 use std::path::PathBuf;
 

@@ -368,6 +368,8 @@ fn step_params(delta: f64, include_trigger: bool) -> GenParams {
         pad_id: 0,
         step_exit: Some(StepExit {
             triggers: vec!["Wait".into()],
+            induction: String::new(),
+            close: String::new(),
             induction_ids: vec![4],
             close_ids: vec![7],
             answer_stops: vec!["}".into()],

@@ -1,4 +1,4 @@
-//! `cargo xtask eval`: a checkpoint on held-out testbed problems: pass@1 / pass@k and mean
+//! `cargo xtask eval`: a checkpoint on held-out testbed problems (or a run config's task): pass@1 / pass@k and mean
 //! tokens by level, and the compression rate against a base model when one is given. Prints a
 //! markdown table; with --json the last line is one JSON object.
 
@@ -35,24 +35,39 @@ pub struct Args {
     device: String,
     #[arg(long)]
     json: bool,
+    /// A run config whose [data], [eval] and [grpo] sampling settings to use instead of the
+    /// testbed flags above (e.g. a K&K or math dataset).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Write eval_accuracy.png and eval_tokens.png (by level, model vs base) into this folder.
+    #[arg(long)]
+    plots: Option<PathBuf>,
 }
 
 fn run_eval(a: &Args, model_dir: &Path) -> Result<EvalReport> {
-    let mut cfg = RunConfig::default();
-    cfg.run.seed = a.seed;
-    cfg.run.device = a.device.clone();
+    let mut cfg = match &a.config {
+        Some(p) => RunConfig::from_file(p)?,
+        None => {
+            let mut cfg = RunConfig::default();
+            cfg.run.seed = a.seed;
+            cfg.run.device = a.device.clone();
+            cfg.data.levels = a.levels.clone();
+            cfg.eval.per_level = a.per_level;
+            cfg.eval.samples = a.samples;
+            cfg.grpo.max_new_tokens = a.max_new_tokens;
+            cfg.grpo.sampling.temperature = a.temperature;
+            cfg
+        }
+    };
     cfg.model.path = model_dir.to_path_buf();
     cfg.model.init = "checkpoint".into();
-    cfg.data.levels = a.levels.clone();
-    cfg.eval.per_level = a.per_level;
-    cfg.eval.samples = a.samples;
-    cfg.grpo.max_new_tokens = a.max_new_tokens;
-    cfg.grpo.sampling.temperature = a.temperature;
+    cfg.sft.steps = 0;
     cfg.validate()?;
+    let task = terse_train::task::Task::new(&cfg.data, model_dir, cfg.run.seed)?;
     let (dev, dtype) = terse_model::device::select(&a.device)?;
     let model = terse_model::Qwen3::load(model_dir, &dev, dtype)?;
     let tok = terse_train::run::load_tokenizer(model_dir)?;
-    evaluate(&cfg, &model, &tok)
+    evaluate(&cfg, &task, &model, &tok)
 }
 
 pub fn run(a: &Args) -> Result<ExitCode> {
@@ -100,6 +115,16 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             100.0 * overall_cr.unwrap_or(0.0)
         ))
     );
+    if let Some(dir) = &a.plots {
+        std::fs::create_dir_all(dir)?;
+        let mut reports = vec![("model".to_string(), &r)];
+        if let Some(b) = &base {
+            reports.push(("base".to_string(), b));
+        }
+        for p in terse_train::plot::plot_eval(dir, &reports)? {
+            eprintln!("wrote {}", p.display());
+        }
+    }
     if a.json {
         println!(
             "{}",

@@ -5,6 +5,8 @@ mod bench;
 mod check_model;
 mod eval;
 mod mem;
+mod repro;
+mod summary;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -27,9 +29,19 @@ enum Cmd {
         #[arg(long, default_value = "configs/default.toml")]
         config: String,
     },
+    /// SFT warm-up only: train on the testbed teacher's traces and save `<run dir>/sft`, a
+    /// model directory GRPO runs can start from (model.init = "checkpoint", sft.steps = 0).
+    Sft {
+        /// Run config (its [run], [model], [data], [sft] sections are used).
+        #[arg(long, default_value = "configs/default.toml")]
+        config: String,
+    },
     /// Evaluate a checkpoint on held-out testbed problems (pass@1/pass@k, tokens, compression
     /// rate against --base), by level.
     Eval(eval::Args),
+    /// The reproduction study: every length method x 3 seeds on the CPU testbed from one SFT
+    /// checkpoint; writes docs/results.md and the curves.
+    Repro(repro::Args),
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
     /// Draw a run's metrics.jsonl as PNG curves (length, accuracy, reward, γ_ℓ).
@@ -59,7 +71,9 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().cmd {
         Cmd::Train { config } => train(&config),
+        Cmd::Sft { config } => sft(&config),
         Cmd::CheckModel(args) => check_model::run(&args),
+        Cmd::Repro(args) => repro::run(&args),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
         Cmd::MakeTestbed { out } => make_testbed(&out),
@@ -117,6 +131,14 @@ fn train(config: &str) -> anyhow::Result<ExitCode> {
     );
     Ok(ExitCode::SUCCESS)
 }
+/// Runs the SFT warm-up alone and says where the model went.
+fn sft(config: &str) -> anyhow::Result<ExitCode> {
+    let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
+    let out = terse_train::sft_only(&cfg)?;
+    println!("wrote {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Writes the testbed model recipe; the committed files in models/testbed are its output.
 fn make_testbed(out: &std::path::Path) -> anyhow::Result<ExitCode> {
     use anyhow::Context;

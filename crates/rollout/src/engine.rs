@@ -80,6 +80,10 @@ pub struct Sample {
     pub judge_count: usize,
     pub exit_step: Option<usize>,
     pub exit_token: Option<usize>,
+    /// Sum of the plain softmax's entropy over the tokens the sampler drew (not the injected
+    /// or greedy trial-answer ones); divide by `entropy_tokens` for the mean.
+    pub entropy_sum: f64,
+    pub entropy_tokens: usize,
 }
 
 impl Sample {
@@ -127,6 +131,14 @@ pub fn generate(
     if let Err(e) = params.sampling.validate() {
         return Err(candle_core::Error::Msg(e));
     }
+    if let Some(se) = &params.step_exit {
+        se.validate().map_err(candle_core::Error::Msg)?;
+        if se.induction_ids.is_empty() {
+            return Err(candle_core::Error::Msg(
+                "step_exit.induction_ids is empty (call StepExit::resolve with a tokenizer)".into(),
+            ));
+        }
+    }
     if prompts.is_empty() || g == 0 {
         return Ok(vec![]);
     }
@@ -171,6 +183,8 @@ pub fn generate(
                 judge_count: 0,
                 exit_step: None,
                 exit_token: None,
+                entropy_sum: 0.0,
+                entropy_tokens: 0,
             },
             rng: sample_stream(seed, prompts[p].id, (r % g) as u64),
             pos: prompts[p].tokens.len() as u32,
@@ -191,6 +205,8 @@ pub fn generate(
             }
             let d = sample_row(&host[slot], &params.sampling, uniform(&mut row.rng));
             row.out.push(d.token, true, d.logp_sampled, d.logp_plain);
+            row.out.entropy_sum += f64::from(d.entropy);
+            row.out.entropy_tokens += 1;
             let text_now = || detok.decode(tail(&row.out.tokens));
             if params.eos_ids.contains(&d.token) {
                 row.out.finish = Finish::Eos;

@@ -69,6 +69,8 @@ pub struct Drawn {
     pub token: u32,
     pub logp_sampled: f32,
     pub logp_plain: f32,
+    /// Entropy (nats) of the plain temperature-scaled softmax the token came from.
+    pub entropy: f32,
 }
 
 /// The random stream of one sample, keyed by (seed, prompt id, sample index) so a sample's
@@ -91,6 +93,12 @@ pub fn uniform(rng: &mut impl RngCore) -> f64 {
 /// The truncated, renormalised distribution as (token, probability) pairs, plus the plain
 /// log-partition (for plain log-probs). Greedy returns the argmax with probability 1.
 pub fn distribution(logits: &[f32], p: &SamplingParams) -> (Vec<(u32, f64)>, f64) {
+    let (probs, log_z, _) = distribution_with_entropy(logits, p);
+    (probs, log_z)
+}
+
+/// [`distribution`] plus the entropy of the plain softmax (computed from the same exponentials).
+fn distribution_with_entropy(logits: &[f32], p: &SamplingParams) -> (Vec<(u32, f64)>, f64, f64) {
     let t = if p.temperature > 0.0 {
         p.temperature
     } else {
@@ -103,13 +111,25 @@ pub fn distribution(logits: &[f32], p: &SamplingParams) -> (Vec<(u32, f64)>, f64
     if p.temperature == 0.0 {
         // First maximal index, as argmax does.
         let best = scaled.iter().position(|&x| x == m).unwrap_or(0);
-        return (vec![(best as u32, 1.0)], log_z);
+        let entropy = scaled.iter().map(|x| (x - log_z).exp() * (log_z - x)).sum();
+        return (vec![(best as u32, 1.0)], log_z, entropy);
     }
     let mut probs: Vec<(u32, f64)> = scaled
         .iter()
         .enumerate()
         .map(|(i, x)| (i as u32, (x - log_z).exp()))
         .collect();
+    // H = Σ p (log Z − x); terms with p = 0 contribute nothing.
+    let entropy = probs
+        .iter()
+        .map(|&(i, q)| {
+            if q > 0.0 {
+                q * (log_z - scaled[i as usize])
+            } else {
+                0.0
+            }
+        })
+        .sum();
     let truncating = (p.top_k > 0 && p.top_k < probs.len()) || p.top_p < 1.0 || p.min_p > 0.0;
     if truncating {
         // Descending probability, ties by token id (deterministic).
@@ -139,12 +159,12 @@ pub fn distribution(logits: &[f32], p: &SamplingParams) -> (Vec<(u32, f64)>, f64
     for x in &mut probs {
         x.1 /= total;
     }
-    (probs, log_z)
+    (probs, log_z, entropy)
 }
 
 /// Draws one token from a row of logits with uniform `u` ∈ [0, 1).
 pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Drawn {
-    let (dist, log_z) = distribution(logits, p);
+    let (dist, log_z, entropy) = distribution_with_entropy(logits, p);
     let mut cum = 0.0;
     let mut pick = dist[dist.len() - 1];
     for &x in &dist {
@@ -163,6 +183,7 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Drawn {
         token: pick.0,
         logp_sampled: pick.1.ln() as f32,
         logp_plain: (f64::from(logits[pick.0 as usize]) / t - log_z) as f32,
+        entropy: entropy as f32,
     }
 }
 
@@ -177,6 +198,31 @@ mod tests {
         assert_eq!(d.logp_sampled, 0.0);
         let z = (1f64.exp() + 2.0 * 3f64.exp() + 1.0).ln();
         assert!((f64::from(d.logp_plain) - (3.0 - z)).abs() < 1e-6);
+        // Entropy of softmax([1, 3, 3, 0]) from its definition.
+        let h: f64 = [1.0f64, 3.0, 3.0, 0.0]
+            .iter()
+            .map(|x| -(x - z).exp() * (x - z))
+            .sum();
+        assert!(
+            (f64::from(d.entropy) - h).abs() < 1e-6,
+            "{} vs {h}",
+            d.entropy
+        );
+        // With temperature and truncation, the entropy is still the plain softmax's.
+        let p = SamplingParams {
+            temperature: 0.5,
+            top_k: 1,
+            ..SamplingParams::default()
+        };
+        let d = sample_row(&[1.0, 3.0, 3.0, 0.0], &p, 0.3);
+        let s = [2.0f64, 6.0, 6.0, 0.0];
+        let z = s.iter().map(|x| x.exp()).sum::<f64>().ln();
+        let h: f64 = s.iter().map(|x| -(x - z).exp() * (x - z)).sum();
+        assert!(
+            (f64::from(d.entropy) - h).abs() < 1e-6,
+            "{} vs {h}",
+            d.entropy
+        );
     }
 
     #[test]

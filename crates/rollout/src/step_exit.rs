@@ -21,9 +21,18 @@ pub enum ConfidencePolicy {
 pub struct StepExit {
     /// Trigger words, matched case-sensitively at the end of the decoded completion.
     pub triggers: Vec<String>,
-    /// Token ids of the answer-induction text p_ind, e.g. "\n</think>\n\nThe final answer is \\boxed{".
+    /// The answer-induction text p_ind, e.g. "\n</think>\n\nThe final answer is \\boxed{";
+    /// a run config names it as text and the trainer tokenizes it into `induction_ids`.
+    #[serde(default)]
+    pub induction: String,
+    /// Text appended after the trial answer on exit (e.g. "}" then EOS), tokenized into `close_ids`.
+    #[serde(default)]
+    pub close: String,
+    /// Token ids of the induction text (what the engine feeds).
+    #[serde(default)]
     pub induction_ids: Vec<u32>,
-    /// Token ids appended after the trial answer on exit (e.g. "}" then EOS); not sampled.
+    /// Token ids appended after the trial answer on exit; not sampled.
+    #[serde(default)]
     pub close_ids: Vec<u32>,
     /// The trial answer ends at the first of these strings (default "}"); that token is excluded.
     #[serde(default = "default_answer_stops")]
@@ -68,8 +77,8 @@ impl StepExit {
         if self.triggers.iter().all(String::is_empty) {
             return Err("step_exit.triggers must hold at least one non-empty word".into());
         }
-        if self.induction_ids.is_empty() {
-            return Err("step_exit.induction_ids must not be empty".into());
+        if self.induction_ids.is_empty() && self.induction.is_empty() {
+            return Err("step_exit: set `induction` (text) or `induction_ids`".into());
         }
         if !(0.0..=1.0).contains(&self.delta) {
             return Err(format!(
@@ -79,6 +88,17 @@ impl StepExit {
         }
         if self.max_ans_tokens == 0 {
             return Err("step_exit.max_ans_tokens must be > 0, got 0".into());
+        }
+        Ok(())
+    }
+
+    /// Fills `induction_ids` / `close_ids` from the texts (when given) with the caller's tokenizer.
+    pub fn resolve<E>(&mut self, encode: impl Fn(&str) -> Result<Vec<u32>, E>) -> Result<(), E> {
+        if !self.induction.is_empty() {
+            self.induction_ids = encode(&self.induction)?;
+        }
+        if !self.close.is_empty() {
+            self.close_ids = encode(&self.close)?;
         }
         Ok(())
     }
@@ -135,6 +155,8 @@ mod tests {
     fn triggers_need_a_boundary_before() {
         let s = StepExit {
             triggers: vec!["Wait".into(), "Alternatively".into()],
+            induction: String::new(),
+            close: String::new(),
             induction_ids: vec![1],
             close_ids: vec![],
             answer_stops: default_answer_stops(),

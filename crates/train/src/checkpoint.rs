@@ -9,12 +9,15 @@ use std::path::{Path, PathBuf};
 use terse_model::{Qwen3, SaveOptions};
 use terse_optim::AdamW;
 
-/// What a checkpoint restores besides weights and optimizer: the step (which is also the data
-/// cursor, since every stream is keyed by step) and the shaper's state.
+/// What a checkpoint restores besides weights and optimizer: the step, the data cursor and the
+/// shaper's state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainState {
     pub step: u64,
     pub shaper: serde_json::Value,
+    /// Next training item (dynamic sampling draws more than `prompts_per_step` per step).
+    #[serde(default)]
+    pub data_cursor: Option<u64>,
 }
 
 pub fn step_name(step: u64) -> String {
@@ -30,8 +33,27 @@ pub fn save_checkpoint(
     state: &TrainState,
     model_src: &Path,
 ) -> Result<PathBuf> {
-    let final_dir = run_dir.join(step_name(step));
-    let tmp = run_dir.join(format!("{}.tmp", step_name(step)));
+    let extra = |tmp: &Path| -> Result<()> {
+        std::fs::write(tmp.join("optimizer.safetensors"), opt.to_safetensors()?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)?;
+        std::fs::write(tmp.join("DONE"), b"")?;
+        Ok(())
+    };
+    save_model_dir(&run_dir.join(step_name(step)), model, model_src, extra)
+}
+
+/// Writes an HF-layout model directory (weights, config, the source's tokenizer files, then
+/// whatever `extra` adds) into `<dir>.tmp` and renames it over `dir`.
+pub fn save_model_dir(
+    dir: &Path,
+    model: &Qwen3,
+    model_src: &Path,
+    extra: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
+    let mut tmp = dir.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)
             .with_context(|| format!("removing stale {}", tmp.display()))?;
@@ -43,17 +65,12 @@ pub fn save_checkpoint(
                 .with_context(|| format!("copying {f} into {}", tmp.display()))?;
         }
     }
-    std::fs::write(tmp.join("optimizer.safetensors"), opt.to_safetensors()?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)?;
-    std::fs::write(tmp.join("DONE"), b"")?;
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir)
-            .with_context(|| format!("replacing {}", final_dir.display()))?;
+    extra(&tmp)?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("replacing {}", dir.display()))?;
     }
-    std::fs::rename(&tmp, &final_dir)
-        .with_context(|| format!("renaming {} into place", tmp.display()))?;
-    Ok(final_dir)
+    std::fs::rename(&tmp, dir).with_context(|| format!("renaming {} into place", tmp.display()))?;
+    Ok(dir.to_path_buf())
 }
 
 fn complete_steps(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {

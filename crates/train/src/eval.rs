@@ -1,15 +1,15 @@
-//! Validation on held-out testbed problems: accuracy (pass@1 over n samples, and pass@n) and
+//! Validation on the task's held-out problems: accuracy (pass@1 over n samples, and pass@n) and
 //! mean completion length, overall and by level.
 
 use crate::config::RunConfig;
 use crate::data;
 use crate::run::encode;
+use crate::task::Task;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use terse_model::Qwen3;
 use terse_reward::metrics::pass_at_k;
 use terse_rollout::{generate, GenParams, Prompt};
-use terse_tasks::testbed::verify;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LevelReport {
@@ -38,23 +38,27 @@ pub fn gen_params(cfg: &RunConfig, model: &Qwen3) -> GenParams {
     }
 }
 
-pub fn evaluate(cfg: &RunConfig, model: &Qwen3, tok: &tokenizers::Tokenizer) -> Result<EvalReport> {
+/// Samples `eval.samples` completions for every evaluation item of `task` and reports
+/// pass@1, pass@n and mean length, by level and averaged over levels.
+pub fn evaluate(
+    cfg: &RunConfig,
+    task: &Task,
+    model: &Qwen3,
+    tok: &tokenizers::Tokenizer,
+) -> Result<EvalReport> {
     let e = &cfg.eval;
     let n = e.samples.max(1);
     let gen = gen_params(cfg, model);
     let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
     let mut by_level = vec![];
-    for &level in &cfg.data.levels {
-        let problems: Vec<_> = (0..e.per_level as u64)
-            .map(|j| data::eval_problem(cfg.run.seed, level, j))
-            .collect();
-        let prompts: Vec<Prompt> = problems
+    for (level, items) in task.eval_items(e.per_level)? {
+        let prompts: Vec<Prompt> = items
             .iter()
             .enumerate()
-            .map(|(j, p)| {
+            .map(|(j, it)| {
                 Ok(Prompt {
                     id: j as u64,
-                    tokens: encode(tok, &p.prompt())?,
+                    tokens: encode(tok, &it.prompt)?,
                 })
             })
             .collect::<Result<_>>()?;
@@ -67,17 +71,16 @@ pub fn evaluate(cfg: &RunConfig, model: &Qwen3, tok: &tokenizers::Tokenizer) -> 
             &detok,
         )?;
         let (mut p1, mut pk, mut len) = (0.0, 0.0, 0.0);
-        for (j, p) in problems.iter().enumerate() {
-            let group = &samples[j * n..(j + 1) * n];
+        for (it, group) in items.iter().zip(samples.chunks(n)) {
             let c = group
                 .iter()
-                .filter(|s| verify(&detok(&s.tokens), p.answer()).correct)
+                .filter(|s| task.score(it, &detok(&s.tokens)).correct)
                 .count();
             p1 += pass_at_k(n, c, 1);
             pk += pass_at_k(n, c, n);
             len += group.iter().map(|s| s.len() as f64).sum::<f64>() / n as f64;
         }
-        let m = problems.len().max(1) as f64;
+        let m = items.len().max(1) as f64;
         by_level.push(LevelReport {
             level,
             pass1: p1 / m,

@@ -23,6 +23,7 @@
 
 pub mod batches;
 pub mod checkpoint;
+pub mod collect;
 pub mod config;
 pub mod data;
 pub mod eval;
@@ -30,6 +31,9 @@ pub mod loss;
 pub mod metrics;
 pub mod plot;
 pub mod run;
+pub mod sft;
+pub mod task;
 
 pub use config::RunConfig;
 pub use run::{train, train_with, RunSummary, ShaperWithState};
+pub use sft::sft_only;

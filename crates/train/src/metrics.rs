@@ -60,11 +60,16 @@ impl MetricsWriter {
 
 /// The GRPO lines of a metrics file.
 pub fn read_grpo(path: &Path) -> Result<Vec<Value>> {
+    read_phase(path, "grpo")
+}
+
+/// The lines of one phase ("sft", "grpo", "eval") of a metrics file.
+pub fn read_phase(path: &Path, phase: &str) -> Result<Vec<Value>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["phase"] == "grpo")
+        .filter(|v| v["phase"] == phase)
         .collect())
 }

@@ -18,10 +18,11 @@ fn register_font() {
 /// One curve: (step, value) pairs.
 pub type Series = Vec<(f64, f64)>;
 
-/// Draws `series` (name, points) into `path` as a line chart.
+/// Draws `series` (name, points) into `path` as a line chart (up to 16 distinguishable series).
 pub fn line_chart(
     path: &Path,
     title: &str,
+    x_label: &str,
     y_label: &str,
     series: &[(String, Series)],
 ) -> Result<()> {
@@ -60,13 +61,12 @@ pub fn line_chart(
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
-        .x_desc("step")
+        .x_desc(x_label)
         .y_desc(y_label)
         .draw()
         .map_err(|e| err(&e))?;
-    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
     for (i, (name, s)) in series.iter().enumerate() {
-        let c = colors[i % colors.len()];
+        let c = Palette99::pick(i).to_rgba();
         chart
             .draw_series(LineSeries::new(s.iter().copied(), c.stroke_width(2)))
             .map_err(|e| err(&e))?
@@ -125,7 +125,41 @@ pub fn plot_run(metrics: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
             continue;
         }
         let path = out_dir.join(file);
-        line_chart(&path, title, y, &series)
+        line_chart(&path, title, "step", y, &series)
+            .with_context(|| format!("writing {}", path.display()))?;
+        out.push(path);
+    }
+    Ok(out)
+}
+
+/// eval_accuracy.png and eval_tokens.png: pass@1 and mean tokens by level for each named report.
+pub fn plot_eval(
+    out_dir: &Path,
+    reports: &[(String, &crate::eval::EvalReport)],
+) -> Result<Vec<PathBuf>> {
+    let mut out = vec![];
+    for (file, title, y, pick) in [
+        ("eval_accuracy.png", "pass@1 by level", "pass@1", 0),
+        (
+            "eval_tokens.png",
+            "Mean completion tokens by level",
+            "tokens",
+            1,
+        ),
+    ] {
+        let series: Vec<(String, Series)> = reports
+            .iter()
+            .map(|(name, r)| {
+                let pts = r
+                    .by_level
+                    .iter()
+                    .map(|l| (l.level as f64, if pick == 0 { l.pass1 } else { l.len_mean }))
+                    .collect();
+                (name.clone(), pts)
+            })
+            .collect();
+        let path = out_dir.join(file);
+        line_chart(&path, title, "level", y, &series)
             .with_context(|| format!("writing {}", path.display()))?;
         out.push(path);
     }

@@ -4,22 +4,22 @@
 
 use crate::batches::{gradients, logprobs, Objective, Seq};
 use crate::checkpoint::{latest_checkpoint, prune, save_checkpoint, TrainState};
+use crate::collect::{collect, rollout_params};
 use crate::config::RunConfig;
 use crate::data;
 use crate::eval::{evaluate, EvalReport};
 use crate::loss::{agg_weights, PpoParams};
 use crate::metrics::MetricsWriter;
+use crate::sft::{progress_bar, sft};
+use crate::task::Task;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use terse_model::Qwen3;
 use terse_optim::{clip_grad_norm, AdamW};
-use terse_reward::{
-    metrics::length_stats, BuiltinShaper, Group, LengthShaper, SampleStat, StepCtx,
-};
-use terse_rollout::{generate, Finish, Prompt};
-use terse_tasks::testbed::{verify, Teacher};
+use terse_reward::{metrics::length_stats, BuiltinShaper, Group, LengthShaper, StepCtx};
+use terse_rollout::Finish;
 
 /// What a finished run leaves behind.
 #[derive(Debug, Clone)]
@@ -110,6 +110,7 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     };
     let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"), start)?;
 
+    let task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
     if resume.is_none() && cfg.sft.steps > 0 {
         sft(cfg, &model, &tok, &mut metrics)?;
     }
@@ -122,6 +123,7 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             &TrainState {
                 step: 0,
                 shaper: shaper.state(),
+                data_cursor: Some(0),
             },
             &cfg.model.path,
         )?;
@@ -140,87 +142,53 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
         None
     };
     let before = if start == 0 {
-        Some(evaluate(cfg, &model, &tok)?)
+        let e = evaluate(cfg, &task, &model, &tok)?;
+        metrics.write(&eval_line(0, &e))?;
+        Some(e)
     } else {
         None
     };
 
     let g = &cfg.grpo;
-    let gen = crate::eval::gen_params(cfg, &model);
+    let gen = rollout_params(cfg, &model, &tok)?;
     let ppo = PpoParams::from(g);
-    let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
+    let mut cursor = resume
+        .as_ref()
+        .and_then(|(_, st)| st.data_cursor)
+        .unwrap_or(start * g.prompts_per_step as u64);
     // A progress bar on a terminal (hidden otherwise) with the step's key figures.
     let bar = progress_bar("grpo", g.steps, start);
     for step in start..g.steps {
+        // Rollout and scoring: G samples for each of this step's prompts from the data cursor.
         let t0 = Instant::now();
-        // Rollout: G samples for each of this step's prompts (the data cursor is the step).
-        let problems: Vec<_> = (0..g.prompts_per_step as u64)
-            .map(|i| {
-                data::problem(
-                    cfg.run.seed,
-                    data::TRAIN,
-                    step * g.prompts_per_step as u64 + i,
-                    &cfg.data.levels,
-                )
-            })
-            .collect();
-        let prompts: Vec<Prompt> = problems
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                Ok(Prompt {
-                    id: step * g.prompts_per_step as u64 + i as u64,
-                    tokens: encode(&tok, &p.prompt())?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let samples = generate(
-            &model,
-            &prompts,
-            g.group_size,
-            &gen,
-            data::mix(cfg.run.seed, data::TRAIN, step),
-            &detok,
-        )?;
+        let c = collect(cfg, &task, &model, &tok, &gen, step, cursor)?;
+        cursor = c.cursor;
+        let (prompts, samples, groups) = (&c.prompts, &c.samples, &c.groups);
         let t_rollout = t0.elapsed().as_secs_f64();
 
-        // Score, shape, advantages.
+        // Shape and advantages.
         let t1 = Instant::now();
-        let groups: Vec<Group> = prompts
-            .iter()
-            .enumerate()
-            .map(|(k, p)| {
-                let stats = samples[k * g.group_size..(k + 1) * g.group_size]
-                    .iter()
-                    .map(|s| {
-                        let text = detok(&s.tokens);
-                        let v = verify(&text, problems[k].answer());
-                        SampleStat {
-                            len: s.len(),
-                            correct: v.correct,
-                            base_reward: v.reward,
-                            format_ok: v.format_ok,
-                            steps: terse_reward::step_grpo::count_steps(
-                                &text,
-                                &["Wait".to_string()],
-                                terse_reward::step_grpo::StepScope::Thinking,
-                            ),
-                            truncated: s.finish == Finish::Length,
-                            scorable: true,
-                        }
-                    })
-                    .collect();
-                Group::new(p.id, stats)
-            })
-            .collect();
         let shaped = shaper.shape(
-            &groups,
+            groups,
             &StepCtx {
                 step,
                 seed: cfg.run.seed,
             },
         )?;
-        let adv = cfg.advantage.compute(&groups, &shaped);
+        if let Some((k, i)) = shaped
+            .rewards
+            .iter()
+            .enumerate()
+            .find_map(|(k, r)| r.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
+        {
+            bail!(
+                "step {step}: non-finite shaped reward {} (prompt {}, sample {i}); stopped before updating. The last good checkpoint is in {}",
+                shaped.rewards[k][i],
+                groups[k].prompt_id,
+                dir.display()
+            );
+        }
+        let adv = cfg.advantage.compute(groups, &shaped);
         let t_score = t1.elapsed().as_secs_f64();
 
         // Policy update over all samples, micro-batched with global aggregation weights.
@@ -268,10 +236,11 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
         opt.step(model.vars(), &grads, lr)?;
         let t_update = t2.elapsed().as_secs_f64();
 
-        let ls = length_stats(&groups);
+        let ls = length_stats(groups);
         let n = samples.len() as f64;
         let rewards: Vec<f64> = shaped.rewards.iter().flatten().copied().collect();
-        let tokens: usize = samples.iter().map(|s| s.tokens.len()).sum();
+        let tokens = c.generated_tokens + samples.iter().map(|s| s.tokens.len()).sum::<usize>();
+        let entropy_tokens: usize = samples.iter().map(|s| s.entropy_tokens).sum();
         let mut line = json!({
             "phase": "grpo",
             "step": step,
@@ -290,6 +259,11 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             "grad_norm": grad_norm,
             "lr": lr,
             "steps_mean": groups.iter().flat_map(|g| &g.samples).map(|s| s.steps as f64).sum::<f64>() / n,
+            "entropy": samples.iter().map(|s| s.entropy_sum).sum::<f64>() / entropy_tokens.max(1) as f64,
+            "judge_mean": samples.iter().map(|s| s.judge_count as f64).sum::<f64>() / n,
+            "early_exit": samples.iter().filter(|s| s.finish == Finish::EarlyExit).count() as f64 / n,
+            "rounds": c.rounds,
+            "dropped_groups": c.dropped,
             "time": {"rollout_s": t_rollout, "score_s": t_score, "update_s": t_update, "tokens_per_s": tokens as f64 / (t_rollout + t_update)},
         });
         for (k, v) in &shaped.diagnostics {
@@ -314,19 +288,20 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
                 &TrainState {
                     step: done,
                     shaper: shaper.state(),
+                    data_cursor: Some(cursor),
                 },
                 &cfg.model.path,
             )?;
             prune(&dir, cfg.checkpoint.keep_last)?;
         }
         if cfg.eval.every > 0 && done % cfg.eval.every == 0 && done != g.steps {
-            let e = evaluate(cfg, &model, &tok)?;
-            metrics.write(&json!({"phase": "eval", "step": done, "accuracy": e.accuracy, "len_mean": e.len_mean, "by_level": e.by_level}))?;
+            let e = evaluate(cfg, &task, &model, &tok)?;
+            metrics.write(&eval_line(done, &e))?;
         }
     }
     bar.finish_and_clear();
-    let after = evaluate(cfg, &model, &tok)?;
-    metrics.write(&json!({"phase": "eval", "step": g.steps, "accuracy": after.accuracy, "len_mean": after.len_mean, "by_level": after.by_level}))?;
+    let after = evaluate(cfg, &task, &model, &tok)?;
+    metrics.write(&eval_line(g.steps, &after))?;
     crate::plot::plot_run(&dir.join("metrics.jsonl"), &dir)?;
     let grpo = crate::metrics::read_grpo(&dir.join("metrics.jsonl"))?;
     let col = |k: &str| -> Vec<f64> { grpo.iter().filter_map(|l| l[k].as_f64()).collect() };
@@ -343,78 +318,8 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     })
 }
 
-/// SFT warm-up: completion-only cross-entropy on teacher traces.
-fn sft(
-    cfg: &RunConfig,
-    model: &Qwen3,
-    tok: &tokenizers::Tokenizer,
-    metrics: &mut MetricsWriter,
-) -> Result<()> {
-    let s = &cfg.sft;
-    let teacher = Teacher {
-        recheck_prob: cfg.data.recheck_prob,
-        ..Teacher::default()
-    };
-    let mut opt = AdamW::new(cfg.optim.clone(), model.vars())?;
-    let bar = progress_bar("sft", s.steps, 0);
-    for step in 0..s.steps {
-        let mut seqs = vec![];
-        for i in 0..s.batch_size as u64 {
-            let (p, trace) = data::sft_example(
-                cfg.run.seed,
-                step * s.batch_size as u64 + i,
-                &cfg.data.levels,
-                &teacher,
-            );
-            let prompt = encode(tok, &p.prompt())?;
-            let completion = encode(tok, &trace)?;
-            let mut tokens = prompt.clone();
-            tokens.extend_from_slice(&completion);
-            seqs.push(Seq {
-                tokens,
-                prompt_len: prompt.len(),
-                loss_mask: vec![true; completion.len()],
-                old_logp: vec![],
-                ref_logp: None,
-                advantage: 0.0,
-                weight: 0.0,
-            });
-        }
-        let lens: Vec<usize> = seqs.iter().map(Seq::loss_tokens).collect();
-        for (q, w) in seqs
-            .iter_mut()
-            .zip(agg_weights(crate::config::LossAgg::TokenMean, &lens, 1))
-        {
-            q.weight = w as f32;
-        }
-        let (mut grads, st) = gradients(model, &seqs, Objective::Sft, cfg.grpo.micro_batch_tokens)?;
-        let norm = clip_grad_norm(&mut grads, cfg.grpo.grad_clip)?;
-        if !st.loss.is_finite() || !norm.is_finite() {
-            bail!(
-                "sft step {step}: non-finite loss {} or grad norm {norm}",
-                st.loss
-            );
-        }
-        let lr = s.schedule.lr_at(step);
-        opt.step(model.vars(), &grads, lr)?;
-        metrics.write(
-            &json!({"phase": "sft", "step": step, "loss": st.loss, "grad_norm": norm, "lr": lr}),
-        )?;
-        bar.set_message(format!("loss {:.3}", st.loss));
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    Ok(())
-}
-
-fn progress_bar(phase: &str, len: u64, pos: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(len);
-    let template = format!("{phase} {{bar:30}} {{pos}}/{{len}} {{elapsed}} {{msg}}");
-    if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
-        bar.set_style(style);
-    }
-    bar.set_position(pos);
-    bar
+fn eval_line(step: u64, e: &EvalReport) -> serde_json::Value {
+    json!({"phase": "eval", "step": step, "accuracy": e.accuracy, "len_mean": e.len_mean, "by_level": e.by_level})
 }
 
 /// A shaper whose state (if any) the trainer checkpoints.

@@ -1,0 +1,115 @@
+//! SFT warm-up: completion-only cross-entropy on the testbed teacher's traces, with the same
+//! model, micro-batching and optimizer as GRPO. Runs inside `train` before the first GRPO step,
+//! or alone (`cargo xtask sft`), leaving an HF-layout checkpoint a GRPO run can start from.
+
+use crate::batches::{gradients, Objective, Seq};
+use crate::checkpoint::save_model_dir;
+use crate::config::RunConfig;
+use crate::data;
+use crate::loss::agg_weights;
+use crate::metrics::MetricsWriter;
+use crate::run::{encode, load_tokenizer};
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::path::PathBuf;
+use terse_model::Qwen3;
+use terse_optim::{clip_grad_norm, AdamW};
+use terse_tasks::testbed::Teacher;
+
+/// Runs only the SFT warm-up of `cfg` and saves the model (weights, config, tokenizer) to
+/// `<run.dir>/<run.name>/sft`, atomically. Point `model.path` there with `init = "checkpoint"`
+/// and `sft.steps = 0` to start GRPO runs from it.
+pub fn sft_only(cfg: &RunConfig) -> Result<PathBuf> {
+    cfg.validate()?;
+    if cfg.sft.steps == 0 {
+        bail!("sft.steps is 0: nothing to train");
+    }
+    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let dir = cfg.run.dir.join(&cfg.run.name);
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+    let tok = load_tokenizer(&cfg.model.path)?;
+    let config = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?;
+    let model = if cfg.model.init == "random" {
+        Qwen3::random(config, data::mix(cfg.run.seed, 0, 0), &dev, dtype)?
+    } else {
+        Qwen3::load(&cfg.model.path, &dev, dtype)?
+    };
+    let mut metrics = MetricsWriter::open(&dir.join("sft_metrics.jsonl"), 0)?;
+    sft(cfg, &model, &tok, &mut metrics)?;
+    save_model_dir(&dir.join("sft"), &model, &cfg.model.path, |_| Ok(()))
+}
+
+/// SFT warm-up: completion-only cross-entropy on teacher traces.
+pub(crate) fn sft(
+    cfg: &RunConfig,
+    model: &Qwen3,
+    tok: &tokenizers::Tokenizer,
+    metrics: &mut MetricsWriter,
+) -> Result<()> {
+    let s = &cfg.sft;
+    let teacher = Teacher {
+        recheck_prob: cfg.data.recheck_prob,
+        ..Teacher::default()
+    };
+    let mut opt = AdamW::new(cfg.optim.clone(), model.vars())?;
+    let bar = progress_bar("sft", s.steps, 0);
+    for step in 0..s.steps {
+        let mut seqs = vec![];
+        for i in 0..s.batch_size as u64 {
+            let (p, trace) = data::sft_example(
+                cfg.run.seed,
+                step * s.batch_size as u64 + i,
+                &cfg.data.levels,
+                &teacher,
+            );
+            let prompt = encode(tok, &p.prompt())?;
+            let completion = encode(tok, &trace)?;
+            let mut tokens = prompt.clone();
+            tokens.extend_from_slice(&completion);
+            seqs.push(Seq {
+                tokens,
+                prompt_len: prompt.len(),
+                loss_mask: vec![true; completion.len()],
+                old_logp: vec![],
+                ref_logp: None,
+                advantage: 0.0,
+                weight: 0.0,
+            });
+        }
+        let lens: Vec<usize> = seqs.iter().map(Seq::loss_tokens).collect();
+        for (q, w) in seqs
+            .iter_mut()
+            .zip(agg_weights(crate::config::LossAgg::TokenMean, &lens, 1))
+        {
+            q.weight = w as f32;
+        }
+        let (mut grads, st) = gradients(model, &seqs, Objective::Sft, cfg.grpo.micro_batch_tokens)?;
+        let norm = clip_grad_norm(&mut grads, cfg.grpo.grad_clip)?;
+        if !st.loss.is_finite() || !norm.is_finite() {
+            bail!(
+                "sft step {step}: non-finite loss {} or grad norm {norm}",
+                st.loss
+            );
+        }
+        let lr = s.schedule.lr_at(step);
+        opt.step(model.vars(), &grads, lr)?;
+        metrics.write(
+            &json!({"phase": "sft", "step": step, "loss": st.loss, "grad_norm": norm, "lr": lr}),
+        )?;
+        bar.set_message(format!("loss {:.3}", st.loss));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+pub(crate) fn progress_bar(phase: &str, len: u64, pos: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    let template = format!("{phase} {{bar:30}} {{pos}}/{{len}} {{elapsed}} {{msg}}");
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
+        bar.set_style(style);
+    }
+    bar.set_position(pos);
+    bar
+}

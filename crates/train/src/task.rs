@@ -1,0 +1,283 @@
+//! What a run trains on: the configured task turned into prompts with reference answers
+//! (`Item`s, keyed by a data cursor) and a scorer for completions. Sits between the config and
+//! the rollout: run.rs asks for items, the sampler completes them, `Task::score` judges them.
+
+use crate::config::DataSection;
+use crate::data;
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use terse_tasks::dataset::{self, PromptText};
+use terse_tasks::template::{render_plain, ChatTemplate, Message};
+use terse_tasks::{kk, math, testbed};
+
+/// One prompt with its reference answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    pub prompt: String,
+    pub answer: String,
+    /// Difficulty level (testbed chain length, K&K people, a dataset's level column; 0 = none).
+    pub level: usize,
+}
+
+/// A completion's verdict, in the reward crate's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Score {
+    pub correct: bool,
+    pub base_reward: f64,
+    pub format_ok: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scorer {
+    Testbed,
+    Kk,
+    MathShortRl,
+    MathEasyR1,
+}
+
+/// The task of a run, with any dataset already loaded.
+#[derive(Debug, Clone)]
+pub struct Task {
+    scorer: Scorer,
+    levels: Vec<usize>,
+    /// Rows of `data.train` / `data.eval` (empty for generated tasks).
+    train: Vec<Item>,
+    eval: Vec<Item>,
+    /// The text template (preset resolved) for generated K&K puzzles.
+    kk_template: String,
+    seed: u64,
+}
+
+impl Task {
+    /// Builds the task of `data`; datasets are loaded now, so a missing file fails before training.
+    pub fn new(data: &DataSection, model_dir: &Path, seed: u64) -> Result<Self> {
+        let scorer = match (data.task.as_str(), data.math_scorer.as_str()) {
+            ("testbed", _) => Scorer::Testbed,
+            ("kk", _) => Scorer::Kk,
+            ("math", "short_rl") => Scorer::MathShortRl,
+            ("math", "easyr1") => Scorer::MathEasyR1,
+            ("math", s) => bail!("data.math_scorer must be `short_rl` or `easyr1`, got `{s}`"),
+            (t, _) => bail!("data.task must be `testbed`, `kk` or `math`, got `{t}`"),
+        };
+        let mut task = Task {
+            scorer,
+            levels: data.levels.clone(),
+            train: vec![],
+            eval: vec![],
+            kk_template: text_template(&data.template).to_string(),
+            seed,
+        };
+        if scorer == Scorer::Testbed {
+            return Ok(task);
+        }
+        let chat = if data.template == "chat" {
+            let p = model_dir.join("tokenizer_config.json");
+            let json = std::fs::read_to_string(&p)
+                .with_context(|| format!("data.template = \"chat\" needs {}", p.display()))?;
+            Some(
+                ChatTemplate::from_tokenizer_config(&json)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+            )
+        } else {
+            None
+        };
+        if scorer == Scorer::Kk && data.template == "chat" && data.train.is_none() {
+            bail!("data.template: generated K&K puzzles need a text template with `{{prompt}}`");
+        }
+        match &data.train {
+            Some(path) => task.train = load(path, data, chat.as_ref())?,
+            None if scorer == Scorer::Kk => {}
+            None => bail!("data.train: the `{}` task needs a dataset file", data.task),
+        }
+        if let Some(path) = &data.eval {
+            task.eval = load(path, data, chat.as_ref())?;
+        }
+        Ok(task)
+    }
+
+    /// Training item `index` of the data cursor (datasets wrap around).
+    pub fn train_item(&self, index: u64) -> Result<Item> {
+        if !self.train.is_empty() {
+            return Ok(self.train[(index % self.train.len() as u64) as usize].clone());
+        }
+        self.generated(data::TRAIN, index)
+    }
+
+    /// The evaluation items by level: `per_level` held-out problems for each generated level, or
+    /// the eval dataset grouped by its level column (all of it under level 0 when it has none).
+    pub fn eval_items(&self, per_level: usize) -> Result<Vec<(usize, Vec<Item>)>> {
+        if self.scorer == Scorer::Testbed || (self.scorer == Scorer::Kk && self.eval.is_empty()) {
+            return self
+                .levels
+                .iter()
+                .map(|&l| {
+                    let items = (0..per_level as u64)
+                        .map(|j| self.generated_at(data::EVAL, (l as u64) << 32 | j, l))
+                        .collect::<Result<_>>()?;
+                    Ok((l, items))
+                })
+                .collect();
+        }
+        let mut by: std::collections::BTreeMap<usize, Vec<Item>> = Default::default();
+        for it in &self.eval {
+            by.entry(it.level).or_default().push(it.clone());
+        }
+        Ok(by.into_iter().collect())
+    }
+
+    fn generated(&self, stream: u64, index: u64) -> Result<Item> {
+        let level = self.levels[(index % self.levels.len() as u64) as usize];
+        self.generated_at(stream, index, level)
+    }
+
+    fn generated_at(&self, stream: u64, index: u64, level: usize) -> Result<Item> {
+        let seed = data::mix(self.seed, stream, index);
+        Ok(match self.scorer {
+            Scorer::Testbed => {
+                let p = testbed::Problem::generate(level, seed);
+                Item {
+                    prompt: p.prompt(),
+                    answer: p.answer().to_string(),
+                    level,
+                }
+            }
+            _ => {
+                let p = kk::generate(level, seed);
+                Item {
+                    prompt: fill(&self.kk_template, &p.quiz())
+                        .map_err(|e| anyhow::anyhow!("data.template: {e}"))?,
+                    answer: p.solution_text(),
+                    level,
+                }
+            }
+        })
+    }
+
+    /// Scores `completion` (the text after the prompt). An unparsable completion is a zero (or
+    /// the scorer's format penalty) with `format_ok = false`, never an error.
+    pub fn score(&self, item: &Item, completion: &str) -> Score {
+        match self.scorer {
+            Scorer::Testbed => {
+                let v = item
+                    .answer
+                    .parse::<u8>()
+                    .map(|a| testbed::verify(completion, a));
+                match v {
+                    Ok(v) => Score {
+                        correct: v.correct,
+                        base_reward: v.reward,
+                        format_ok: v.format_ok,
+                    },
+                    Err(_) => Score {
+                        correct: false,
+                        base_reward: 0.0,
+                        format_ok: false,
+                    },
+                }
+            }
+            // Logic-RL and Short-RL score prompt ⊕ response (they split on the assistant marker).
+            Scorer::Kk => {
+                let s = kk::score(&format!("{}{completion}", item.prompt), &item.answer);
+                Score {
+                    correct: s.correct,
+                    base_reward: s.total,
+                    format_ok: s.format_score > 0.0,
+                }
+            }
+            Scorer::MathShortRl => {
+                let (r, correct) =
+                    math::score_short_rl(&format!("{}{completion}", item.prompt), &item.answer);
+                Score {
+                    correct,
+                    base_reward: r,
+                    format_ok: r > -3.0,
+                }
+            }
+            Scorer::MathEasyR1 => {
+                // EasyR1 scores the response with the opening <think> the prompt ends with.
+                let response = if item.prompt.trim_end().ends_with("<think>") {
+                    format!("<think>{completion}")
+                } else {
+                    completion.to_string()
+                };
+                let (overall, acc, format) = math::score_easyr1(&response, &item.answer, 0.1);
+                Score {
+                    correct: acc > 0.0,
+                    base_reward: overall,
+                    format_ok: format > 0.0,
+                }
+            }
+        }
+    }
+
+    /// Whether SFT teacher traces exist for this task (only the testbed has a teacher).
+    pub fn has_teacher(&self) -> bool {
+        self.scorer == Scorer::Testbed
+    }
+}
+
+/// A text template's preset name resolved to its text (anything else is the template itself).
+fn text_template(name: &str) -> &str {
+    match name {
+        "logic_rl_base" => terse_tasks::template::LOGIC_RL_BASE,
+        "logic_rl_qwen_instruct" => terse_tasks::template::LOGIC_RL_QWEN_INSTRUCT,
+        other => other,
+    }
+}
+
+/// Fills a text template's `{prompt}` (or Logic-RL's `{quiz}`) with the question.
+fn fill(template: &str, question: &str) -> Result<String, String> {
+    render_plain(template, &[("prompt", question), ("quiz", question)])
+}
+
+/// Loads a dataset file into items: prompts rendered (chat template or `{prompt}` text
+/// template), the level from `data.level_column` when set.
+fn load(path: &Path, data: &DataSection, chat: Option<&ChatTemplate>) -> Result<Vec<Item>> {
+    if !path.is_file() {
+        bail!("dataset {} does not exist", path.display());
+    }
+    let mut cols = data.columns.clone();
+    if let Some(l) = &data.level_column {
+        cols.extra.push(l.clone());
+    }
+    let (rows, report) =
+        dataset::load(path, &cols, data.skip_bad_rows).map_err(anyhow::Error::msg)?;
+    if !report.skipped.is_empty() {
+        tracing::warn!(
+            "{}: skipped {} bad rows",
+            path.display(),
+            report.skipped.len()
+        );
+    }
+    if rows.is_empty() {
+        bail!("dataset {} has no usable rows", path.display());
+    }
+    rows.into_iter()
+        .map(|r| {
+            let prompt = match (&r.prompt, chat) {
+                (PromptText::Chat(m), Some(t)) => t.render(m, true, None),
+                (PromptText::Text(s), Some(t)) => t.render(&[Message::new("user", s)], true, None),
+                (PromptText::Chat(m), None) => fill(
+                    text_template(&data.template),
+                    m.last().map_or("", |m| m.content.as_str()),
+                ),
+                (PromptText::Text(s), None) => fill(text_template(&data.template), s),
+            }
+            .map_err(|e| anyhow::anyhow!("{} row {}: {e}", path.display(), r.index))?;
+            let level = r
+                .extra
+                .iter()
+                .find(|(k, _)| Some(k) == data.level_column.as_ref())
+                .and_then(|(_, v)| {
+                    v.as_u64()
+                        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                })
+                .unwrap_or(0) as usize;
+            Ok(Item {
+                prompt,
+                answer: r.answer,
+                level,
+            })
+        })
+        .collect()
+}

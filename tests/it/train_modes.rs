@@ -1,0 +1,218 @@
+//! The trainer's optional modes end to end: Step-GRPO's truncated rollout from a run config,
+//! DAPO dynamic sampling (with resume), the NaN stop, SFT on its own, and the dataset tasks
+//! (K&K generated and from a file, math from a file) with their one-line errors.
+
+use std::path::Path;
+use terse_train::task::Task;
+use terse_train::RunConfig;
+
+/// A short GRPO run from the committed SFT checkpoint.
+fn from_sft(dir: &Path, name: &str, steps: u64) -> RunConfig {
+    let mut c = RunConfig::default();
+    c.run.dir = dir.to_path_buf();
+    c.run.name = name.into();
+    c.model.path = crate::fixture("testbed-sft");
+    c.model.init = "checkpoint".into();
+    c.sft.steps = 0;
+    c.grpo.steps = steps;
+    c.grpo.prompts_per_step = 4;
+    c.grpo.group_size = 4;
+    c.grpo.max_new_tokens = 64;
+    c.checkpoint.every = 1;
+    c.eval.per_level = 2;
+    c.eval.samples = 1;
+    c
+}
+
+fn grpo_lines(run: &Path) -> Vec<serde_json::Value> {
+    terse_train::metrics::read_grpo(&run.join("metrics.jsonl")).expect("metrics")
+}
+
+#[test]
+fn step_grpo_truncated_rollout_runs_from_the_config() {
+    let root = crate::scratch("modes-step");
+    let mut c = from_sft(&root, "step", 2);
+    c.data.levels = vec![1, 2];
+    let extra: RunConfig = toml::from_str(
+        r#"
+        [reward.shaper]
+        method = "step_grpo"
+        [grpo.step_exit]
+        triggers = ["Wait"]
+        induction = "</think> <answer>"
+        close = "</answer> <|im_end|>"
+        answer_stops = ["</answer>"]
+        max_ans_tokens = 2
+        delta = 0.5
+        "#,
+    )
+    .expect("toml");
+    c.reward = extra.reward;
+    c.grpo.step_exit = extra.grpo.step_exit;
+    let s = terse_train::train(&c).expect("train");
+    let lines = grpo_lines(&s.dir);
+    let exits: f64 = lines
+        .iter()
+        .map(|l| l["early_exit"].as_f64().expect("early_exit"))
+        .sum();
+    let judges: f64 = lines
+        .iter()
+        .map(|l| l["judge_mean"].as_f64().expect("judge"))
+        .sum();
+    // The SFT model re-checks with "Wait" after easy chains, where a trial answer is confident.
+    assert!(exits > 0.0 && judges > 0.0, "no early exits: {lines:?}");
+    assert!(lines
+        .iter()
+        .all(|l| l["entropy"].as_f64().expect("entropy") > 0.0));
+
+    // Without the induction text the config is rejected with the key named.
+    let bad = "[grpo.step_exit]\ntriggers = [\"Wait\"]\n";
+    let e = RunConfig::from_toml(bad, Path::new("s.toml")).expect_err("no induction");
+    assert!(format!("{e:#}").contains("induction"), "{e:#}");
+}
+
+#[test]
+fn dynamic_sampling_drops_all_equal_groups_and_resumes_exactly() {
+    let root = crate::scratch("modes-dynamic");
+    let cfg = |name: &str, steps| {
+        let mut c = from_sft(&root, name, steps);
+        // Level 1 is easy: most groups are all correct, so dynamic sampling has work to do.
+        c.data.levels = vec![1, 3];
+        c.grpo.dynamic_sampling = Some(terse_train::config::DynamicSampling { max_rounds: 3 });
+        c
+    };
+    let straight = terse_train::train(&cfg("straight", 4)).expect("straight");
+    terse_train::train(&cfg("resumed", 2)).expect("first half");
+    let resumed = terse_train::train(&cfg("resumed", 4)).expect("second half");
+    let (a, b) = (grpo_lines(&straight.dir), grpo_lines(&resumed.dir));
+    let strip = |v: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        v.iter()
+            .map(|l| {
+                let mut l = l.clone();
+                l.as_object_mut().map(|o| o.remove("time"));
+                l
+            })
+            .collect()
+    };
+    assert_eq!(strip(&a), strip(&b), "resume changed the data stream");
+    let dropped: u64 = a
+        .iter()
+        .map(|l| l["dropped_groups"].as_u64().expect("d"))
+        .sum();
+    let rounds: u64 = a.iter().map(|l| l["rounds"].as_u64().expect("r")).sum();
+    assert!(
+        dropped > 0 && rounds > 4,
+        "dropped {dropped}, rounds {rounds}"
+    );
+    // Kept groups are informative unless a step ran out of rounds.
+    for l in &a {
+        if l["rounds"].as_u64() < Some(4) {
+            assert_eq!(l["zero_std_groups"].as_f64(), Some(0.0), "{l}");
+        }
+    }
+}
+
+#[test]
+fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
+    let root = crate::scratch("modes-nan");
+    let c = from_sft(&root, "nan", 3);
+    // A research shaper that returns NaN rewards from step 1 on.
+    let mut shaper = |groups: &[terse_reward::Group], ctx: &terse_reward::StepCtx| {
+        let v = if ctx.step >= 1 { f64::NAN } else { 1.0 };
+        terse_reward::Shaped {
+            rewards: groups
+                .iter()
+                .map(|g| (0..g.samples.len()).map(|i| v * i as f64).collect())
+                .collect(),
+            diagnostics: Default::default(),
+        }
+    };
+    let e = terse_train::train_with(&c, &mut shaper).expect_err("must stop");
+    let msg = format!("{e:#}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+    assert!(
+        msg.contains("step 1") && msg.contains("non-finite"),
+        "{msg}"
+    );
+    let dir = root.join("nan");
+    assert_eq!(grpo_lines(&dir).len(), 1, "the bad step must not be logged");
+    let last = dir.join("step_000001");
+    assert!(last.join("DONE").is_file());
+    terse_model::Qwen3::load(&last, &candle_core::Device::Cpu, candle_core::DType::F32)
+        .expect("last good checkpoint loads");
+}
+
+#[test]
+fn sft_alone_writes_a_model_a_grpo_run_starts_from() {
+    let root = crate::scratch("modes-sft");
+    let mut c = from_sft(&root, "warm", 1);
+    c.model.path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/testbed");
+    c.model.init = "random".into();
+    c.sft.steps = 3;
+    c.sft.batch_size = 4;
+    let out = terse_train::sft_only(&c).expect("sft");
+    assert_eq!(out, root.join("warm/sft"));
+    let lines = terse_train::metrics::read_phase(&root.join("warm/sft_metrics.jsonl"), "sft")
+        .expect("sft metrics");
+    assert_eq!(lines.len(), 3);
+    let mut g = from_sft(&root, "grpo", 1);
+    g.model.path = out;
+    terse_train::train(&g).expect("GRPO from the SFT output");
+}
+
+#[test]
+fn dataset_tasks_load_score_and_fail_in_one_line() {
+    let root = crate::scratch("modes-data");
+    let mut d = terse_train::config::DataSection::default();
+    let model = crate::fixture("testbed-sft");
+
+    // Generated K&K with Logic-RL's prompt: the reference solution scores as correct.
+    d.task = "kk".into();
+    d.levels = vec![3];
+    d.template = "logic_rl_qwen_instruct".into();
+    let t = Task::new(&d, &model, 7).expect("kk");
+    let it = t.train_item(0).expect("item");
+    assert!(it.prompt.ends_with("<|im_start|>assistant\n<think>") && it.level == 3);
+    let good = format!(" reasoning </think><answer>{}</answer>", it.answer);
+    assert!(t.score(&it, &good).correct);
+    assert!(!t.score(&it, "no tags at all").format_ok);
+    assert_eq!(t.eval_items(2).expect("eval")[0].1.len(), 2);
+
+    // A math JSONL with nested answer and a level column, Short-RL's scorer.
+    let f = root.join("math.jsonl");
+    std::fs::write(
+        &f,
+        "{\"problem\": \"1+1?\", \"rm\": {\"gt\": \"2\"}, \"level\": 1}\n{\"problem\": \"2*3?\", \"rm\": {\"gt\": \"6\"}, \"level\": 2}\n",
+    )
+    .expect("write");
+    let mut m = terse_train::config::DataSection {
+        task: "math".into(),
+        train: Some(f.clone()),
+        eval: Some(f.clone()),
+        level_column: Some("level".into()),
+        template: "User: {prompt}\nAssistant: <think>".into(),
+        ..Default::default()
+    };
+    m.columns.prompt = "problem".into();
+    m.columns.answer = "rm.gt".into();
+    let t = Task::new(&m, &model, 0).expect("math");
+    let it = t.train_item(3).expect("wraps around");
+    assert_eq!(it.answer, "6");
+    assert!(t.score(&it, " 2*3 </think> <answer> 6 </answer>").correct);
+    assert!(!t.score(&it, " 2*3 </think> <answer> 5 </answer>").correct);
+    let levels: Vec<usize> = t.eval_items(0).expect("eval").iter().map(|l| l.0).collect();
+    assert_eq!(levels, [1, 2]);
+
+    // A missing dataset file: one line naming it, before any training.
+    m.train = Some(root.join("nope.parquet"));
+    let e = format!("{:#}", Task::new(&m, &model, 0).expect_err("missing"));
+    assert!(e.contains("nope.parquet") && e.lines().count() == 1, "{e}");
+    let mut c = from_sft(&root, "missing", 1);
+    c.data = m;
+    let e = format!("{:#}", terse_train::train(&c).expect_err("missing dataset"));
+    assert!(e.contains("nope.parquet") && e.lines().count() == 1, "{e}");
+    // SFT needs the testbed's teacher.
+    let e = RunConfig::from_toml("[data]\ntask = \"kk\"\nlevels = [3]\n", Path::new("k.toml"))
+        .expect_err("sft on kk");
+    assert!(format!("{e:#}").contains("sft.steps"), "{e:#}");
+}

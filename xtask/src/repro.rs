@@ -1,0 +1,174 @@
+//! `cargo xtask repro`: every length method side by side on the CPU testbed. From one SFT
+//! checkpoint, each method x seed trains as a child `xtask train` process (one thread each, so
+//! the numbers do not depend on the machine's core count); the runs' metrics.jsonl files then
+//! become docs/results.md (summary.rs) and PNG curves.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Base run config; each method adds its overrides.
+    #[arg(long, default_value = "configs/repro.toml")]
+    config: PathBuf,
+    /// Seeds per method.
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// Runs trained at once (each on one thread).
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+    /// Where results.md and the curves go.
+    #[arg(long, default_value = "docs")]
+    out: PathBuf,
+    /// A smaller study for a quick look: 1 seed, 12 steps, 4 problems per level; writes
+    /// results-quick.md instead of results.md.
+    #[arg(long)]
+    quick: bool,
+}
+
+/// One row of the study: a name, what the papers call it, and its config overrides (TOML).
+pub struct Method {
+    pub name: &'static str,
+    pub label: &'static str,
+    pub overrides: &'static str,
+}
+
+pub const METHODS: &[Method] = &[
+    Method { name: "standard", label: "Standard (no length term)", overrides: "[reward.shaper]\nmethod = \"none\"\n" },
+    Method { name: "kimi", label: "Kimi (dense length reward)", overrides: "[reward.shaper]\nmethod = \"kimi\"\n" },
+    Method { name: "cos_fn", label: "CosFn", overrides: "[reward.shaper]\nmethod = \"cos_fn\"\nl_max = 96\n" },
+    Method { name: "efficient", label: "Efficient (α = 0.1)", overrides: "[reward.shaper]\nmethod = \"efficient\"\n" },
+    Method { name: "dapo_overlong", label: "DAPO overlong (64 + 32)", overrides: "[reward.shaper]\nmethod = \"none\"\n[reward.overlong]\nl_max = 96\nl_cache = 32\n" },
+    Method { name: "short_rl_d1", label: "Short-RL D1 (correct only)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\nacc_gate = false\n" },
+    Method { name: "short_rl_d1_d2", label: "Short-RL D1+D2 (+ nucleus)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nacc_gate = false\n" },
+    Method { name: "short_rl_d1_d3", label: "Short-RL D1+D3 (+ gate)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\n" },
+    Method { name: "short_rl", label: "Short-RL (D1+D2+D3)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\n" },
+    Method { name: "grpo_lambda_lp", label: "+LP (GRPO-λ, λ = 1)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 1.0\n" },
+    Method { name: "grpo_lambda", label: "GRPO-λ (λ = 0.2)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 0.2\n" },
+    Method { name: "care", label: "CARE", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = 96\n" },
+    Method { name: "step_grpo_no_dtr", label: "Step-GRPO w/o dynamic rollout", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n" },
+    Method { name: "step_grpo", label: "Step-GRPO", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.9\nmax_judge_steps = 10\n" },
+];
+
+/// The run config TOML of `method` with `seed`: base ⊕ overrides ⊕ run name/seed (⊕ quick).
+pub fn method_config(base: &str, m: &Method, seed: u64, quick: bool) -> Result<String> {
+    let mut doc: toml::Table = toml::from_str(base).context("parsing the base config")?;
+    let mut extra: toml::Table =
+        toml::from_str(m.overrides).with_context(|| format!("overrides of method {}", m.name))?;
+    let run = extra
+        .entry("run")
+        .or_insert_with(|| toml::Value::Table(Default::default()));
+    if let toml::Value::Table(t) = run {
+        t.insert("name".into(), format!("{}-s{seed}", m.name).into());
+        t.insert("seed".into(), (seed as i64).into());
+    }
+    if quick {
+        let q: toml::Table =
+            toml::from_str("[grpo]\nsteps = 12\n[eval]\nper_level = 4\nsamples = 2\n")?;
+        merge(&mut extra, q);
+    }
+    merge(&mut doc, extra);
+    Ok(toml::to_string(&doc)?)
+}
+
+/// Deep-merges `b` into `a` (tables merge, other values replace).
+fn merge(a: &mut toml::Table, b: toml::Table) {
+    for (k, v) in b {
+        match (a.get_mut(&k), v) {
+            (Some(toml::Value::Table(x)), toml::Value::Table(y)) => merge(x, y),
+            (_, v) => {
+                a.insert(k, v);
+            }
+        }
+    }
+}
+
+pub fn run(a: &Args) -> Result<ExitCode> {
+    let t0 = Instant::now();
+    let base = std::fs::read_to_string(&a.config)
+        .with_context(|| format!("reading {}", a.config.display()))?;
+    let base_cfg = terse_train::RunConfig::from_toml(&base, &a.config)?;
+    let root = base_cfg.run.dir.clone();
+    let seeds = if a.quick { 1 } else { a.seeds.max(1) };
+    let cfg_dir = root.join("configs");
+    std::fs::create_dir_all(&cfg_dir).with_context(|| format!("creating {}", cfg_dir.display()))?;
+
+    // Every (method, seed) run, fresh: a stale run directory is removed first.
+    let mut jobs: Vec<(String, PathBuf)> = vec![];
+    for m in METHODS {
+        for seed in 0..seeds {
+            let text = method_config(&base, m, seed, a.quick)?;
+            let cfg = terse_train::RunConfig::from_toml(&text, Path::new(m.name))?;
+            let run_dir = cfg.run.dir.join(&cfg.run.name);
+            if run_dir.exists() {
+                std::fs::remove_dir_all(&run_dir)
+                    .with_context(|| format!("removing {}", run_dir.display()))?;
+            }
+            let path = cfg_dir.join(format!("{}.toml", cfg.run.name));
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            jobs.push((cfg.run.name.clone(), path));
+        }
+    }
+    run_children(&jobs, a.jobs.max(1), &root)?;
+    let elapsed = t0.elapsed().as_secs_f64();
+
+    let md = crate::summary::write(&root, seeds, a.quick, &a.out)?;
+    println!("wrote {}", md.display());
+    println!(
+        "{} runs in {:.1} min ({} at a time, one thread each)",
+        jobs.len(),
+        elapsed / 60.0,
+        a.jobs
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `xtask train --config` for every job, `jobs` at a time, logs in `<root>/logs`.
+fn run_children(jobs: &[(String, PathBuf)], max: usize, root: &Path) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let logs = root.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let mut queue = jobs.iter();
+    let mut running: Vec<(String, Child)> = vec![];
+    let mut done = 0;
+    loop {
+        while running.len() < max {
+            let Some((name, cfg)) = queue.next() else {
+                break;
+            };
+            let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+            let child = Command::new(&exe)
+                .args(["train", "--config"])
+                .arg(cfg)
+                .env("RAYON_NUM_THREADS", "1")
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .stdin(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {}", exe.display()))?;
+            running.push((name.clone(), child));
+        }
+        if running.is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut i = 0;
+        while i < running.len() {
+            if let Some(status) = running[i].1.try_wait()? {
+                let (name, _) = running.swap_remove(i);
+                if !status.success() {
+                    bail!(
+                        "run {name} failed ({status}); see {}",
+                        logs.join(format!("{name}.log")).display()
+                    );
+                }
+                done += 1;
+                eprintln!("[{done}/{}] {name} done", jobs.len());
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
