@@ -216,3 +216,21 @@ fn dataset_tasks_load_score_and_fail_in_one_line() {
         .expect_err("sft on kk");
     assert!(format!("{e:#}").contains("sft.steps"), "{e:#}");
 }
+
+#[test]
+fn mini_batches_and_epochs_give_one_update_each() {
+    let root = crate::scratch("modes-minibatch");
+    let mut c = from_sft(&root, "mb", 1);
+    c.grpo.mini_batch_prompts = Some(3); // 4 prompts -> mini-batches of 3 and 1
+    c.grpo.epochs = 2;
+    c.grpo.schedule.peak_lr = 1e-2;
+    let s = terse_train::train(&c).expect("train");
+    let l = &grpo_lines(&s.dir)[0];
+    assert_eq!(l["updates"].as_u64(), Some(4), "{l}");
+    // Later updates see a changed policy, so some ratios leave the clip range at this lr.
+    let clipped = l["clip_frac_low"].as_f64().expect("low") + l["clip_frac_high"].as_f64().expect("high");
+    assert!(clipped > 0.0, "{l}");
+    let e = RunConfig::from_toml("[grpo]\nmini_batch_prompts = 0\n", Path::new("m.toml"))
+        .expect_err("zero");
+    assert!(format!("{e:#}").contains("mini_batch_prompts"), "{e:#}");
+}

@@ -42,6 +42,9 @@ pub struct Args {
     /// Write eval_accuracy.png and eval_tokens.png (by level, model vs base) into this folder.
     #[arg(long)]
     plots: Option<PathBuf>,
+    /// Print the first completion of up to 3 problems per level (to stderr).
+    #[arg(long)]
+    show: bool,
 }
 
 fn run_eval(a: &Args, model_dir: &Path) -> Result<EvalReport> {
@@ -73,6 +76,13 @@ fn run_eval(a: &Args, model_dir: &Path) -> Result<EvalReport> {
 pub fn run(a: &Args) -> Result<ExitCode> {
     let r = run_eval(a, &a.model)?;
     let base = a.base.as_ref().map(|b| run_eval(a, b)).transpose()?;
+    if a.show {
+        for l in &r.by_level {
+            for (text, ok) in &l.examples {
+                eprintln!("level {} [{}] {text}", l.level, if *ok { "correct" } else { "wrong" });
+            }
+        }
+    }
     let k = a.samples;
     println!(
         "| level | pass@1 | pass@{k} | tokens |{}",

@@ -49,7 +49,8 @@ pub const METHODS: &[Method] = &[
     Method { name: "grpo_lambda", label: "GRPO-λ (λ = 0.2)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 0.2\n" },
     Method { name: "care", label: "CARE", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = 96\n" },
     Method { name: "step_grpo_no_dtr", label: "Step-GRPO w/o dynamic rollout", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n" },
-    Method { name: "step_grpo", label: "Step-GRPO", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.9\nmax_judge_steps = 10\n" },
+    Method { name: "step_grpo", label: "Step-GRPO (δ = 0.95)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\n" },
+    Method { name: "step_grpo_d99", label: "Step-GRPO (δ = 0.99)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.99\nmax_judge_steps = 10\n" },
 ];
 
 /// The run config TOML of `method` with `seed`: base ⊕ overrides ⊕ run name/seed (⊕ quick).

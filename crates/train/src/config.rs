@@ -201,6 +201,11 @@ pub struct GrpoSection {
     pub loss_agg: LossAgg,
     /// The constant length of `seq-mean-token-sum-norm` (Dr.GRPO); default max_new_tokens.
     pub norm_len: Option<usize>,
+    /// Groups per optimizer update (verl's ppo_mini_batch_size, in prompts); unset = one update
+    /// on the whole step.
+    pub mini_batch_prompts: Option<usize>,
+    /// Passes over the step's mini-batches (verl's ppo_epochs).
+    pub epochs: usize,
     /// Tokens per micro-batch (gradient accumulation keeps the loss identical).
     pub micro_batch_tokens: usize,
     pub grad_clip: f64,
@@ -241,6 +246,8 @@ impl Default for GrpoSection {
             kl_estimator: KlEstimator::K3,
             loss_agg: LossAgg::TokenMean,
             norm_len: None,
+            mini_batch_prompts: None,
+            epochs: 1,
             micro_batch_tokens: 4096,
             grad_clip: 1.0,
             step_exit: None,
@@ -309,8 +316,13 @@ impl RunConfig {
         if g.group_size < 2 {
             bail!("grpo.group_size must be >= 2, got {}", g.group_size);
         }
-        if g.prompts_per_step == 0 || g.max_new_tokens == 0 || g.micro_batch_tokens == 0 {
-            bail!("grpo.prompts_per_step, max_new_tokens and micro_batch_tokens must be > 0");
+        if g.prompts_per_step == 0
+            || g.max_new_tokens == 0
+            || g.micro_batch_tokens == 0
+            || g.epochs == 0
+            || g.mini_batch_prompts == Some(0)
+        {
+            bail!("grpo.prompts_per_step, max_new_tokens, micro_batch_tokens, epochs and mini_batch_prompts must be > 0");
         }
         if !(0.0..1.0).contains(&g.clip_low) || g.clip_high < 0.0 {
             bail!(

@@ -17,6 +17,10 @@ pub struct LevelReport {
     pub pass1: f64,
     pub pass_k: f64,
     pub len_mean: f64,
+    /// The first completion of the first few items, and whether it was correct (for a look at
+    /// what the model writes; not saved in metrics).
+    #[serde(skip)]
+    pub examples: Vec<(String, bool)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,11 +75,20 @@ pub fn evaluate(
             &detok,
         )?;
         let (mut p1, mut pk, mut len) = (0.0, 0.0, 0.0);
+        let mut examples = vec![];
         for (it, group) in items.iter().zip(samples.chunks(n)) {
-            let c = group
+            let verdicts: Vec<(String, bool)> = group
                 .iter()
-                .filter(|s| task.score(it, &detok(&s.tokens)).correct)
-                .count();
+                .map(|s| {
+                    let text = detok(&s.tokens);
+                    let ok = task.score(it, &text).correct;
+                    (text, ok)
+                })
+                .collect();
+            let c = verdicts.iter().filter(|v| v.1).count();
+            if examples.len() < 3 {
+                examples.push(verdicts[0].clone());
+            }
             p1 += pass_at_k(n, c, 1);
             pk += pass_at_k(n, c, n);
             len += group.iter().map(|s| s.len() as f64).sum::<f64>() / n as f64;
@@ -86,6 +99,7 @@ pub fn evaluate(
             pass1: p1 / m,
             pass_k: pk / m,
             len_mean: len / m,
+            examples,
         });
     }
     let k = by_level.len().max(1) as f64;

@@ -33,6 +33,7 @@ pub mod plot;
 pub mod run;
 pub mod sft;
 pub mod task;
+pub mod update;
 
 pub use config::RunConfig;
 pub use run::{train, train_with, RunSummary, ShaperWithState};

@@ -2,22 +2,22 @@
 //! traces, then GRPO steps (rollout -> score -> shape -> advantage -> PPO-clip + KL with
 //! micro-batch accumulation -> clip -> AdamW), metrics.jsonl, checkpoints, evaluation.
 
-use crate::batches::{gradients, logprobs, Objective, Seq};
 use crate::checkpoint::{latest_checkpoint, prune, save_checkpoint, TrainState};
 use crate::collect::{collect, rollout_params};
 use crate::config::RunConfig;
 use crate::data;
 use crate::eval::{evaluate, EvalReport};
-use crate::loss::{agg_weights, PpoParams};
+
 use crate::metrics::MetricsWriter;
 use crate::sft::{progress_bar, sft};
 use crate::task::Task;
+use crate::update::{policy_update, sequences};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use terse_model::Qwen3;
-use terse_optim::{clip_grad_norm, AdamW};
+use terse_optim::AdamW;
 use terse_reward::{metrics::length_stats, BuiltinShaper, Group, LengthShaper, StepCtx};
 use terse_rollout::Finish;
 
@@ -151,7 +151,6 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
 
     let g = &cfg.grpo;
     let gen = rollout_params(cfg, &model, &tok)?;
-    let ppo = PpoParams::from(g);
     let mut cursor = resume
         .as_ref()
         .and_then(|(_, st)| st.data_cursor)
@@ -191,55 +190,19 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
         let adv = cfg.advantage.compute(groups, &shaped);
         let t_score = t1.elapsed().as_secs_f64();
 
-        // Policy update over all samples, micro-batched with global aggregation weights.
+        // Policy update: PPO epochs x mini-batches, each micro-batched with its global
+        // aggregation weights, clipped, then one AdamW step.
         let t2 = Instant::now();
-        let lens: Vec<usize> = samples
-            .iter()
-            .map(|s| s.sampled.iter().filter(|m| **m).count())
-            .collect();
-        let w = agg_weights(g.loss_agg, &lens, g.norm_len.unwrap_or(g.max_new_tokens));
-        let mut seqs: Vec<Seq> = samples
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let k = i / g.group_size;
-                let mut tokens = prompts[k].tokens.clone();
-                tokens.extend_from_slice(&s.tokens);
-                Seq {
-                    tokens,
-                    prompt_len: prompts[k].tokens.len(),
-                    loss_mask: s.sampled.clone(),
-                    old_logp: s.logp_plain.clone(),
-                    ref_logp: None,
-                    advantage: adv.values[k][i % g.group_size] as f32,
-                    weight: w[i] as f32,
-                }
-            })
-            .collect();
-        if let Some(r) = &reference {
-            let ref_lp = logprobs(r, &seqs, g.micro_batch_tokens)?;
-            for (s, lp) in seqs.iter_mut().zip(ref_lp) {
-                s.ref_logp = Some(lp);
-            }
-        }
-        let (mut grads, st) = gradients(&model, &seqs, Objective::Ppo(ppo), g.micro_batch_tokens)?;
-        let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
-        if !st.loss.is_finite() || !grad_norm.is_finite() {
-            bail!(
-                "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating. The last good checkpoint is in {}",
-                if st.loss.is_finite() { "gradient" } else { "loss" },
-                st.loss,
-                dir.display()
-            );
-        }
         let lr = g.schedule.lr_at(step);
-        opt.step(model.vars(), &grads, lr)?;
+        let seqs = sequences(prompts, samples, &adv.values, g.group_size);
+        let up = policy_update(g, &model, reference.as_ref(), &mut opt, seqs, lr, step, &dir)?;
+        let st = &up.stats;
         let t_update = t2.elapsed().as_secs_f64();
 
         let ls = length_stats(groups);
         let n = samples.len() as f64;
         let rewards: Vec<f64> = shaped.rewards.iter().flatten().copied().collect();
-        let tokens = c.generated_tokens + samples.iter().map(|s| s.tokens.len()).sum::<usize>();
+        let tokens = c.generated_tokens;
         let entropy_tokens: usize = samples.iter().map(|s| s.entropy_tokens).sum();
         let mut line = json!({
             "phase": "grpo",
@@ -254,9 +217,10 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             "clip_frac_low": st.clipped_low as f64 / st.tokens.max(1) as f64,
             "clip_frac_high": st.clipped_high as f64 / st.tokens.max(1) as f64,
             "kl": st.kl_sum / st.tokens.max(1) as f64,
-            "logp_gap": st.logp_gap_sum / st.tokens.max(1) as f64,
-            "loss": st.loss,
-            "grad_norm": grad_norm,
+            "logp_gap": up.logp_gap,
+            "loss": up.loss,
+            "grad_norm": up.grad_norm,
+            "updates": up.updates,
             "lr": lr,
             "steps_mean": groups.iter().flat_map(|g| &g.samples).map(|s| s.steps as f64).sum::<f64>() / n,
             "entropy": samples.iter().map(|s| s.entropy_sum).sum::<f64>() / entropy_tokens.max(1) as f64,

@@ -1,0 +1,108 @@
+//! The policy update of one GRPO step: samples + advantages -> sequences with loss masks and
+//! sampler log-probs -> (reference log-probs for the KL term) -> for each PPO epoch and
+//! mini-batch: micro-batched gradients with the mini-batch's aggregation weights, clipping, a
+//! non-finite check, and one AdamW step. Called by the loop in run.rs after shaping.
+
+use crate::batches::{gradients, logprobs, Objective, Seq};
+use crate::config::GrpoSection;
+use crate::loss::{agg_weights, LossStats, PpoParams};
+use anyhow::{bail, Result};
+use std::path::Path;
+use terse_model::Qwen3;
+use terse_optim::{clip_grad_norm, AdamW};
+use terse_rollout::{Prompt, Sample};
+
+/// What the step's updates did, summed (stats) or averaged (loss, grad norm) over updates.
+#[derive(Debug, Clone, Default)]
+pub struct UpdateStats {
+    pub stats: LossStats,
+    /// Mean loss and pre-clip gradient norm over the optimizer updates.
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub updates: usize,
+    /// Mean |sampler − trainer| log-prob per token, from the first update only (before the
+    /// policy changes; later mini-batches see an updated policy).
+    pub logp_gap: f64,
+}
+
+/// The training sequences of a step: prompt ⊕ completion, the loss masking injected tokens,
+/// the sampler's plain log-probs as the old policy, one advantage per sample.
+pub fn sequences(prompts: &[Prompt], samples: &[Sample], adv: &[Vec<f64>], g: usize) -> Vec<Seq> {
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let k = i / g;
+            let mut tokens = prompts[k].tokens.clone();
+            tokens.extend_from_slice(&s.tokens);
+            Seq {
+                tokens,
+                prompt_len: prompts[k].tokens.len(),
+                loss_mask: s.sampled.clone(),
+                old_logp: s.logp_plain.clone(),
+                ref_logp: None,
+                advantage: adv[k][i % g] as f32,
+                weight: 0.0,
+            }
+        })
+        .collect()
+}
+
+/// Runs the PPO epochs over the mini-batches (of `mini_batch_prompts` groups; all groups when
+/// unset), one AdamW step each at learning rate `lr`. A non-finite loss or gradient stops before
+/// that update is applied.
+#[allow(clippy::too_many_arguments)]
+pub fn policy_update(
+    g: &GrpoSection,
+    model: &Qwen3,
+    reference: Option<&Qwen3>,
+    opt: &mut AdamW,
+    mut seqs: Vec<Seq>,
+    lr: f64,
+    step: u64,
+    run_dir: &Path,
+) -> Result<UpdateStats> {
+    if let Some(r) = reference {
+        let ref_lp = logprobs(r, &seqs, g.micro_batch_tokens)?;
+        for (s, lp) in seqs.iter_mut().zip(ref_lp) {
+            s.ref_logp = Some(lp);
+        }
+    }
+    let ppo = PpoParams::from(g);
+    let per_mb = g.mini_batch_prompts.unwrap_or(usize::MAX).saturating_mul(g.group_size);
+    let mut out = UpdateStats::default();
+    for _ in 0..g.epochs {
+        for mb in seqs.chunks_mut(per_mb.max(1)) {
+            let lens: Vec<usize> = mb.iter().map(Seq::loss_tokens).collect();
+            let w = agg_weights(g.loss_agg, &lens, g.norm_len.unwrap_or(g.max_new_tokens));
+            for (s, w) in mb.iter_mut().zip(w) {
+                s.weight = w as f32;
+            }
+            let (mut grads, st) = gradients(model, mb, Objective::Ppo(ppo), g.micro_batch_tokens)?;
+            let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
+            if !st.loss.is_finite() || !grad_norm.is_finite() {
+                bail!(
+                    "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating. The last good checkpoint is in {}",
+                    if st.loss.is_finite() { "gradient" } else { "loss" },
+                    st.loss,
+                    run_dir.display()
+                );
+            }
+            opt.step(model.vars(), &grads, lr)?;
+            if out.updates == 0 {
+                out.logp_gap = st.logp_gap_sum / st.tokens.max(1) as f64;
+            }
+            out.updates += 1;
+            out.loss += st.loss;
+            out.grad_norm += grad_norm;
+            out.stats.tokens += st.tokens;
+            out.stats.clipped_low += st.clipped_low;
+            out.stats.clipped_high += st.clipped_high;
+            out.stats.kl_sum += st.kl_sum;
+        }
+    }
+    let u = out.updates.max(1) as f64;
+    out.loss /= u;
+    out.grad_norm /= u;
+    Ok(out)
+}
