@@ -3,9 +3,11 @@
 
 mod checkpoint;
 mod golden;
+mod gpu;
 mod gradients;
 mod kv_cache;
 mod optim;
+mod paper_configs;
 mod rollout;
 mod tasks;
 mod train;

@@ -57,7 +57,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
         }
         let run =
             |budget: usize| gradients(&model, &seqs, Objective::Ppo(ppo), budget).expect("grads");
-        let (g1, s1) = run(total);
+        let (g1, s1) = run(usize::MAX);
         for parts in [2, 4] {
             let budget = total.div_ceil(parts) + 1;
             assert!(

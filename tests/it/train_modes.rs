@@ -228,7 +228,8 @@ fn mini_batches_and_epochs_give_one_update_each() {
     let l = &grpo_lines(&s.dir)[0];
     assert_eq!(l["updates"].as_u64(), Some(4), "{l}");
     // Later updates see a changed policy, so some ratios leave the clip range at this lr.
-    let clipped = l["clip_frac_low"].as_f64().expect("low") + l["clip_frac_high"].as_f64().expect("high");
+    let clipped =
+        l["clip_frac_low"].as_f64().expect("low") + l["clip_frac_high"].as_f64().expect("high");
     assert!(clipped > 0.0, "{l}");
     let e = RunConfig::from_toml("[grpo]\nmini_batch_prompts = 0\n", Path::new("m.toml"))
         .expect_err("zero");

@@ -79,7 +79,11 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     if a.show {
         for l in &r.by_level {
             for (text, ok) in &l.examples {
-                eprintln!("level {} [{}] {text}", l.level, if *ok { "correct" } else { "wrong" });
+                eprintln!(
+                    "level {} [{}] {text}",
+                    l.level,
+                    if *ok { "correct" } else { "wrong" }
+                );
             }
         }
     }

@@ -4,6 +4,9 @@
 mod bench;
 mod check_model;
 mod eval;
+mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_bench;
 mod mem;
 mod repro;
 mod summary;
@@ -42,6 +45,24 @@ enum Cmd {
     /// The reproduction study: every length method x 3 seeds on the CPU testbed from one SFT
     /// checkpoint; writes docs/results.md and the curves.
     Repro(repro::Args),
+    /// Install nvcc 13.0 and the CUDA libraries from PyPI wheels into DIR (default
+    /// ~/.cache/cuda-13.0) and print the exports a `cuda` build needs.
+    CudaToolchain {
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
+    /// Build a stripped release xtask with `cuda` on (target/gpu/release/xtask) and its xz
+    /// (target/gpu/xtask.xz) to copy to a GPU machine; needs no GPU.
+    BuildGpu {
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
+    /// On a GPU machine: parity of every CUDA kernel against its CPU reference, then decode,
+    /// training and log-prob benchmarks and HF generate; writes one JSON report.
+    GpuCheck {
+        #[arg(long, default_value = "gpu-check.json")]
+        out: std::path::PathBuf,
+    },
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
     /// Draw a run's metrics.jsonl as PNG curves (length, accuracy, reward, γ_ℓ).
@@ -74,6 +95,9 @@ fn main() -> ExitCode {
         Cmd::Sft { config } => sft(&config),
         Cmd::CheckModel(args) => check_model::run(&args),
         Cmd::Repro(args) => repro::run(&args),
+        Cmd::CudaToolchain { dir } => gpu::cuda_toolchain(dir),
+        Cmd::BuildGpu { dir } => gpu::build_gpu(dir),
+        Cmd::GpuCheck { out } => gpu::gpu_check(&out),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
         Cmd::MakeTestbed { out } => make_testbed(&out),

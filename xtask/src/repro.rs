@@ -26,6 +26,9 @@ pub struct Args {
     /// results-quick.md instead of results.md.
     #[arg(long)]
     quick: bool,
+    /// Only rewrite the report from the runs already under the study's run directory.
+    #[arg(long)]
+    report_only: bool,
 }
 
 /// One row of the study: a name, what the papers call it, and its config overrides (TOML).
@@ -103,7 +106,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             let text = method_config(&base, m, seed, a.quick)?;
             let cfg = terse_train::RunConfig::from_toml(&text, Path::new(m.name))?;
             let run_dir = cfg.run.dir.join(&cfg.run.name);
-            if run_dir.exists() {
+            if run_dir.exists() && !a.report_only {
                 std::fs::remove_dir_all(&run_dir)
                     .with_context(|| format!("removing {}", run_dir.display()))?;
             }
@@ -112,7 +115,9 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             jobs.push((cfg.run.name.clone(), path));
         }
     }
-    run_children(&jobs, a.jobs.max(1), &root)?;
+    if !a.report_only {
+        run_children(&jobs, a.jobs.max(1), &root)?;
+    }
     let elapsed = t0.elapsed().as_secs_f64();
 
     let md = crate::summary::write(&root, seeds, a.quick, &a.out)?;

@@ -27,9 +27,14 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod fused;
+#[cfg(feature = "cuda")]
+mod fused_cuda;
+pub mod kernels;
 pub mod logprob;
 pub mod model;
 pub mod ops;
+pub mod parity;
 pub mod reference;
 
 pub use batch::{Batch, Padding};

@@ -36,18 +36,23 @@ pub enum Objective {
     Ppo(PpoParams),
 }
 
-/// Splits sequence indices into consecutive groups of at most `budget` tokens (a longer
-/// sequence gets a micro-batch of its own).
+/// Splits sequence indices into micro-batches whose padded size (rows x longest row) stays
+/// within `budget` tokens (a longer sequence gets a micro-batch of its own). Sequences are taken
+/// in length order so rows of similar length share a batch and little compute goes to padding;
+/// the loss weights are global, so the grouping does not change the result.
 pub fn micro_batches(seqs: &[Seq], budget: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..seqs.len()).collect();
+    order.sort_by_key(|&i| (seqs[i].tokens.len(), i));
     let mut out: Vec<Vec<usize>> = vec![];
-    let mut used = 0;
-    for (i, s) in seqs.iter().enumerate() {
-        let n = s.tokens.len();
-        if out.is_empty() || (used + n > budget && used > 0) {
+    for i in order {
+        let n = seqs[i].tokens.len();
+        // Rows arrive in ascending length, so the new row is the longest of its batch.
+        let fits = out
+            .last()
+            .is_some_and(|mb: &Vec<usize>| (mb.len() + 1) * n <= budget);
+        if !fits {
             out.push(vec![]);
-            used = 0;
         }
-        used += n;
         out.last_mut().expect("non-empty").push(i);
     }
     out
@@ -145,4 +150,39 @@ pub fn gradients(
         total.logp_gap_sum += st.logp_gap_sum;
     }
     Ok((grads, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(lens: &[usize], budget: usize, expect: &[&[usize]]) {
+        let seqs: Vec<Seq> = lens
+            .iter()
+            .map(|&n| Seq {
+                tokens: vec![0; n],
+                prompt_len: 1,
+                loss_mask: vec![true; n - 1],
+                old_logp: vec![],
+                ref_logp: None,
+                advantage: 0.0,
+                weight: 0.0,
+            })
+            .collect();
+        assert_eq!(
+            micro_batches(&seqs, budget),
+            expect,
+            "lens {lens:?} budget {budget}"
+        );
+    }
+
+    #[test]
+    fn micro_batches_group_similar_lengths_within_the_padded_budget() {
+        check(&[10, 2, 9, 3], 20, &[&[1, 3], &[2, 0]]);
+        check(&[10, 2, 9, 3], 1000, &[&[1, 3, 2, 0]]);
+        // A row longer than the budget gets a micro-batch of its own.
+        check(&[30, 5], 20, &[&[1], &[0]]);
+        // Equal lengths keep their order.
+        check(&[4, 4, 4], 8, &[&[0, 1], &[2]]);
+    }
 }

@@ -111,7 +111,11 @@ pub struct DataSection {
     /// How a question becomes the prompt: "chat" (the model's chat template), a preset
     /// ("logic_rl_base", "logic_rl_qwen_instruct") or a text with a `{prompt}` placeholder.
     pub template: String,
-    /// "short_rl" (Short-RL's 3 / −0.5 / −3 with four tags) or "easyr1" (0.9·acc + 0.1·format).
+    /// With `template = "chat"`: the user message, a text with a `{prompt}` placeholder (e.g.
+    /// EasyR1's instruction to think in <think> tags and answer in \boxed{}).
+    pub user_template: String,
+    /// "short_rl" (Short-RL's 3 / −0.5 / −3 with four tags), "easyr1" (0.9·acc + 0.1·format)
+    /// or "boxed" (0/1: the last \boxed{} answer is equivalent to the reference).
     pub math_scorer: String,
 }
 
@@ -131,6 +135,7 @@ impl Default for DataSection {
             level_column: None,
             skip_bad_rows: false,
             template: "{prompt}".into(),
+            user_template: "{prompt}".into(),
             math_scorer: "short_rl".into(),
         }
     }
@@ -184,6 +189,9 @@ pub enum KlEstimator {
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoSection {
     pub steps: u64,
+    /// Passes over `data.train` instead of `steps`: steps = ⌈epochs · rows / prompts_per_step⌉
+    /// (the papers' "epochs"); needs a dataset file.
+    pub data_epochs: Option<f64>,
     pub prompts_per_step: usize,
     pub group_size: usize,
     pub max_new_tokens: usize,
@@ -230,6 +238,7 @@ impl Default for GrpoSection {
     fn default() -> Self {
         Self {
             steps: 60,
+            data_epochs: None,
             prompts_per_step: 8,
             group_size: 8,
             max_new_tokens: 96,
@@ -346,6 +355,11 @@ impl RunConfig {
             bail!("grpo.grad_clip must be > 0, got {}", g.grad_clip);
         }
         g.sampling.validate().map_err(anyhow::Error::msg)?;
+        if let Some(e) = g.data_epochs {
+            if !(e > 0.0 && e.is_finite()) || self.data.train.is_none() {
+                bail!("grpo.data_epochs = {e}: needs a number > 0 and a data.train file");
+            }
+        }
         if let Some(se) = &g.step_exit {
             se.validate().map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
         }
@@ -368,7 +382,9 @@ impl RunConfig {
             t => bail!("data.task must be `testbed`, `kk` or `math`, got `{t}`"),
         };
         let min_level = if self.data.task == "kk" { 2 } else { 1 };
-        if self.data.task != "math" {
+        let generated =
+            self.data.task == "testbed" || (self.data.task == "kk" && self.data.train.is_none());
+        if generated {
             if self.data.levels.is_empty() {
                 bail!("data.levels must not be empty");
             }

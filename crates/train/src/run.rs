@@ -68,6 +68,16 @@ pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
 /// A `BuiltinShaper`'s state is restored from and saved into checkpoints.
 pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<RunSummary> {
     cfg.validate()?;
+    // The task first: a missing dataset fails before anything is written, and `data_epochs`
+    // resolves into a step count saved with the run.
+    let task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
+    let mut resolved_cfg = cfg.clone();
+    if let Some(e) = cfg.grpo.data_epochs {
+        let rows = task.train_rows() as f64;
+        resolved_cfg.grpo.steps = (e * rows / cfg.grpo.prompts_per_step as f64).ceil() as u64;
+        resolved_cfg.grpo.data_epochs = None;
+    }
+    let cfg = &resolved_cfg;
     let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
     let dir = cfg.run.dir.join(&cfg.run.name);
     std::fs::create_dir_all(&dir)
@@ -110,7 +120,6 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     };
     let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"), start)?;
 
-    let task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
     if resume.is_none() && cfg.sft.steps > 0 {
         sft(cfg, &model, &tok, &mut metrics)?;
     }
@@ -195,7 +204,16 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
         let t2 = Instant::now();
         let lr = g.schedule.lr_at(step);
         let seqs = sequences(prompts, samples, &adv.values, g.group_size);
-        let up = policy_update(g, &model, reference.as_ref(), &mut opt, seqs, lr, step, &dir)?;
+        let up = policy_update(
+            g,
+            &model,
+            reference.as_ref(),
+            &mut opt,
+            seqs,
+            lr,
+            step,
+            &dir,
+        )?;
         let st = &up.stats;
         let t_update = t2.elapsed().as_secs_f64();
 

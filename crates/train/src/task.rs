@@ -33,6 +33,7 @@ enum Scorer {
     Kk,
     MathShortRl,
     MathEasyR1,
+    MathBoxed,
 }
 
 /// The task of a run, with any dataset already loaded.
@@ -56,7 +57,10 @@ impl Task {
             ("kk", _) => Scorer::Kk,
             ("math", "short_rl") => Scorer::MathShortRl,
             ("math", "easyr1") => Scorer::MathEasyR1,
-            ("math", s) => bail!("data.math_scorer must be `short_rl` or `easyr1`, got `{s}`"),
+            ("math", "boxed") => Scorer::MathBoxed,
+            ("math", s) => {
+                bail!("data.math_scorer must be `short_rl`, `easyr1` or `boxed`, got `{s}`")
+            }
             (t, _) => bail!("data.task must be `testbed`, `kk` or `math`, got `{t}`"),
         };
         let mut task = Task {
@@ -207,7 +211,24 @@ impl Task {
                     format_ok: format > 0.0,
                 }
             }
+            // GRPO-λ's and CARE's plain 0/1 correctness of the last \boxed{} answer.
+            Scorer::MathBoxed => {
+                let boxed = math::extract_boxed(completion);
+                let correct = boxed
+                    .as_deref()
+                    .is_some_and(|a| math::equivalent(a, &item.answer));
+                Score {
+                    correct,
+                    base_reward: f64::from(u8::from(correct)),
+                    format_ok: boxed.is_some(),
+                }
+            }
         }
+    }
+
+    /// Rows of the training dataset (0 for generated tasks).
+    pub fn train_rows(&self) -> usize {
+        self.train.len()
     }
 
     /// Whether SFT teacher traces exist for this task (only the testbed has a teacher).
@@ -256,7 +277,8 @@ fn load(path: &Path, data: &DataSection, chat: Option<&ChatTemplate>) -> Result<
         .map(|r| {
             let prompt = match (&r.prompt, chat) {
                 (PromptText::Chat(m), Some(t)) => t.render(m, true, None),
-                (PromptText::Text(s), Some(t)) => t.render(&[Message::new("user", s)], true, None),
+                (PromptText::Text(s), Some(t)) => fill(&data.user_template, s)
+                    .and_then(|u| t.render(&[Message::new("user", &u)], true, None)),
                 (PromptText::Chat(m), None) => fill(
                     text_template(&data.template),
                     m.last().map_or("", |m| m.content.as_str()),

@@ -69,7 +69,10 @@ pub fn policy_update(
         }
     }
     let ppo = PpoParams::from(g);
-    let per_mb = g.mini_batch_prompts.unwrap_or(usize::MAX).saturating_mul(g.group_size);
+    let per_mb = g
+        .mini_batch_prompts
+        .unwrap_or(usize::MAX)
+        .saturating_mul(g.group_size);
     let mut out = UpdateStats::default();
     for _ in 0..g.epochs {
         for mb in seqs.chunks_mut(per_mb.max(1)) {

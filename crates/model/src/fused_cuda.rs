@@ -1,0 +1,297 @@
+//! Kernel launches behind the custom ops of fused.rs (the `cuda` feature only): the PTX modules
+//! build.rs compiled from kernels/*.cu, loaded once per device by candle's module cache. Inputs
+//! must be contiguous; f32 everywhere, bf16 for the storage-typed kernels.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
+
+mod ptx {
+    include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
+}
+
+fn view<'a, T: CudaDType>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(s.as_cuda_slice::<T>()?.slice(a..b)),
+        None => crate::fail!("{what}: expected a contiguous tensor"),
+    }
+}
+
+fn suffix(dt: DType, what: &str) -> Result<&'static str> {
+    match dt {
+        DType::F32 => Ok("f32"),
+        DType::BF16 => Ok("bf16"),
+        other => crate::fail!("{what}: no kernel for {other:?} (f32 or bf16)"),
+    }
+}
+
+fn grid(rows: usize, block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn elementwise(n: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems(n as u32)
+}
+
+pub fn rmsnorm_fwd(
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    eps: f32,
+) -> Result<(CudaStorage, Shape)> {
+    fn go<T: CudaDType + DeviceRepr>(
+        x: &CudaStorage,
+        lx: &Layout,
+        w: &CudaStorage,
+        lw: &Layout,
+        eps: f32,
+        sfx: &str,
+    ) -> Result<CudaStorage> {
+        let dev: &CudaDevice = x.device();
+        let cols = lw.shape().elem_count();
+        let n = lx.shape().elem_count();
+        let rows = n / cols;
+        let f = dev.get_or_load_custom_func(
+            &format!("rmsnorm_fwd_{sfx}"),
+            "terse_rmsnorm",
+            ptx::RMSNORM,
+        )?;
+        let (xv, wv) = (
+            view::<T>(x, lx, "rmsnorm x")?,
+            view::<T>(w, lw, "rmsnorm w")?,
+        );
+        // SAFETY: every element is written by the kernel.
+        let mut y = unsafe { dev.alloc::<T>(n)? };
+        let mut rstd = unsafe { dev.alloc::<f32>(rows)? };
+        let cols_i = cols as i32;
+        let mut b = f.builder();
+        b.arg(&xv)
+            .arg(&wv)
+            .arg(&mut y)
+            .arg(&mut rstd)
+            .arg(&cols_i)
+            .arg(&eps);
+        // SAFETY: argument types and counts match the kernel's signature.
+        unsafe { b.launch(grid(rows, 256)) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+    }
+    let s = match x.dtype() {
+        DType::F32 => go::<f32>(x, lx, w, lw, eps, "f32")?,
+        DType::BF16 => go::<half::bf16>(x, lx, w, lw, eps, "bf16")?,
+        dt => suffix(dt, "rmsnorm").map(|_| unreachable!())?,
+    };
+    Ok((s, lx.shape().clone()))
+}
+
+pub fn rope(
+    x: &CudaStorage,
+    lx: &Layout,
+    c: &CudaStorage,
+    lc: &Layout,
+    s: &CudaStorage,
+    ls: &Layout,
+    inverse: bool,
+) -> Result<(CudaStorage, Shape)> {
+    fn go<T: CudaDType + DeviceRepr>(
+        x: &CudaStorage,
+        lx: &Layout,
+        c: &CudaStorage,
+        lc: &Layout,
+        s: &CudaStorage,
+        ls: &Layout,
+        inverse: bool,
+        sfx: &str,
+    ) -> Result<CudaStorage> {
+        let dev: &CudaDevice = x.device();
+        let (b, h, t, d) = lx.shape().dims4()?;
+        let name = format!("rope_{}_{sfx}", if inverse { "bwd" } else { "fwd" });
+        let f = dev.get_or_load_custom_func(&name, "terse_rope", ptx::ROPE)?;
+        let (xv, cv, sv) = (
+            view::<T>(x, lx, "rope x")?,
+            view::<T>(c, lc, "rope cos")?,
+            view::<T>(s, ls, "rope sin")?,
+        );
+        let n = lx.shape().elem_count();
+        // SAFETY: every element is written by the kernel.
+        let mut y = unsafe { dev.alloc::<T>(n)? };
+        let dims = [b as i32, h as i32, t as i32, d as i32];
+        let mut bld = f.builder();
+        bld.arg(&xv)
+            .arg(&cv)
+            .arg(&sv)
+            .arg(&mut y)
+            .arg(&dims[0])
+            .arg(&dims[1])
+            .arg(&dims[2])
+            .arg(&dims[3]);
+        // SAFETY: argument types and counts match the kernel's signature.
+        unsafe { bld.launch(elementwise(n / 2)) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+    }
+    let out = match x.dtype() {
+        DType::F32 => go::<f32>(x, lx, c, lc, s, ls, inverse, "f32")?,
+        DType::BF16 => go::<half::bf16>(x, lx, c, lc, s, ls, inverse, "bf16")?,
+        dt => suffix(dt, "rope").map(|_| unreachable!())?,
+    };
+    Ok((out, lx.shape().clone()))
+}
+
+pub fn logprob_fwd(
+    l: &CudaStorage,
+    ll: &Layout,
+    t: &CudaStorage,
+    lt: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev: &CudaDevice = l.device();
+    let (n, v) = ll.shape().dims2()?;
+    let f = dev.get_or_load_custom_func("logprob_fwd_f32", "terse_logprob", ptx::LOGPROB)?;
+    let (lv, tv) = (
+        view::<f32>(l, ll, "logits")?,
+        view::<u32>(t, lt, "targets")?,
+    );
+    // SAFETY: every element is written by the kernel.
+    let mut stats = unsafe { dev.alloc::<f32>(n * 3)? };
+    let v_i = v as i32;
+    let mut b = f.builder();
+    b.arg(&lv).arg(&tv).arg(&mut stats).arg(&v_i);
+    // SAFETY: argument types and counts match the kernel's signature.
+    unsafe { b.launch(grid(n, 512)) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(stats, dev.clone()),
+        Shape::from((n, 3)),
+    ))
+}
+
+pub fn logprob_bwd(
+    l: &CudaStorage,
+    ll: &Layout,
+    t: &CudaStorage,
+    lt: &Layout,
+    lg: &CudaStorage,
+    llg: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev: &CudaDevice = l.device();
+    let (n, v) = ll.shape().dims2()?;
+    let f = dev.get_or_load_custom_func("logprob_bwd_f32", "terse_logprob", ptx::LOGPROB)?;
+    let lgv = view::<f32>(lg, llg, "lse_g")?;
+    // The kernel works in place: copy the logits chunk into the output first.
+    let mut out = unsafe { dev.alloc::<f32>(n * v)? };
+    dev.memcpy_dtod(&view::<f32>(l, ll, "logits")?, &mut out)?;
+    let tv = view::<u32>(t, lt, "targets")?;
+    let v_i = v as i32;
+    let mut b = f.builder();
+    b.arg(&mut out).arg(&tv).arg(&lgv).arg(&v_i);
+    // SAFETY: argument types and counts match the kernel's signature.
+    unsafe { b.launch(grid(n, 512)) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev.clone()),
+        ll.shape().clone(),
+    ))
+}
+
+pub fn kv_write(
+    cache: &mut CudaStorage,
+    lc: &Layout,
+    src: &CudaStorage,
+    ls: &Layout,
+    slot: usize,
+) -> Result<()> {
+    let (b, hkv, cap, d) = lc.shape().dims4()?;
+    if slot >= cap
+        || ls.shape().dims() != [b, hkv, d]
+        || !lc.is_contiguous()
+        || lc.start_offset() != 0
+    {
+        crate::fail!(
+            "kv write: slot {slot} / src {:?} do not fit cache {:?}",
+            ls.shape(),
+            lc.shape()
+        );
+    }
+    let dev = cache.device().clone();
+    let sfx = suffix(cache.dtype(), "kv write")?;
+    let f =
+        dev.get_or_load_custom_func(&format!("kv_write_{sfx}"), "terse_kv_cache", ptx::KV_CACHE)?;
+    let args = [b as i32, hkv as i32, cap as i32, d as i32, slot as i32];
+    let n = b * hkv * d;
+    macro_rules! launch {
+        ($t:ty) => {{
+            let sv = view::<$t>(src, ls, "kv src")?;
+            let c = cache.as_cuda_slice_mut::<$t>()?;
+            let mut bld = f.builder();
+            bld.arg(&sv).arg(c);
+            for a in &args {
+                bld.arg(a);
+            }
+            // SAFETY: argument types and counts match the kernel's signature.
+            unsafe { bld.launch(elementwise(n)) }.w()?;
+        }};
+    }
+    match cache.dtype() {
+        DType::BF16 => launch!(half::bf16),
+        _ => launch!(f32),
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    q: &CudaStorage,
+    lq: &Layout,
+    k: &CudaStorage,
+    lk: &Layout,
+    v: &CudaStorage,
+    lv: &Layout,
+    valid: &[u8],
+    len: usize,
+) -> Result<(CudaStorage, Shape)> {
+    let dev: &CudaDevice = q.device();
+    let (b, hq, d) = lq.shape().dims3()?;
+    let (_, hkv, cap, _) = lk.shape().dims4()?;
+    if d > 256 || hq % hkv != 0 || valid.len() != b * cap {
+        crate::fail!("decode attention: head_dim {d} (max 256), heads {hq}/{hkv}, {} validity flags for {b} x {cap}", valid.len());
+    }
+    let sfx = suffix(q.dtype(), "decode attention")?;
+    let f = dev.get_or_load_custom_func(
+        &format!("decode_attention_{sfx}"),
+        "terse_kv_cache",
+        ptx::KV_CACHE,
+    )?;
+    let valid_d = dev.clone_htod(valid)?;
+    let ints = [hq as i32, hkv as i32, cap as i32, len as i32, d as i32];
+    let scale = 1.0f32 / (d as f32).sqrt();
+    let cfg = grid(b * hq, 128);
+    macro_rules! launch {
+        ($t:ty) => {{
+            let (qv, kv, vv) = (
+                view::<$t>(q, lq, "q")?,
+                view::<$t>(k, lk, "k cache")?,
+                view::<$t>(v, lv, "v cache")?,
+            );
+            // SAFETY: every element is written by the kernel.
+            let mut out = unsafe { dev.alloc::<$t>(b * hq * d)? };
+            let mut bld = f.builder();
+            bld.arg(&qv).arg(&kv).arg(&vv).arg(&valid_d).arg(&mut out);
+            for a in &ints {
+                bld.arg(a);
+            }
+            bld.arg(&scale);
+            // SAFETY: argument types and counts match the kernel's signature.
+            unsafe { bld.launch(cfg) }.w()?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    let out = match q.dtype() {
+        DType::BF16 => launch!(half::bf16),
+        _ => launch!(f32),
+    };
+    Ok((out, lq.shape().clone()))
+}

@@ -1,0 +1,311 @@
+//! CPU references of the CUDA kernels in kernels/*.cu, one function per kernel entry point,
+//! written as plain loops in f32 with the kernels' layouts and accumulation order in mind. They
+//! are the ground truth the GPU parity check (`cargo xtask gpu-check`) compares against, and
+//! they are tested here against the composite candle ops the model's training path uses.
+
+/// RMSNorm forward over rows of `cols`: y = w * x * rstd with rstd = 1/sqrt(mean(x²) + eps);
+/// returns (y, rstd per row). kernels/rmsnorm.cu `rmsnorm_fwd_*`.
+pub fn rmsnorm_fwd(x: &[f32], w: &[f32], cols: usize, eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let mut y = vec![0f32; x.len()];
+    let mut rstd = vec![0f32; x.len() / cols];
+    for (r, (xr, yr)) in x.chunks(cols).zip(y.chunks_mut(cols)).enumerate() {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let s = 1.0 / (ss / cols as f32 + eps).sqrt();
+        rstd[r] = s;
+        for ((yv, xv), wv) in yr.iter_mut().zip(xr).zip(w) {
+            *yv = xv * s * wv;
+        }
+    }
+    (y, rstd)
+}
+
+/// RMSNorm backward: dx = r·(dy⊙w) − x·r³/cols·Σ(dy⊙w⊙x) per row, dw = Σ_rows dy⊙x·r.
+/// kernels/rmsnorm.cu `rmsnorm_bwd_*`.
+pub fn rmsnorm_bwd(
+    x: &[f32],
+    w: &[f32],
+    rstd: &[f32],
+    dy: &[f32],
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut dx = vec![0f32; x.len()];
+    let mut dw = vec![0f32; cols];
+    for (r, ((xr, gr), dxr)) in x
+        .chunks(cols)
+        .zip(dy.chunks(cols))
+        .zip(dx.chunks_mut(cols))
+        .enumerate()
+    {
+        let s = rstd[r];
+        let dot: f32 = (0..cols).map(|i| gr[i] * w[i] * xr[i]).sum();
+        let c = dot * s * s * s / cols as f32;
+        for i in 0..cols {
+            dxr[i] = s * gr[i] * w[i] - xr[i] * c;
+            dw[i] += gr[i] * xr[i] * s;
+        }
+    }
+    (dx, dw)
+}
+
+/// Rotate-half RoPE on x (B, H, T, D) with half tables cos/sin (B, T, D/2); `inverse` applies
+/// the transposed rotation (the backward: dy -> dx). kernels/rope.cu `rope_fwd_*`/`rope_bwd_*`.
+pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], dims: [usize; 4], inverse: bool) -> Vec<f32> {
+    let [b, heads, t, d] = dims;
+    let h = d / 2;
+    let sign = if inverse { -1.0 } else { 1.0 };
+    let mut y = vec![0f32; x.len()];
+    for bi in 0..b {
+        for hi in 0..heads {
+            for ti in 0..t {
+                let base = ((bi * heads + hi) * t + ti) * d;
+                for i in 0..h {
+                    let tab = (bi * t + ti) * h + i;
+                    let (c, s) = (cos[tab], sign * sin[tab]);
+                    let (x1, x2) = (x[base + i], x[base + i + h]);
+                    y[base + i] = x1 * c - x2 * s;
+                    y[base + i + h] = x2 * c + x1 * s;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The log-prob epilogue over logits (n, V): (log p(target), log Z, entropy) per row.
+/// kernels/logprob.cu `logprob_fwd_f32`.
+pub fn logprob_fwd(logits: &[f32], targets: &[u32], v: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let n = targets.len();
+    let (mut logp, mut lse, mut ent) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    for (r, row) in logits.chunks(v).enumerate() {
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (s, t) = row.iter().fold((0f32, 0f32), |(s, t), &x| {
+            let e = (x - m).exp();
+            (s + e, t + e * x)
+        });
+        let z = m + s.ln();
+        lse[r] = z;
+        logp[r] = row[targets[r] as usize] - z;
+        ent[r] = z - t / s;
+    }
+    (logp, lse, ent)
+}
+
+/// The epilogue's backward: g · (onehot(target) − softmax) per row (the kernel writes it over
+/// the logits). kernels/logprob.cu `logprob_bwd_f32`.
+pub fn logprob_bwd(logits: &[f32], targets: &[u32], lse: &[f32], g: &[f32], v: usize) -> Vec<f32> {
+    let mut out = vec![0f32; logits.len()];
+    for (r, (row, o)) in logits.chunks(v).zip(out.chunks_mut(v)).enumerate() {
+        for (i, (x, y)) in row.iter().zip(o.iter_mut()).enumerate() {
+            let onehot = if i == targets[r] as usize { 1.0 } else { 0.0 };
+            *y = g[r] * (onehot - (x - lse[r]).exp());
+        }
+    }
+    out
+}
+
+/// Writes new (B, Hkv, D) into slot `slot` of a (B, Hkv, C, D) cache. kernels/kv_cache.cu
+/// `kv_write_*`.
+pub fn kv_write(src: &[f32], cache: &mut [f32], dims: [usize; 3], cap: usize, slot: usize) {
+    let [b, hkv, d] = dims;
+    for bh in 0..b * hkv {
+        cache[(bh * cap + slot) * d..(bh * cap + slot + 1) * d]
+            .copy_from_slice(&src[bh * d..(bh + 1) * d]);
+    }
+}
+
+/// Single-query attention over the first `len` slots of a (B, Hkv, C, D) cache, skipping slots
+/// whose `valid` (B, C) flag is 0; q (B, Hq, D) -> (B, Hq, D); a row with no valid slot gives 0.
+/// kernels/kv_cache.cu `decode_attention_*`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    valid: &[u8],
+    heads: [usize; 2],
+    cap: usize,
+    len: usize,
+    d: usize,
+) -> Vec<f32> {
+    let [hq, hkv] = heads;
+    let b = q.len() / (hq * d);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![0f32; q.len()];
+    for bi in 0..b {
+        for h in 0..hq {
+            let g = h / (hq / hkv);
+            let qr = &q[(bi * hq + h) * d..(bi * hq + h + 1) * d];
+            let slot = |t: usize| ((bi * hkv + g) * cap + t) * d;
+            let scores: Vec<(usize, f32)> = (0..len)
+                .filter(|&t| valid[bi * cap + t] != 0)
+                .map(|t| {
+                    let kr = &k[slot(t)..slot(t) + d];
+                    (t, qr.iter().zip(kr).map(|(a, b)| a * scale * b).sum())
+                })
+                .collect();
+            let m = scores.iter().map(|s| s.1).fold(f32::NEG_INFINITY, f32::max);
+            let z: f32 = scores.iter().map(|s| (s.1 - m).exp()).sum();
+            let o = &mut out[(bi * hq + h) * d..(bi * hq + h + 1) * d];
+            for &(t, s) in &scores {
+                let p = (s - m).exp() / z;
+                for (oi, vi) in o.iter_mut().zip(&v[slot(t)..slot(t) + d]) {
+                    *oi += p * vi;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops;
+    use candle_core::{DType, Device, Tensor, Var};
+
+    fn vals(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 50.0 - 1.0)
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        let d = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(d < tol, "{what}: max diff {d}");
+    }
+
+    fn flat(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().expect("f").to_vec1::<f32>().expect("v")
+    }
+
+    #[test]
+    fn rmsnorm_matches_the_composite_op_and_its_gradient() {
+        let (rows, cols) = (5, 24);
+        let dev = Device::Cpu;
+        let x = Var::from_vec(vals(rows * cols, 1), (rows, cols), &dev).expect("x");
+        let w = Var::from_vec(vals(cols, 2), cols, &dev).expect("w");
+        let dy = vals(rows * cols, 3);
+        let y = ops::rms_norm(&x, &w, 1e-6).expect("y");
+        let loss = (&y * Tensor::from_vec(dy.clone(), (rows, cols), &dev).expect("g"))
+            .expect("m")
+            .sum_all()
+            .expect("s");
+        let grads = loss.backward().expect("bwd");
+        let (yr, rstd) = rmsnorm_fwd(&flat(&x), &flat(&w), cols, 1e-6);
+        close(&yr, &flat(&y), 1e-5, "rmsnorm y");
+        let (dx, dw) = rmsnorm_bwd(&flat(&x), &flat(&w), &rstd, &dy, cols);
+        close(&dx, &flat(grads.get(&x).expect("dx")), 1e-5, "rmsnorm dx");
+        close(&dw, &flat(grads.get(&w).expect("dw")), 1e-5, "rmsnorm dw");
+    }
+
+    #[test]
+    fn rope_matches_the_composite_op_and_its_gradient() {
+        let (b, h, t, d) = (2, 3, 4, 8);
+        let dev = Device::Cpu;
+        let x = Var::from_vec(vals(b * h * t * d, 4), (b, h, t, d), &dev).expect("x");
+        let pos = Tensor::from_vec(vec![0u32, 1, 2, 3, 5, 6, 7, 9], (b, t), &dev).expect("p");
+        let (c, s) = ops::rope_tables(&pos, d, 1e4, DType::F32).expect("tables");
+        let y = ops::rope(&x, &c, &s).expect("rope");
+        let dy = vals(b * h * t * d, 5);
+        let loss = (&y * Tensor::from_vec(dy.clone(), (b, h, t, d), &dev).expect("g"))
+            .expect("m")
+            .sum_all()
+            .expect("s");
+        let grads = loss.backward().expect("bwd");
+        let dims = [b, h, t, d];
+        close(
+            &rope(&flat(&x), &flat(&c), &flat(&s), dims, false),
+            &flat(&y),
+            1e-6,
+            "rope y",
+        );
+        let dx = rope(&dy, &flat(&c), &flat(&s), dims, true);
+        close(&dx, &flat(grads.get(&x).expect("dx")), 1e-6, "rope dx");
+    }
+
+    #[test]
+    fn logprob_epilogue_matches_the_naive_path_and_its_gradient() {
+        let (n, v) = (4, 50);
+        let dev = Device::Cpu;
+        let logits = Var::from_vec(
+            vals(n * v, 6).iter().map(|x| 4.0 * x).collect::<Vec<_>>(),
+            (n, v),
+            &dev,
+        )
+        .expect("l");
+        let targets = vec![3u32, 49, 0, 17];
+        let tg = Tensor::from_vec(targets.clone(), n, &dev).expect("t");
+        let lsm = candle_nn::ops::log_softmax(&logits, 1).expect("lsm");
+        let naive = lsm
+            .gather(&tg.unsqueeze(1).expect("u"), 1)
+            .expect("g")
+            .squeeze(1)
+            .expect("s");
+        let g = vec![1.0f32, -0.5, 2.0, 0.25];
+        let loss = (&naive * Tensor::from_vec(g.clone(), n, &dev).expect("g"))
+            .expect("m")
+            .sum_all()
+            .expect("s");
+        let grads = loss.backward().expect("bwd");
+        let (logp, lse, ent) = logprob_fwd(&flat(&logits), &targets, v);
+        close(&logp, &flat(&naive), 1e-5, "logp");
+        let p = lsm.exp().expect("p");
+        let h = (&p * &lsm).expect("m").sum(1).expect("s").neg().expect("n");
+        close(&ent, &flat(&h), 1e-5, "entropy");
+        let d = logprob_bwd(&flat(&logits), &targets, &lse, &g, v);
+        close(&d, &flat(grads.get(&logits).expect("dl")), 1e-5, "dlogits");
+    }
+
+    #[test]
+    fn decode_attention_over_a_written_cache_matches_gqa_attention() {
+        let (b, hq, hkv, cap, d, len) = (2, 4, 2, 6, 8, 5);
+        let dev = Device::Cpu;
+        let mut kc = vec![0f32; b * hkv * cap * d];
+        let mut vc = vec![0f32; b * hkv * cap * d];
+        for slot in 0..len {
+            kv_write(
+                &vals(b * hkv * d, 10 + slot),
+                &mut kc,
+                [b, hkv, d],
+                cap,
+                slot,
+            );
+            kv_write(
+                &vals(b * hkv * d, 20 + slot),
+                &mut vc,
+                [b, hkv, d],
+                cap,
+                slot,
+            );
+        }
+        // Row 0 left-padded by one slot; row 1 has all five.
+        let mut valid = vec![0u8; b * cap];
+        for t in 0..len {
+            valid[t] = u8::from(t >= 1);
+            valid[cap + t] = 1;
+        }
+        let q = vals(b * hq * d, 7);
+        let out = decode_attention(&q, &kc, &vc, &valid, [hq, hkv], cap, len, d);
+        let allowed: Vec<u8> = (0..b)
+            .flat_map(|r| valid[r * cap..r * cap + len].to_vec())
+            .collect();
+        let bias = ops::attention_bias(&allowed, b, 1, len, DType::F32, &dev).expect("bias");
+        let t = |x: &[f32], s: (usize, usize, usize, usize)| Tensor::from_vec(x.to_vec(), s, &dev);
+        let kt = t(&kc, (b, hkv, cap, d))
+            .expect("k")
+            .narrow(2, 0, len)
+            .expect("n");
+        let vt = t(&vc, (b, hkv, cap, d))
+            .expect("v")
+            .narrow(2, 0, len)
+            .expect("n");
+        let reference =
+            ops::gqa_attention(&t(&q, (b, hq, 1, d)).expect("q"), &kt, &vt, &bias).expect("attn");
+        close(&out, &flat(&reference), 1e-5, "decode attention");
+    }
+}

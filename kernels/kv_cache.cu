@@ -1,0 +1,108 @@
+// KV-cache write at a slot and single-query decode attention over the cache, for the rollout
+// sampler's decode step. The cache is (B, Hkv, C, D) per layer; every row writes the same slot
+// (terse's cache advances all rows together) and `valid` (B, C) u8 says which slots of a row
+// hold real tokens (left padding, finished or injected rows). Grouped KV heads are read in
+// place (query head hq uses KV head hq / (Hq / Hkv), HF's repeat_kv order), never repeated.
+// CPU reference: terse_model::kernels::kv_cache.
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+    return __float2bfloat16(x);
+}
+
+// new (B, Hkv, D) -> cache[:, :, slot, :]. One thread per element.
+template <typename T>
+__device__ void kv_write(const T* src, T* cache, int b, int hkv, int cap, int d, int slot) {
+    size_t n = (size_t)b * hkv * d;
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    size_t i = k % d, bh = k / d;
+    cache[(bh * cap + slot) * d + i] = src[k];
+}
+
+// q (B, Hq, D), k/v cache (B, Hkv, C, D), valid (B, C), first `len` slots -> out (B, Hq, D).
+// One block of 32 * WARPS threads per (b, hq): each warp walks a strided subset of the slots
+// with an online softmax (running max and sum, f32), then the warps' partial states merge.
+// D <= 256 (Qwen3 uses 128): each lane keeps D / 32 output accumulators.
+#define WARPS 4
+#define MAXD 256
+template <typename T>
+__device__ void decode_attention(const T* q, const T* kc, const T* vc, const uint8_t* valid,
+                                 T* out, int hq, int hkv, int cap, int len, int d, float scale) {
+    int b = blockIdx.x / hq, h = blockIdx.x % hq, g = h / (hq / hkv);
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const T* qr = q + ((size_t)b * hq + h) * d;
+    const T* kb = kc + ((size_t)b * hkv + g) * cap * d;
+    const T* vb = vc + ((size_t)b * hkv + g) * cap * d;
+    const int per = MAXD / 32;
+    float acc[per];
+    float qv[per];
+    for (int j = 0; j < per; j++) {
+        int i = lane + 32 * j;
+        acc[j] = 0.f;
+        qv[j] = i < d ? to_f(qr[i]) * scale : 0.f;
+    }
+    float m = -INFINITY, s = 0.f;
+    for (int t = w; t < len; t += WARPS) {
+        if (!valid[(size_t)b * cap + t]) continue;
+        float dot = 0.f;
+        for (int j = 0; j < per; j++) {
+            int i = lane + 32 * j;
+            if (i < d) dot += qv[j] * to_f(kb[(size_t)t * d + i]);
+        }
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
+        float mn = fmaxf(m, dot);
+        float corr = __expf(m - mn), p = __expf(dot - mn);
+        s = s * corr + p;
+        for (int j = 0; j < per; j++) {
+            int i = lane + 32 * j;
+            if (i < d) acc[j] = acc[j] * corr + p * to_f(vb[(size_t)t * d + i]);
+        }
+        m = mn;
+    }
+    // Merge the warps' (m, s, acc) states.
+    __shared__ float sm[WARPS], ss[WARPS], sacc[WARPS][MAXD];
+    if (lane == 0) { sm[w] = m; ss[w] = s; }
+    for (int j = 0; j < per; j++) {
+        int i = lane + 32 * j;
+        if (i < d) sacc[w][i] = acc[j];
+    }
+    __syncthreads();
+    if (w == 0) {
+        float M = -INFINITY;
+        for (int k = 0; k < WARPS; k++) M = fmaxf(M, sm[k]);
+        float S = 0.f;
+        for (int k = 0; k < WARPS; k++) S += sm[k] == -INFINITY ? 0.f : ss[k] * __expf(sm[k] - M);
+        T* orow = out + ((size_t)b * hq + h) * d;
+        for (int j = 0; j < per; j++) {
+            int i = lane + 32 * j;
+            if (i >= d) continue;
+            float o = 0.f;
+            for (int k = 0; k < WARPS; k++)
+                if (sm[k] != -INFINITY) o += sacc[k][i] * __expf(sm[k] - M);
+            // A row with no valid slot (a pad row) gets zeros, like a fully masked softmax.
+            orow[i] = from_f<T>(S > 0.f ? o / S : 0.f);
+        }
+    }
+}
+
+#define INSTANTIATE(T, S)                                                                      \
+    extern "C" __global__ void kv_write_##S(const T* src, T* cache, int b, int hkv, int cap,  \
+                                            int d, int slot) {                                \
+        kv_write<T>(src, cache, b, hkv, cap, d, slot);                                        \
+    }                                                                                          \
+    extern "C" __global__ void decode_attention_##S(const T* q, const T* kc, const T* vc,     \
+                                                    const uint8_t* valid, T* out, int hq,     \
+                                                    int hkv, int cap, int len, int d,         \
+                                                    float scale) {                            \
+        decode_attention<T>(q, kc, vc, valid, out, hq, hkv, cap, len, d, scale);              \
+    }
+
+INSTANTIATE(float, f32)
+INSTANTIATE(__nv_bfloat16, bf16)

@@ -1,0 +1,151 @@
+//! configs/papers/*.toml against the papers: each file parses and validates, and its
+//! hyperparameters equal the values the papers state (source in each comment; spec §2.5, §3.1,
+//! §4.1, §5.1). Model and data paths point into models/ and data/.
+
+use std::path::PathBuf;
+use terse_reward::{Advantage, Method};
+use terse_train::config::{KlEstimator, LossAgg};
+use terse_train::RunConfig;
+
+fn load(name: &str) -> RunConfig {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs/papers")
+        .join(name);
+    let c = RunConfig::from_file(&p).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    assert!(
+        c.model.path.starts_with("models"),
+        "{name}: model path {:?}",
+        c.model.path
+    );
+    let train = c.data.train.as_ref().expect("a training dataset");
+    assert!(train.starts_with("data"), "{name}: data path {train:?}");
+    assert_eq!(
+        (c.model.init.as_str(), c.sft.steps),
+        ("checkpoint", 0),
+        "{name}"
+    );
+    c
+}
+
+/// (B prompts, G, max response, temperature, lr, KL β)
+fn check_grpo(name: &str, c: &RunConfig, expect: (usize, usize, usize, f64, f64, f64)) {
+    let g = &c.grpo;
+    let got = (
+        g.prompts_per_step,
+        g.group_size,
+        g.max_new_tokens,
+        g.sampling.temperature,
+        g.schedule.peak_lr,
+        g.kl_coef,
+    );
+    assert_eq!(got, expect, "{name}: (B, G, max len, temperature, lr, KL)");
+}
+
+#[test]
+fn short_rl_configs_match_table_3() {
+    // Short-RL Table 3, "Logic-RL": lr 1e-6, batch 8, rollout_n 8, temperature 0.7, KL 0.001,
+    // 3 epochs, max response 4096, reinforce++, τ_ℓ 200, τ_acc 0.05.
+    let c = load("short_rl_logic_rl.toml");
+    check_grpo("logic-rl", &c, (8, 8, 4096, 0.7, 1e-6, 0.001));
+    assert_eq!(c.grpo.data_epochs, Some(3.0));
+    assert!(matches!(c.advantage, Advantage::ReinforcePp { .. }));
+    assert_eq!(c.data.task, "kk");
+    match &c.reward.shaper {
+        Method::ShortRl(s) => {
+            assert_eq!((s.tau_len, s.tau_acc), (200.0, 0.05));
+            assert!(s.correct_only && s.nucleus && s.acc_gate);
+        }
+        m => panic!("logic-rl: {m:?}"),
+    }
+    // "DeepScaleR": lr 1e-6, batch 128, mini-batch 64, rollout_n 8, temperature 0.6, KL 0.001,
+    // 3 epochs, max response 8192, grpo, τ_ℓ 100, τ_acc 0.05; Short-RL's 3 / -0.5 / -3 reward.
+    let c = load("short_rl_deepscaler.toml");
+    check_grpo("deepscaler", &c, (128, 8, 8192, 0.6, 1e-6, 0.001));
+    assert_eq!(
+        (c.grpo.data_epochs, c.grpo.mini_batch_prompts),
+        (Some(3.0), Some(64))
+    );
+    assert!(matches!(c.advantage, Advantage::Grpo { std: true, .. }));
+    assert_eq!(
+        (c.data.task.as_str(), c.data.math_scorer.as_str()),
+        ("math", "short_rl")
+    );
+    match &c.reward.shaper {
+        Method::ShortRl(s) => assert_eq!((s.tau_len, s.tau_acc), (100.0, 0.05)),
+        m => panic!("deepscaler: {m:?}"),
+    }
+}
+
+#[test]
+fn grpo_lambda_config_matches_the_paper() {
+    // GRPO-λ §4.1: Qwen3-8B, DeepMath-103K (2-6 of 8 correct), lr 1e-6, 16 samples per query,
+    // generation and training batch 128 x 16, α = 0.2, λ = 20 %; 0/1 outcome reward.
+    let c = load("grpo_lambda_qwen3_8b.toml");
+    check_grpo(
+        "grpo-λ",
+        &c,
+        (128, 16, c.grpo.max_new_tokens, 1.0, 1e-6, 0.0),
+    );
+    assert_eq!(
+        c.grpo.mini_batch_prompts, None,
+        "one update per 128 x 16 batch"
+    );
+    assert!(c.model.path.ends_with("Qwen3-8B"));
+    assert_eq!(c.data.math_scorer, "boxed");
+    match &c.reward.shaper {
+        Method::GrpoLambda(s) => assert_eq!((s.lambda, s.alpha), (0.2, 0.2)),
+        m => panic!("grpo-λ: {m:?}"),
+    }
+}
+
+#[test]
+fn care_config_matches_table_8() {
+    // CARE App. A.4 / Table 8: GRPO, temperature 1.0 (top-p 1.0), 256 questions x 16, one update
+    // per 256 responses, clip 0.2, max response 6144, lr 1e-6, KL β 0.001; L_max = 6144;
+    // per-sequence token mean.
+    let c = load("care_qwen3_4b.toml");
+    check_grpo("care", &c, (256, 16, 6144, 1.0, 1e-6, 0.001));
+    assert_eq!(c.grpo.sampling.top_p, 1.0);
+    assert_eq!(
+        c.grpo.mini_batch_prompts.map(|p| p * c.grpo.group_size),
+        Some(256)
+    );
+    assert_eq!((c.grpo.clip_low, c.grpo.clip_high), (0.2, 0.2));
+    assert_eq!(c.grpo.loss_agg, LossAgg::SeqMeanTokenMean);
+    assert!(c.model.path.ends_with("Qwen3-4B"));
+    match &c.reward.shaper {
+        Method::Care(s) => {
+            assert_eq!(
+                (s.l_max, s.coef, s.magnitude, s.fixed_direction),
+                (6144, 1.0, false, None)
+            )
+        }
+        m => panic!("care: {m:?}"),
+    }
+}
+
+#[test]
+fn step_grpo_config_matches_section_4_1() {
+    // Step-GRPO §4.1: α 0.1, β 0.5, G 5, δ 0.95, global batch 512, constant lr 1e-6,
+    // β_KL 0.01, max generation 16,384, triggers "Wait" and "Alternatively"; EasyR1 defaults
+    // (top-p 0.99, low_var_kl, 0.9·acc + 0.1·format).
+    let c = load("step_grpo_qwen3_8b.toml");
+    check_grpo("step-grpo", &c, (512, 5, 16384, 1.0, 1e-6, 0.01));
+    assert_eq!(c.grpo.sampling.top_p, 0.99);
+    assert_eq!(c.grpo.kl_estimator, KlEstimator::K3);
+    assert_eq!(c.data.math_scorer, "easyr1");
+    assert!(c.model.path.ends_with("Qwen3-8B"));
+    let se = c
+        .grpo
+        .step_exit
+        .as_ref()
+        .expect("dynamic truncated rollout");
+    assert_eq!(se.delta, 0.95);
+    assert_eq!(se.triggers, ["Wait", "Alternatively"]);
+    assert_eq!(c.grpo.step_triggers, ["Wait", "Alternatively"]);
+    assert!(se.induction.ends_with("\\boxed{") && se.include_trigger_on_exit);
+    match &c.reward.shaper {
+        Method::StepGrpo(s) => assert_eq!((s.alpha, s.beta, s.step_reward), (0.1, 0.5, true)),
+        m => panic!("step-grpo: {m:?}"),
+    }
+}
