@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use terse_train::metrics::read_phase;
 use terse_train::plot::{line_chart, Series};
 
+/// pass@1 by level, the mean over levels, and eval tokens.
+type Eval = (Vec<(usize, f64)>, f64, f64);
+
 /// What one run contributes to the table.
 struct RunResult {
     /// Final evaluation pass@1 by level, and its mean over levels.
@@ -17,7 +20,7 @@ struct RunResult {
     acc: f64,
     eval_tokens: f64,
     /// The SFT start's evaluation (step 0), for the first row.
-    start: Option<(Vec<(usize, f64)>, f64, f64)>,
+    start: Option<Eval>,
     /// Rollout length per step: averaged over steps, and at the last step.
     len_avg: f64,
     len_last: f64,
