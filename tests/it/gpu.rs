@@ -12,6 +12,9 @@ fn cuda_kernels_match_their_cpu_references() {
     for (name, d, tol) in &checks {
         println!("{name}: max diff {d:.2e} (tolerance {tol:.0e})");
     }
-    let bad: Vec<_> = checks.iter().filter(|(_, d, tol)| d.is_nan() || d > tol).collect();
+    let bad: Vec<_> = checks
+        .iter()
+        .filter(|(_, d, tol)| d.is_nan() || d > tol)
+        .collect();
     assert!(bad.is_empty(), "kernels off their references: {bad:?}");
 }

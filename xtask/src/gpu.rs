@@ -8,11 +8,15 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-/// The toolchain's environment: runs the setup script (idempotent) and parses its exports.
+/// The toolchain's environment: runs the setup script (idempotent), lets bash evaluate its
+/// exports, and returns the variables that changed.
 fn toolchain_env(dir: &Path) -> Result<Vec<(String, String)>> {
+    let script = format!(
+        "set -e; exports=\"$(bash scripts/cuda-toolchain.sh '{}')\"; eval \"$exports\"; env -0",
+        dir.display()
+    );
     let out = Command::new("bash")
-        .arg("scripts/cuda-toolchain.sh")
-        .arg(dir)
+        .args(["-c", &script])
         .output()
         .context("running scripts/cuda-toolchain.sh (run from the repository root)")?;
     if !out.status.success() {
@@ -25,10 +29,11 @@ fn toolchain_env(dir: &Path) -> Result<Vec<(String, String)>> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("export "))
+        .split('\0')
         .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+        .filter(|(k, _)| k.starts_with("CUDA") || *k == "PATH")
+        .filter(|(k, v)| std::env::var(k).ok().as_deref() != Some(*v))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect())
 }
 
@@ -59,7 +64,17 @@ pub fn build_gpu(dir: Option<PathBuf>) -> Result<ExitCode> {
     if !status.success() {
         bail!("cargo build --features cuda failed ({status})");
     }
-    let bin = target.join("release/xtask");
+    // Strip a copy (the symbols are most of the size), then compress it.
+    let built = target.join("release/xtask");
+    let bin = target.join("xtask");
+    std::fs::copy(&built, &bin).with_context(|| format!("copying {}", built.display()))?;
+    let status = Command::new("strip")
+        .arg(&bin)
+        .status()
+        .context("running strip")?;
+    if !status.success() {
+        bail!("strip {} failed ({status})", bin.display());
+    }
     let xz = target.join("xtask.xz");
     let out = std::fs::File::create(&xz).with_context(|| format!("creating {}", xz.display()))?;
     let status = Command::new("xz")

@@ -51,7 +51,7 @@ enum Cmd {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
-    /// Build a stripped release xtask with `cuda` on (target/gpu/release/xtask) and its xz
+    /// Build a release xtask with `cuda` on, stripped (target/gpu/xtask) and compressed
     /// (target/gpu/xtask.xz) to copy to a GPU machine; needs no GPU.
     BuildGpu {
         #[arg(long)]

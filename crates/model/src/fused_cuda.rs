@@ -2,6 +2,8 @@
 //! build.rs compiled from kernels/*.cu, loaded once per device by candle's module cache. Inputs
 //! must be contiguous; f32 everywhere, bf16 for the storage-typed kernels.
 
+#![allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
+
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
