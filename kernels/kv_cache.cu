@@ -4,17 +4,8 @@
 // hold real tokens (left padding, finished or injected rows). Grouped KV heads are read in
 // place (query head hq uses KV head hq / (Hq / Hkv), HF's repeat_kv order), never repeated.
 // CPU reference: terse_model::kernels::kv_cache.
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "common.cuh"
 #include <math.h>
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-    return __float2bfloat16(x);
-}
 
 // new (B, Hkv, D) -> cache[:, :, slot, :]. One thread per element.
 template <typename T>

@@ -3,18 +3,9 @@
 //
 // Layout: x, y, dy, dx (rows, cols) contiguous; w (cols); rstd (rows) f32 saved by the forward
 // for the backward; dw (cols) f32, accumulated across rows with atomicAdd (zero it first).
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "common.cuh"
 
 #define BLOCK 256
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-    return __float2bfloat16(x);
-}
 
 // Sum over the block; every thread gets the result.
 __device__ float block_sum(float v) {

@@ -122,12 +122,14 @@ pub fn run(a: &Args) -> Result<ExitCode> {
 
     let md = crate::summary::write(&root, seeds, a.quick, &a.out)?;
     println!("wrote {}", md.display());
-    println!(
-        "{} runs in {:.1} min ({} at a time, one thread each)",
-        jobs.len(),
-        elapsed / 60.0,
-        a.jobs
-    );
+    if !a.report_only {
+        println!(
+            "{} runs in {:.1} min ({} at a time, one thread each)",
+            jobs.len(),
+            elapsed / 60.0,
+            a.jobs
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

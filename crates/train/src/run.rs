@@ -246,7 +246,7 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             "early_exit": samples.iter().filter(|s| s.finish == Finish::EarlyExit).count() as f64 / n,
             "rounds": c.rounds,
             "dropped_groups": c.dropped,
-            "time": {"rollout_s": t_rollout, "score_s": t_score, "update_s": t_update, "tokens_per_s": tokens as f64 / (t_rollout + t_update)},
+            "time": {"rollout_s": t_rollout, "score_s": t_score, "logprob_s": up.logprob_s, "update_s": t_update - up.logprob_s, "tokens_per_s": tokens as f64 / (t_rollout + t_update)},
         });
         for (k, v) in &shaped.diagnostics {
             line[k] = json!(v);

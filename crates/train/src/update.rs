@@ -20,6 +20,8 @@ pub struct UpdateStats {
     pub loss: f64,
     pub grad_norm: f64,
     pub updates: usize,
+    /// Seconds spent on the reference model's log-probs (0 without a KL term).
+    pub logprob_s: f64,
     /// Mean |sampler − trainer| log-prob per token, from the first update only (before the
     /// policy changes; later mini-batches see an updated policy).
     pub logp_gap: f64,
@@ -62,18 +64,20 @@ pub fn policy_update(
     step: u64,
     run_dir: &Path,
 ) -> Result<UpdateStats> {
+    let mut out = UpdateStats::default();
     if let Some(r) = reference {
+        let t0 = std::time::Instant::now();
         let ref_lp = logprobs(r, &seqs, g.micro_batch_tokens)?;
         for (s, lp) in seqs.iter_mut().zip(ref_lp) {
             s.ref_logp = Some(lp);
         }
+        out.logprob_s = t0.elapsed().as_secs_f64();
     }
     let ppo = PpoParams::from(g);
     let per_mb = g
         .mini_batch_prompts
         .unwrap_or(usize::MAX)
         .saturating_mul(g.group_size);
-    let mut out = UpdateStats::default();
     for _ in 0..g.epochs {
         for mb in seqs.chunks_mut(per_mb.max(1)) {
             let lens: Vec<usize> = mb.iter().map(Seq::loss_tokens).collect();
