@@ -66,7 +66,7 @@ pub fn collect(
         dropped: 0,
         generated_tokens: 0,
     };
-    let mut last_round = None;
+    let mut last_round = vec![];
     while out.rounds < max_rounds && out.groups.len() < g.prompts_per_step {
         let need = g.prompts_per_step - out.groups.len();
         let items: Vec<Item> = (cursor..cursor + need as u64)
@@ -95,11 +95,9 @@ pub fn collect(
         out.generated_tokens += samples.iter().map(|s| s.tokens.len()).sum::<usize>();
         out.rounds += 1;
         let mut round = vec![];
-        for ((p, it), group) in prompts
-            .into_iter()
-            .zip(&items)
-            .zip(samples.chunks(g.group_size))
-        {
+        let mut samples = samples.into_iter();
+        for (p, it) in prompts.into_iter().zip(&items) {
+            let group: Vec<Sample> = samples.by_ref().take(g.group_size).collect();
             let stats = group
                 .iter()
                 .map(|s| {
@@ -116,10 +114,12 @@ pub fn collect(
                     }
                 })
                 .collect();
-            round.push((Group::new(p.id, stats), p, group.to_vec()));
+            round.push((Group::new(p.id, stats), p, group));
         }
         let keep_all = g.dynamic_sampling.is_none();
-        for (group, p, s) in round.clone() {
+        // Only the last round's dropped groups can be needed again (see below).
+        last_round.clear();
+        for (group, p, s) in round {
             let informative = group
                 .samples
                 .iter()
@@ -130,14 +130,14 @@ pub fn collect(
                 out.samples.extend(s);
             } else {
                 out.dropped += 1;
+                last_round.push((group, p, s));
             }
         }
-        last_round = Some(round);
     }
     // Nothing informative within the cap: train on the last round (its advantages are zero,
     // so only the KL term acts), rather than skipping the step and desynchronising schedules.
     if out.groups.is_empty() {
-        for (group, p, s) in last_round.unwrap_or_default() {
+        for (group, p, s) in last_round {
             out.groups.push(group);
             out.prompts.push(p);
             out.samples.extend(s);
