@@ -20,10 +20,19 @@ pub const SFT: u64 = 1;
 pub const TRAIN: u64 = 2;
 pub const EVAL: u64 = 3;
 
+/// The level of item `index` of a generated stream: round-robin over `levels`.
+pub fn level_at(levels: &[usize], index: u64) -> usize {
+    levels[(index % levels.len() as u64) as usize]
+}
+
+/// The key of held-out evaluation item `j` of `level` (a stream no training step draws from).
+pub fn eval_index(level: usize, j: u64) -> u64 {
+    (level as u64) << 32 | j
+}
+
 /// Problem `index` of a stream, its level drawn round-robin from `levels`.
 pub fn problem(seed: u64, stream: u64, index: u64, levels: &[usize]) -> Problem {
-    let level = levels[(index % levels.len() as u64) as usize];
-    Problem::generate(level, mix(seed, stream, index))
+    Problem::generate(level_at(levels, index), mix(seed, stream, index))
 }
 
 /// The SFT example `index`: a problem and its teacher trace.
@@ -37,9 +46,4 @@ pub fn sft_example(
     let mut rng = ChaCha8Rng::seed_from_u64(mix(seed, SFT + 100, index));
     let (trace, _) = teacher.trace(&p, &mut rng);
     (p, trace)
-}
-
-/// Held-out evaluation problem `j` of `level` (a stream no training step draws from).
-pub fn eval_problem(seed: u64, level: usize, j: u64) -> Problem {
-    Problem::generate(level, mix(seed, EVAL, (level as u64) << 32 | j))
 }

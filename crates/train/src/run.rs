@@ -55,6 +55,21 @@ pub fn encode(tok: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
         .to_vec())
 }
 
+/// The configured starting model: `model.init = "random"` draws it from the run seed (the
+/// testbed), `"checkpoint"` loads `model.path`.
+pub(crate) fn init_model(
+    cfg: &RunConfig,
+    dev: &candle_core::Device,
+    dtype: candle_core::DType,
+) -> Result<Qwen3> {
+    Ok(if cfg.model.init == "random" {
+        let config = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?;
+        Qwen3::random(config, data::mix(cfg.run.seed, 0, 0), dev, dtype)?
+    } else {
+        Qwen3::load(&cfg.model.path, dev, dtype)?
+    })
+}
+
 /// Runs (or resumes) the whole configured run with the built-in shaper.
 pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
     let mut shaper = BuiltinShaper {
@@ -108,15 +123,7 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
                 .with_context(|| format!("reading {}", ckpt.display()))?;
             (m, state.step, Some(bytes))
         }
-        None => {
-            let config = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?;
-            let m = if cfg.model.init == "random" {
-                Qwen3::random(config, data::mix(cfg.run.seed, 0, 0), &dev, dtype)?
-            } else {
-                Qwen3::load(&cfg.model.path, &dev, dtype)?
-            };
-            (m, 0, None)
-        }
+        None => (init_model(cfg, &dev, dtype)?, 0, None),
     };
     let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"), start)?;
 

@@ -8,7 +8,7 @@ use crate::config::RunConfig;
 use crate::data;
 use crate::loss::agg_weights;
 use crate::metrics::MetricsWriter;
-use crate::run::{encode, load_tokenizer};
+use crate::run::{encode, init_model, load_tokenizer};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::path::PathBuf;
@@ -29,12 +29,7 @@ pub fn sft_only(cfg: &RunConfig) -> Result<PathBuf> {
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create run directory {}", dir.display()))?;
     let tok = load_tokenizer(&cfg.model.path)?;
-    let config = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?;
-    let model = if cfg.model.init == "random" {
-        Qwen3::random(config, data::mix(cfg.run.seed, 0, 0), &dev, dtype)?
-    } else {
-        Qwen3::load(&cfg.model.path, &dev, dtype)?
-    };
+    let model = init_model(cfg, &dev, dtype)?;
     let mut metrics = MetricsWriter::open(&dir.join("sft_metrics.jsonl"), 0)?;
     sft(cfg, &model, &tok, &mut metrics)?;
     save_model_dir(&dir.join("sft"), &model, &cfg.model.path, |_| Ok(()))

@@ -116,7 +116,7 @@ impl Task {
                 .iter()
                 .map(|&l| {
                     let items = (0..per_level as u64)
-                        .map(|j| self.generated_at(data::EVAL, (l as u64) << 32 | j, l))
+                        .map(|j| self.generated_at(data::EVAL, data::eval_index(l, j), l))
                         .collect::<Result<_>>()?;
                     Ok((l, items))
                 })
@@ -130,7 +130,7 @@ impl Task {
     }
 
     fn generated(&self, stream: u64, index: u64) -> Result<Item> {
-        let level = self.levels[(index % self.levels.len() as u64) as usize];
+        let level = data::level_at(&self.levels, index);
         self.generated_at(stream, index, level)
     }
 
