@@ -58,13 +58,17 @@ impl KvCache {
         self.capacity
     }
 
+    /// (B * capacity) slot validity, 1 = a real token.
+    pub(crate) fn valid(&self) -> &[u8] {
+        &self.valid
+    }
+
     pub(crate) fn layer(&self, l: usize) -> (&Tensor, &Tensor) {
         (&self.k[l], &self.v[l])
     }
 
-    /// Reserves `s` new slots, records their validity and returns the (B, S, len + S)
-    /// "may attend" table of the new queries: real earlier-or-same slots only.
-    pub(crate) fn append_slots(&mut self, valid: &[u8], b: usize, s: usize) -> Result<Vec<u8>> {
+    /// Reserves `s` new slots and records their validity (B * S flags, 1 = real token).
+    pub(crate) fn append_slots(&mut self, valid: &[u8], b: usize, s: usize) -> Result<()> {
         if b != self.b || valid.len() != b * s {
             crate::fail!(
                 "kv cache holds {} rows; got {b} rows with {} validity flags for {s} slots",
@@ -84,16 +88,23 @@ impl KvCache {
             self.valid[r * self.capacity + off..r * self.capacity + total]
                 .copy_from_slice(&valid[r * s..(r + 1) * s]);
         }
-        let mut allowed = vec![0u8; b * s * total];
-        for r in 0..b {
+        self.len = total;
+        Ok(())
+    }
+
+    /// The (B, S, len) "may attend" table of the last `s` slots' queries: real
+    /// earlier-or-same slots only.
+    pub(crate) fn allowed(&self, s: usize) -> Vec<u8> {
+        let (total, off) = (self.len, self.len - s);
+        let mut allowed = vec![0u8; self.b * s * total];
+        for r in 0..self.b {
             for i in 0..s {
                 for j in 0..=off + i {
                     allowed[(r * s + i) * total + j] = self.valid[r * self.capacity + j];
                 }
             }
         }
-        self.len = total;
-        Ok(allowed)
+        allowed
     }
 
     /// Keeps (and possibly repeats) the given rows, in that order: row i of the result is row

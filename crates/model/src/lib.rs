@@ -26,6 +26,8 @@ pub mod batch;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+mod decode_cpu;
+mod decode_rows;
 pub mod device;
 pub mod fused;
 #[cfg(feature = "cuda")]

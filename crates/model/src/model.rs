@@ -10,6 +10,8 @@ use crate::batch::Batch;
 use crate::cache::KvCache;
 use crate::checkpoint::{read_weights, write_checkpoint, SaveOptions};
 use crate::config::Config;
+use crate::decode_cpu;
+use crate::fused;
 use crate::logprob;
 use crate::ops::{attention_bias, gqa_attention, rms_norm, rope, rope_tables};
 use candle_core::{DType, Device, Result, Tensor, Var};
@@ -162,7 +164,8 @@ impl Qwen3 {
         x.reshape((b * t, i))?.matmul(&w.t()?)?.reshape((b, t, out))
     }
 
-    /// One decoder layer. `cache` = (layer cache k/v, slot offset) on the inference path.
+    /// One decoder layer. `cache` = (layer cache k/v, slot offset, slot validity (B * capacity),
+    /// use the fused one-slot ops) on the inference path.
     #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
@@ -171,7 +174,7 @@ impl Qwen3 {
         cos: &Tensor,
         sin: &Tensor,
         bias: &Tensor,
-        cache: Option<(&Tensor, &Tensor, usize)>,
+        cache: Option<(&Tensor, &Tensor, usize, &[u8], bool)>,
         train: bool,
     ) -> Result<Tensor> {
         let c = &self.config;
@@ -211,7 +214,19 @@ impl Qwen3 {
         let k = rope(&k, cos, sin)?.contiguous()?;
         let (k, v) = match cache {
             None => (k, v),
-            Some((ck, cv, off)) => {
+            Some((ck, cv, off, valid, true)) if t == 1 => {
+                // One new slot: write it in place and attend over the valid slots only, with
+                // no bias tensor and no (B, Hq, 1, S) score matrix.
+                fused::kv_write(ck, &k.squeeze(2)?, off)?;
+                fused::kv_write(cv, &v.squeeze(2)?, off)?;
+                let valid = valid.to_vec();
+                let attn = fused::decode_attention(&q.squeeze(2)?, ck, cv, valid, off + 1)?; // (B, Hq, hd)
+                let attn = attn.reshape((b, 1, hq * hd))?;
+                let x =
+                    (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
+                return self.mlp_block(&p, x, train);
+            }
+            Some((ck, cv, off, _, _)) => {
                 ck.slice_set(&k, 2, off)?;
                 cv.slice_set(&v, 2, off)?;
                 (ck.narrow(2, 0, off + t)?, cv.narrow(2, 0, off + t)?) // (B, Hkv, S, hd)
@@ -223,7 +238,12 @@ impl Qwen3 {
             .contiguous()?
             .reshape((b, t, hq * hd))?;
         let x = (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
+        self.mlp_block(&p, x, train)
+    }
 
+    /// The second half of a decoder layer: x + MLP(RMSNorm(x)).
+    fn mlp_block(&self, p: &str, x: Tensor, train: bool) -> Result<Tensor> {
+        let eps = self.config.rms_norm_eps;
         let h = rms_norm(
             &x,
             &self.w(&format!("{p}.post_attention_layernorm.weight"), train)?,
@@ -327,23 +347,64 @@ impl Qwen3 {
         positions: &Tensor,
         valid: &[u8],
     ) -> Result<Tensor> {
+        let path = if ids.dim(1)? != 1 {
+            DecodePath::Composite
+        } else if decode_cpu::supported(&self.device, self.compute_dtype) {
+            DecodePath::Cpu
+        } else if self.device.is_cuda() {
+            DecodePath::Kernels
+        } else {
+            DecodePath::Composite
+        };
+        self.forward_cached_with(path, cache, ids, positions, valid)
+    }
+
+    /// `forward_cached` along a chosen path (tests compare the paths on one device).
+    pub(crate) fn forward_cached_with(
+        &self,
+        path: DecodePath,
+        cache: &mut KvCache,
+        ids: &Tensor,
+        positions: &Tensor,
+        valid: &[u8],
+    ) -> Result<Tensor> {
         let c = &self.config;
         let dt = self.compute_dtype;
         let (b, s) = ids.dims2()?;
         let off = cache.len();
-        let allowed = cache.append_slots(valid, b, s)?;
-        let bias = attention_bias(&allowed, b, s, off + s, dt, &self.device)?;
+        cache.append_slots(valid, b, s)?;
+        if path == DecodePath::Cpu {
+            let ws = decode_cpu::weight_names(c, self.head_name())
+                .iter()
+                .map(|n| self.w(n, false))
+                .collect::<Result<Vec<_>>>()?;
+            let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+            let pos = positions.flatten_all()?.to_vec1::<u32>()?;
+            return decode_cpu::step(c, &ws, cache, &ids, &pos);
+        }
+        let bias = attention_bias(&cache.allowed(s), b, s, off + s, dt, &self.device)?;
         let (cos, sin) = rope_tables(positions, c.head_dim, c.rope_theta, dt)?;
         let mut x = self.embed(ids, false)?;
         for l in 0..c.num_hidden_layers {
             let (k, v) = cache.layer(l);
-            x = self.layer(l, &x, &cos, &sin, &bias, Some((k, v, off)), false)?;
+            let slots = Some((k, v, off, cache.valid(), path == DecodePath::Kernels));
+            x = self.layer(l, &x, &cos, &sin, &bias, slots, false)?;
         }
         let last = x.narrow(1, s - 1, 1)?.squeeze(1)?; // (B, H)
         let h = rms_norm(&last, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;
         h.matmul(&self.w(self.head_name(), false)?.t()?)?
             .to_dtype(crate::ops::accum_dtype(dt)) // (B, V)
     }
+}
+
+/// How `forward_cached` runs: candle's composite ops (prefill, any device), the fused custom
+/// ops of `fused` for a one-slot step (on CUDA: the kernels of kernels/*.cu), or the CPU decode
+/// step of `decode_cpu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DecodePath {
+    Composite,
+    Kernels,
+    Cpu,
 }
 
 /// Master weights stay in full precision whatever the compute dtype (bf16 moments and weights

@@ -1,0 +1,456 @@
+//! The CPU decode step: one new token per row through every layer, over raw f32 slices.
+//!
+//! Data flow: rollout's `generate` -> `Qwen3::forward_cached` (one slot, f32, CPU) -> here ->
+//! (B, V) logits. The composite candle forward spends a decode step of a small model in ~25
+//! allocating ops per layer, an attention bias over the whole cache and a (B, Hq, 1, S) score
+//! matrix; this path reads the weights in place, runs the seven projections as direct `gemm`
+//! calls, fuses norm / RoPE / SiLU into loops over scratch buffers, writes K/V into the cache
+//! slot in place and attends once over the valid slots with an online softmax, rows in
+//! parallel. Same math as `Qwen3::layer` (tested against it to float tolerance).
+#![allow(unsafe_code)] // one call into `gemm` with pointers derived from checked slices
+
+use crate::cache::KvCache;
+use crate::config::Config;
+use crate::decode_rows::{self as rows, simd_dispatch, CacheRow};
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
+use rayon::prelude::*;
+
+/// Work (multiply-adds) below which a matmul runs on the calling thread: waking the pool costs
+/// more than it saves.
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// Borrowed f32 weights of one model, in HF layout ((out, in) row-major).
+struct Weights<'a> {
+    guards: Vec<(StorageRef<'a>, &'a Layout)>,
+}
+
+impl<'a> Weights<'a> {
+    fn lock(tensors: &'a [Tensor]) -> Self {
+        Self {
+            guards: tensors.iter().map(|t| t.storage_and_layout()).collect(),
+        }
+    }
+
+    fn get(&self, i: usize) -> Result<&[f32]> {
+        let (s, l) = &self.guards[i];
+        match (&**s, l.contiguous_offsets()) {
+            (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Ok(&v[a..b]),
+            _ => crate::fail!("decode: weight {i} is not a contiguous f32 CPU tensor"),
+        }
+    }
+}
+
+/// out (m, n) = x (m, k) @ w^T for w (n, k) row-major.
+fn matmul_wt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, par: bool) {
+    assert!(x.len() == m * k && w.len() == n * k && out.len() == m * n);
+    let par = if par && m * n * k >= PAR_MIN_WORK {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the three slices hold exactly the (m, n), (m, k) and (n, k) elements the strides
+    // below address (asserted above), and `out` does not alias the inputs (&mut).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// Copies the new K or V rows (n, Hkv, D) of batch rows row0.. into slot `slot` of a
+/// (B, Hkv, C, D) cache, in place.
+struct WriteSlot<'a> {
+    src: &'a [f32],
+    row0: usize,
+    slot: usize,
+}
+
+impl InplaceOp1 for WriteSlot<'_> {
+    fn name(&self) -> &'static str {
+        "terse-decode-write-slot"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        let (b, hkv, cap, d) = l.shape().dims4()?;
+        let n = self.src.len() / (hkv * d);
+        match (s, l.is_contiguous() && l.start_offset() == 0) {
+            (CpuStorage::F32(c), true) if self.row0 + n <= b && self.slot < cap => {
+                for (i, src) in self.src.chunks_exact(d).enumerate() {
+                    let at = ((self.row0 * hkv + i) * cap + self.slot) * d;
+                    c[at..at + d].copy_from_slice(src);
+                }
+                Ok(())
+            }
+            _ => crate::fail!("decode: the KV cache must be a contiguous f32 CPU tensor"),
+        }
+    }
+}
+
+/// Weight order in the locked list: embedding, final norm, head, then 11 per layer.
+const PER_LAYER: [&str; 11] = [
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+];
+
+/// The HF names of the weights `step` reads, in the order it reads them.
+pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<String> {
+    let mut names = vec![
+        "model.embed_tokens.weight".to_string(),
+        "model.norm.weight".to_string(),
+        head.to_string(),
+    ];
+    for l in 0..c.num_hidden_layers {
+        names.extend(PER_LAYER.iter().map(|n| format!("model.layers.{l}.{n}")));
+    }
+    names
+}
+
+/// Dimensions of one decode step.
+struct Dims {
+    hs: usize,
+    hkv: usize,
+    d: usize,
+    qd: usize,
+    kvd: usize,
+    inter: usize,
+    vocab: usize,
+    eps: f32,
+}
+
+/// Rows [start, start + n) of the batch with their scratch: one unit of parallel work.
+struct Rows {
+    start: usize,
+    n: usize,
+    /// Residual stream (n, H).
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// Rotary tables (n, d/2).
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl Rows {
+    fn new(start: usize, n: usize, dm: &Dims) -> Self {
+        let z = |w: usize| vec![0f32; n * w];
+        Self {
+            start,
+            n,
+            x: z(dm.hs),
+            h: z(dm.hs),
+            q: z(dm.qd),
+            k: z(dm.kvd),
+            v: z(dm.kvd),
+            att: z(dm.qd),
+            o: z(dm.hs),
+            gate: z(dm.inter),
+            up: z(dm.inter),
+            cos: z(dm.d / 2),
+            sin: z(dm.d / 2),
+            scores: vec![],
+        }
+    }
+
+    /// Embedding rows and rotary tables (f32, as `ops::rope_tables` computes them).
+    fn embed(&mut self, embed: &[f32], ids: &[u32], pos: &[u32], theta: f64, dm: &Dims) {
+        let (hs, half) = (dm.hs, dm.d / 2);
+        for (r, row) in self.x.chunks_exact_mut(hs).enumerate() {
+            let id = ids[self.start + r] as usize;
+            row.copy_from_slice(&embed[id * hs..(id + 1) * hs]);
+            let p = pos[self.start + r] as f32;
+            for i in 0..half {
+                let inv = (1.0 / theta.powf((2 * i) as f64 / dm.d as f64)) as f32;
+                self.cos[r * half + i] = (p * inv).cos();
+                self.sin[r * half + i] = (p * inv).sin();
+            }
+        }
+    }
+}
+
+simd_dispatch!(
+    /// RMSNorm, the q/k/v projections, the q/k head norms and RoPE of one layer.
+    fn qkv(r: &mut Rows, lw: &[&[f32]], dm: &Dims, par: bool) => qkv_body
+);
+
+#[inline(always)]
+fn qkv_body(r: &mut Rows, lw: &[&[f32]], dm: &Dims, par: bool) {
+    let n = r.n;
+    r.h.copy_from_slice(&r.x);
+    rows::rms_norm_rows(&mut r.h, lw[0], dm.eps);
+    matmul_wt(&r.h, lw[1], &mut r.q, n, dm.hs, dm.qd, par); // (n, Hq*D)
+    matmul_wt(&r.h, lw[2], &mut r.k, n, dm.hs, dm.kvd, par); // (n, Hkv*D)
+    matmul_wt(&r.h, lw[3], &mut r.v, n, dm.hs, dm.kvd, par);
+    rows::rms_norm_rows(&mut r.q, lw[4], dm.eps);
+    rows::rms_norm_rows(&mut r.k, lw[5], dm.eps);
+    let half = dm.d / 2;
+    for i in 0..n {
+        let (c, s) = (&r.cos[i * half..][..half], &r.sin[i * half..][..half]);
+        rows::rope_row(&mut r.q[i * dm.qd..][..dm.qd], c, s);
+        rows::rope_row(&mut r.k[i * dm.kvd..][..dm.kvd], c, s);
+    }
+}
+
+simd_dispatch!(
+    /// Attention over this layer's cache, the output projection and the MLP block, both with
+    /// their residual adds.
+    fn attend_mlp(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, par: bool)
+        => attend_mlp_body
+);
+
+#[inline(always)]
+fn attend_mlp_body(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, par: bool) {
+    let (n, cap) = (r.n, cache.cap);
+    let block = dm.hkv * cap * dm.d;
+    for i in 0..n {
+        let b = r.start + i;
+        let row = CacheRow {
+            k: &cache.k[b * block..][..block],
+            v: &cache.v[b * block..][..block],
+            valid: &cache.valid[b * cap..][..cap],
+            len: cache.len,
+            hkv: dm.hkv,
+        };
+        let q = &r.q[i * dm.qd..][..dm.qd];
+        rows::attend_row(
+            q,
+            &row,
+            dm.d,
+            &mut r.att[i * dm.qd..][..dm.qd],
+            &mut r.scores,
+        );
+    }
+    matmul_wt(&r.att, lw[6], &mut r.o, n, dm.qd, dm.hs, par);
+    r.x.iter_mut().zip(&r.o).for_each(|(a, y)| *a += y);
+    r.h.copy_from_slice(&r.x);
+    rows::rms_norm_rows(&mut r.h, lw[7], dm.eps);
+    matmul_wt(&r.h, lw[8], &mut r.gate, n, dm.hs, dm.inter, par); // (n, I)
+    matmul_wt(&r.h, lw[9], &mut r.up, n, dm.hs, dm.inter, par);
+    rows::silu_mul(&mut r.gate, &r.up);
+    matmul_wt(&r.gate, lw[10], &mut r.o, n, dm.inter, dm.hs, par);
+    r.x.iter_mut().zip(&r.o).for_each(|(a, y)| *a += y);
+}
+
+simd_dispatch!(
+    /// The final norm of the rows' residual streams, in place.
+    fn final_norm(x: &mut [f32], w: &[f32], eps: f32) => rows::rms_norm_rows
+);
+
+/// One layer's cache as slices: k/v (B, Hkv, C, D), valid (B, C), `len` slots in use.
+struct LayerCache<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    valid: &'a [u8],
+    len: usize,
+    cap: usize,
+}
+
+/// Runs `f` on every chunk, in parallel when there is more than one.
+fn each(chunks: &mut [Rows], f: impl Fn(&mut Rows) + Sync + Send) {
+    match chunks {
+        [one] => f(one),
+        many => many.par_iter_mut().for_each(f),
+    }
+}
+
+/// Weights above this size (bytes) stream from memory: split the matmuls' columns across
+/// threads (every thread reads a part of W) instead of the batch's rows (every thread reads
+/// all of W).
+const ROW_SPLIT_MAX_WEIGHTS: usize = 16 << 20;
+
+/// One decode step: ids/positions (B) for the cache's slot `cache.len() - 1` (already
+/// appended), `weights` in `weight_names` order -> logits (B, V).
+pub(crate) fn step(
+    c: &Config,
+    weights: &[Tensor],
+    cache: &KvCache,
+    ids: &[u32],
+    positions: &[u32],
+) -> Result<Tensor> {
+    let locked = Weights::lock(weights);
+    let w = (0..weights.len())
+        .map(|i| locked.get(i))
+        .collect::<Result<Vec<_>>>()?;
+    let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let dm = Dims {
+        hs: c.hidden_size,
+        hkv,
+        d,
+        qd: hq * d,
+        kvd: hkv * d,
+        inter: c.intermediate_size,
+        vocab: c.vocab_size,
+        eps: c.rms_norm_eps as f32,
+    };
+    let b = ids.len();
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= dm.vocab) {
+        crate::fail!(
+            "decode: token id {id} out of range for vocabulary {}",
+            dm.vocab
+        );
+    }
+    // Rows split across threads when the weights stay in cache and each part keeps >= 8 rows.
+    let threads = rayon::current_num_threads();
+    let parts = if 4 * c.num_parameters() <= ROW_SPLIT_MAX_WEIGHTS {
+        (b / 8).clamp(1, threads)
+    } else {
+        1
+    };
+    let par = parts == 1 && threads > 1;
+    let mut chunks: Vec<Rows> = (0..parts)
+        .map(|i| {
+            let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
+            Rows::new(lo, hi - lo, &dm)
+        })
+        .collect();
+    each(&mut chunks, |r| {
+        r.embed(w[0], ids, positions, c.rope_theta, &dm)
+    });
+    let (slot, len, cap) = (cache.len() - 1, cache.len(), cache.capacity());
+    for l in 0..c.num_hidden_layers {
+        let lw = &w[3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len()];
+        each(&mut chunks, |r| qkv(r, lw, &dm, par));
+        let (ck, cv) = cache.layer(l);
+        for r in &chunks {
+            ck.inplace_op1(&WriteSlot {
+                src: &r.k,
+                row0: r.start,
+                slot,
+            })?;
+            cv.inplace_op1(&WriteSlot {
+                src: &r.v,
+                row0: r.start,
+                slot,
+            })?;
+        }
+        let (kl, vl) = (
+            Weights::lock(std::slice::from_ref(ck)),
+            Weights::lock(std::slice::from_ref(cv)),
+        );
+        let lc = LayerCache {
+            k: kl.get(0)?,
+            v: vl.get(0)?,
+            valid: cache.valid(),
+            len,
+            cap,
+        };
+        each(&mut chunks, |r| attend_mlp(r, lw, &lc, &dm, par));
+    }
+    let mut logits = Vec::with_capacity(b * dm.vocab);
+    for r in &mut chunks {
+        final_norm(&mut r.x, w[1], dm.eps);
+        let mut part = vec![0f32; r.n * dm.vocab];
+        matmul_wt(&r.x, w[2], &mut part, r.n, dm.hs, dm.vocab, threads > 1); // (n, V)
+        logits.extend_from_slice(&part);
+    }
+    Tensor::from_vec(logits, (b, dm.vocab), &candle_core::Device::Cpu) // (B, V)
+}
+
+/// Whether `step` serves this model: f32 weights on the CPU.
+pub(crate) fn supported(device: &candle_core::Device, dtype: DType) -> bool {
+    device.is_cpu() && dtype == DType::F32
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::DecodePath;
+    use crate::{Batch, Config, Padding, Qwen3};
+    use candle_core::{DType, Device, Tensor};
+
+    /// Prefill a left-padded batch, then decode 6 steps (one row padded at step 3) along each
+    /// path; every step's logits agree with the composite forward.
+    fn paths_agree(rows: usize) {
+        let dev = Device::Cpu;
+        let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, 16, true).expect("config");
+        let m = Qwen3::random(cfg, 7, &dev, DType::F32).expect("model");
+        let prompts: Vec<Vec<u32>> = (0..rows)
+            .map(|r| {
+                (0..3 + r % 4)
+                    .map(|j| ((r * 5 + j * 3) % 47 + 1) as u32)
+                    .collect()
+            })
+            .collect();
+        let batch = Batch::from_rows(&prompts, 0, Padding::Left, &dev).expect("batch");
+        let paths = [DecodePath::Composite, DecodePath::Kernels, DecodePath::Cpu];
+        let mut caches: Vec<_> = paths
+            .iter()
+            .map(|_| {
+                let mut c = m.new_cache(rows, batch.t + 8).expect("cache");
+                let ids = (&batch.input_ids, &batch.position_ids, &batch.mask);
+                m.forward_cached(&mut c, ids.0, ids.1, ids.2)
+                    .expect("prefill");
+                c
+            })
+            .collect();
+        for step in 0..6u32 {
+            let ids: Vec<u32> = (0..rows as u32)
+                .map(|r| (r * 7 + step * 11) % 47 + 1)
+                .collect();
+            let pos: Vec<u32> = (0..rows).map(|r| (3 + r % 4) as u32 + step).collect();
+            let valid: Vec<u8> = (0..rows)
+                .map(|r| u8::from(!(step == 3 && r == 1)))
+                .collect();
+            let ids = Tensor::from_vec(ids, (rows, 1), &dev).expect("ids");
+            let pos = Tensor::from_vec(pos, (rows, 1), &dev).expect("pos");
+            let out: Vec<Vec<Vec<f32>>> = paths
+                .iter()
+                .zip(&mut caches)
+                .map(|(&p, c)| {
+                    let l = m
+                        .forward_cached_with(p, c, &ids, &pos, &valid)
+                        .expect("step");
+                    l.to_vec2::<f32>().expect("logits")
+                })
+                .collect();
+            for (p, o) in paths.iter().zip(&out).skip(1) {
+                for (a, b) in o.iter().flatten().zip(out[0].iter().flatten()) {
+                    assert!((a - b).abs() < 2e-5, "{p:?} step {step}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_paths_agree_on_one_row() {
+        paths_agree(1);
+    }
+
+    #[test]
+    fn decode_paths_agree_with_rows_split_across_threads() {
+        // 19 rows: the CPU step splits them into parts (of uneven size) when it has threads.
+        paths_agree(19);
+    }
+}

@@ -1,0 +1,242 @@
+//! Row-local kernels of the CPU decode step (`decode_cpu`): RMSNorm, RoPE, SiLU·up, a
+//! vectorisable exp and the single-query attention of one row over its KV-cache block.
+//!
+//! Written as plain loops over fixed-width lane arrays so LLVM vectorises them, and run through
+//! `simd_dispatch!`, which compiles a caller for AVX2+FMA when the CPU has it (the crate itself
+//! is built for the x86-64 baseline, so without it these loops would be SSE2).
+#![allow(unsafe_code)] // the target-feature trampoline in `simd_dispatch!`
+
+const LANES: usize = 8;
+
+/// Defines `fn $name(args)` that runs `$body(args)` compiled for AVX2 and FMA when the CPU
+/// has them, and as built otherwise. `$body` and everything it calls in the hot loops must be
+/// `#[inline(always)]`: only code inlined into the target-feature function gets the wide
+/// registers (a closure would not be).
+macro_rules! simd_dispatch {
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:path) => {
+        $(#[$m])*
+        fn $name($($a: $t),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                fn wide($($a: $t),*) {
+                    $body($($a),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the features `wide` is compiled for (checked above).
+                    return unsafe { wide($($a),*) };
+                }
+            }
+            $body($($a),*)
+        }
+    };
+}
+pub(crate) use simd_dispatch;
+
+/// Σ a·b with LANES independent partial sums (a strict left-to-right sum does not vectorise).
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Σ x with LANES partial sums.
+#[inline(always)]
+fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let c = x.chunks_exact(LANES);
+    let r: f32 = c.remainder().iter().sum();
+    for v in c {
+        for i in 0..LANES {
+            acc[i] += v[i];
+        }
+    }
+    acc.iter().sum::<f32>() + r
+}
+
+/// e^x to ~2 ulp, branch-free so loops over it vectorise (Cephes' expf: x = n·ln2 + r,
+/// |r| ≤ ln2/2, degree-5 polynomial, scaled by 2^n through the exponent bits). Underflows to 0
+/// below -87.3 (so e^-inf = 0), saturates at 88.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.5, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 5e-1;
+    let y = p * r * r + r + 1.0;
+    let scaled = y * f32::from_bits(((n as i32 + 127).max(0) as u32) << 23);
+    if x <= -87.3 {
+        0.0
+    } else {
+        scaled
+    }
+}
+
+/// In place: each `w.len()`-wide chunk of x becomes RMSNorm(chunk) * w.
+#[inline(always)]
+pub(crate) fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
+    let cols = w.len();
+    for row in x.chunks_exact_mut(cols) {
+        let r = 1.0 / (dot(row, row) / cols as f32 + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = *v * r * g;
+        }
+    }
+}
+
+/// Rotate-half RoPE in place on the (heads, d) chunks of one row, tables (cos, sin) of d/2.
+#[inline(always)]
+pub(crate) fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    for head in x.chunks_exact_mut(2 * half) {
+        let (x1, x2) = head.split_at_mut(half);
+        for i in 0..half {
+            let (a, b) = (x1[i], x2[i]);
+            x1[i] = a * cos[i] - b * sin[i];
+            x2[i] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+/// gate <- silu(gate) * up, elementwise.
+#[inline(always)]
+pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + exp(-*g)) * u;
+    }
+}
+
+/// One row's view of the cache for `attend_row`.
+pub(crate) struct CacheRow<'a> {
+    /// (Hkv, C, D) keys and values of this row.
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    /// (C) slot validity of this row.
+    pub valid: &'a [u8],
+    /// Slots in use.
+    pub len: usize,
+    pub hkv: usize,
+}
+
+/// Single-query attention of one row: q (Hq, D) -> out (Hq, D) over the valid slots among the
+/// first `len`. Per query head: the scores, an exact max-subtracted softmax, then the weighted
+/// sum of V; a row with no valid slot gives 0. `scores` is scratch. (A copy with D fixed at
+/// compile time measured slower: LLVM vectorised its score loop across slots, with gathers.)
+#[inline(always)]
+pub(crate) fn attend_row(
+    q: &[f32],
+    c: &CacheRow,
+    d: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let rep = q.len() / d / c.hkv;
+    let (cap, len) = (c.valid.len(), c.len);
+    let scale = 1.0 / (d as f32).sqrt();
+    scores.resize(len, 0.0);
+    out.fill(0.0);
+    for g in 0..c.hkv {
+        let kb = &c.k[g * cap * d..][..len * d];
+        let vb = &c.v[g * cap * d..][..len * d];
+        for r in 0..rep {
+            let h = g * rep + r;
+            let qr = &q[h * d..][..d];
+            for ((sv, kr), &ok) in scores.iter_mut().zip(kb.chunks_exact(d)).zip(c.valid) {
+                let x = dot(qr, kr) * scale;
+                *sv = if ok != 0 { x } else { f32::NEG_INFINITY };
+            }
+            let m = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            if m == f32::NEG_INFINITY {
+                continue; // no valid slot: the output stays 0
+            }
+            scores.iter_mut().for_each(|x| *x = exp(*x - m));
+            let inv = 1.0 / sum(scores);
+            let o = &mut out[h * d..][..d];
+            for (&p, vr) in scores.iter().zip(vb.chunks_exact(d)) {
+                o.iter_mut().zip(vr).for_each(|(x, y)| *x += p * y);
+            }
+            o.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_std_to_a_few_ulp() {
+        for i in -2000..=2000 {
+            let x = i as f32 * 0.0437;
+            let (a, b) = (exp(x), x.exp());
+            if x <= -87.3 {
+                // Flushed to 0 where std's result is subnormal.
+                assert!(a == 0.0 && b < 2e-38, "exp({x}) = {a}, std {b}");
+                continue;
+            }
+            assert!(
+                (a - b).abs() <= 4.0 * f32::EPSILON * b,
+                "exp({x}) = {a}, std {b}"
+            );
+        }
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert!(exp(88.0).is_finite());
+    }
+
+    #[test]
+    fn dot_and_sum_match_plain_sums() {
+        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let b: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.125).collect();
+        let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - plain).abs() < 1e-4);
+        assert!((sum(&a) - a.iter().sum::<f32>()).abs() < 1e-4);
+    }
+
+    #[test]
+    fn attention_matches_reference() {
+        // 2 query heads over 1 KV head, 5 slots of which slot 2 is invalid; capacity 6.
+        let (d, cap, len) = (4, 6, 5);
+        let q: Vec<f32> = (0..8).map(|i| (i as f32 * 0.3).sin()).collect();
+        let k: Vec<f32> = (0..cap * d).map(|i| (i as f32 * 0.7).cos()).collect();
+        let v: Vec<f32> = (0..cap * d).map(|i| i as f32 * 0.1 - 1.0).collect();
+        let valid = [1u8, 1, 0, 1, 1, 0];
+        let want = crate::kernels::decode_attention(&q, &k, &v, &valid, [2, 1], cap, len, d);
+        let mut out = vec![0f32; 8];
+        let c = CacheRow {
+            k: &k,
+            v: &v,
+            valid: &valid,
+            len,
+            hkv: 1,
+        };
+        simd_dispatch!(fn attend(q: &[f32], c: &CacheRow, d: usize, out: &mut [f32]) => attend_one);
+        #[inline(always)]
+        fn attend_one(q: &[f32], c: &CacheRow, d: usize, out: &mut [f32]) {
+            attend_row(q, c, d, out, &mut vec![]);
+        }
+        attend(&q, &c, d, &mut out);
+        for (a, b) in out.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-6, "{out:?} vs {want:?}");
+        }
+        let none = [0u8; 6];
+        let c = CacheRow { valid: &none, ..c };
+        attend_row(&q, &c, d, &mut out, &mut vec![]);
+        assert!(out.iter().all(|&x| x == 0.0));
+    }
+}
