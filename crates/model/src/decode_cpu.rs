@@ -43,6 +43,14 @@ impl<'a> Weights<'a> {
 /// out (m, n) = x (m, k) @ w^T for w (n, k) row-major.
 fn matmul_wt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, par: bool) {
     assert!(x.len() == m * k && w.len() == n * k && out.len() == m * n);
+    // Single-threaded calls (rows already split across threads, so the weights are small) skip
+    // gemm's packing of W, which would be redone on every call.
+    #[cfg(target_arch = "x86_64")]
+    if !par && k.is_multiple_of(8) && crate::decode_avx2::available() {
+        // SAFETY: the CPU has AVX2 and FMA (checked).
+        unsafe { crate::decode_avx2::matmul_wt(x, w, out, m, k, n) };
+        return;
+    }
     let par = if par && m * n * k >= PAR_MIN_WORK {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
     } else {
@@ -142,6 +150,11 @@ struct Dims {
     inter: usize,
     vocab: usize,
     eps: f32,
+}
+
+thread_local! {
+    /// The last step's row parts, reused by the next step of the same shape.
+    static SCRATCH: std::cell::RefCell<Vec<Rows>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Rows [start, start + n) of the batch with their scratch: one unit of parallel work.
@@ -330,12 +343,24 @@ pub(crate) fn step(
         1
     };
     let par = parts == 1 && threads > 1;
-    let mut chunks: Vec<Rows> = (0..parts)
-        .map(|i| {
-            let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
-            Rows::new(lo, hi - lo, &dm)
-        })
-        .collect();
+    // Scratch from the previous step of this thread when the shapes match: fresh buffers every
+    // step cost more in page faults (the allocator hands them back to the OS) than the step.
+    let mut chunks = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let fits = |r: &Rows, i: usize| {
+        let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
+        r.start == lo
+            && r.n == hi - lo
+            && r.q.len() == r.n * dm.qd
+            && r.gate.len() == r.n * dm.inter
+    };
+    if chunks.len() != parts || !chunks.iter().enumerate().all(|(i, r)| fits(r, i)) {
+        chunks = (0..parts)
+            .map(|i| {
+                let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
+                Rows::new(lo, hi - lo, &dm)
+            })
+            .collect();
+    }
     each(&mut chunks, |r| {
         r.embed(w[0], ids, positions, c.rope_theta, &dm)
     });
@@ -369,13 +394,13 @@ pub(crate) fn step(
         };
         each(&mut chunks, |r| attend_mlp(r, lw, &lc, &dm, par));
     }
-    let mut logits = Vec::with_capacity(b * dm.vocab);
+    let mut logits = vec![0f32; b * dm.vocab];
     for r in &mut chunks {
         final_norm(&mut r.x, w[1], dm.eps);
-        let mut part = vec![0f32; r.n * dm.vocab];
-        matmul_wt(&r.x, w[2], &mut part, r.n, dm.hs, dm.vocab, threads > 1); // (n, V)
-        logits.extend_from_slice(&part);
+        let part = &mut logits[r.start * dm.vocab..][..r.n * dm.vocab];
+        matmul_wt(&r.x, w[2], part, r.n, dm.hs, dm.vocab, threads > 1); // (n, V)
     }
+    SCRATCH.with(|s| *s.borrow_mut() = chunks);
     Tensor::from_vec(logits, (b, dm.vocab), &candle_core::Device::Cpu) // (B, V)
 }
 

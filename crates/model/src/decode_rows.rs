@@ -134,9 +134,9 @@ pub(crate) struct CacheRow<'a> {
 }
 
 /// Single-query attention of one row: q (Hq, D) -> out (Hq, D) over the valid slots among the
-/// first `len`. Per query head: the scores, an exact max-subtracted softmax, then the weighted
-/// sum of V; a row with no valid slot gives 0. `scores` is scratch. (A copy with D fixed at
-/// compile time measured slower: LLVM vectorised its score loop across slots, with gathers.)
+/// first `len`. Per KV group: the scores of its query heads, an exact max-subtracted softmax,
+/// then the weighted sum of V; a head with no valid slot gives 0. `scores` is scratch. The AVX2
+/// kernels of `decode_avx2` do the two passes over the cache when they can.
 #[inline(always)]
 pub(crate) fn attend_row(
     q: &[f32],
@@ -148,29 +148,69 @@ pub(crate) fn attend_row(
     let rep = q.len() / d / c.hkv;
     let (cap, len) = (c.valid.len(), c.len);
     let scale = 1.0 / (d as f32).sqrt();
-    scores.resize(len, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    let fast = d.is_multiple_of(8) && matches!(rep, 1 | 2 | 4) && crate::decode_avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
+    scores.resize(rep * len, 0.0);
     out.fill(0.0);
     for g in 0..c.hkv {
         let kb = &c.k[g * cap * d..][..len * d];
         let vb = &c.v[g * cap * d..][..len * d];
-        for r in 0..rep {
-            let h = g * rep + r;
-            let qr = &q[h * d..][..d];
-            for ((sv, kr), &ok) in scores.iter_mut().zip(kb.chunks_exact(d)).zip(c.valid) {
-                let x = dot(qr, kr) * scale;
-                *sv = if ok != 0 { x } else { f32::NEG_INFINITY };
+        let qg = &q[g * rep * d..][..rep * d];
+        let og = &mut out[g * rep * d..][..rep * d];
+        // Scores of the group's query heads, (rep, len).
+        if fast {
+            // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                use crate::decode_avx2::group_scores;
+                match rep {
+                    1 => group_scores::<1>(qg, kb, scale, scores),
+                    2 => group_scores::<2>(qg, kb, scale, scores),
+                    _ => group_scores::<4>(qg, kb, scale, scores),
+                }
             }
-            let m = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        } else {
+            for (qr, s) in qg.chunks_exact(d).zip(scores.chunks_exact_mut(len)) {
+                for (sv, kr) in s.iter_mut().zip(kb.chunks_exact(d)) {
+                    *sv = dot(qr, kr) * scale;
+                }
+            }
+        }
+        // Masked, max-subtracted, normalised weights; a head with no valid slot gets all 0.
+        for s in scores.chunks_exact_mut(len) {
+            for (sv, &ok) in s.iter_mut().zip(c.valid) {
+                if ok == 0 {
+                    *sv = f32::NEG_INFINITY;
+                }
+            }
+            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             if m == f32::NEG_INFINITY {
-                continue; // no valid slot: the output stays 0
+                s.fill(0.0);
+                continue;
             }
-            scores.iter_mut().for_each(|x| *x = exp(*x - m));
-            let inv = 1.0 / sum(scores);
-            let o = &mut out[h * d..][..d];
-            for (&p, vr) in scores.iter().zip(vb.chunks_exact(d)) {
-                o.iter_mut().zip(vr).for_each(|(x, y)| *x += p * y);
+            s.iter_mut().for_each(|x| *x = exp(*x - m));
+            let inv = 1.0 / sum(s);
+            s.iter_mut().for_each(|x| *x *= inv);
+        }
+        if fast {
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                use crate::decode_avx2::group_weighted_sum;
+                match rep {
+                    1 => group_weighted_sum::<1>(scores, vb, og),
+                    2 => group_weighted_sum::<2>(scores, vb, og),
+                    _ => group_weighted_sum::<4>(scores, vb, og),
+                }
             }
-            o.iter_mut().for_each(|x| *x *= inv);
+        } else {
+            for (o, s) in og.chunks_exact_mut(d).zip(scores.chunks_exact(len)) {
+                for (&p, vr) in s.iter().zip(vb.chunks_exact(d)) {
+                    o.iter_mut().zip(vr).for_each(|(x, y)| *x += p * y);
+                }
+            }
         }
     }
 }
@@ -234,7 +274,26 @@ mod tests {
         for (a, b) in out.iter().zip(&want) {
             assert!((a - b).abs() < 1e-6, "{out:?} vs {want:?}");
         }
-        let none = [0u8; 6];
+        // A compiled-in head size (32) and an odd slot count take the other code paths.
+        let (d, cap, len) = (32, 7, 7);
+        let q: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.3).sin()).collect();
+        let k: Vec<f32> = (0..cap * d).map(|i| (i as f32 * 0.7).cos()).collect();
+        let v: Vec<f32> = (0..cap * d).map(|i| i as f32 * 0.01 - 1.0).collect();
+        let valid = [1u8, 0, 1, 1, 1, 1, 1];
+        let want = crate::kernels::decode_attention(&q, &k, &v, &valid, [2, 1], cap, len, d);
+        let mut out = vec![0f32; 2 * d];
+        let c = CacheRow {
+            k: &k,
+            v: &v,
+            valid: &valid,
+            len,
+            hkv: 1,
+        };
+        attend(&q, &c, d, &mut out);
+        for (a, b) in out.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        let none = [0u8; 7];
         let c = CacheRow { valid: &none, ..c };
         attend_row(&q, &c, d, &mut out, &mut vec![]);
         assert!(out.iter().all(|&x| x == 0.0));

@@ -26,6 +26,7 @@ pub mod batch;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+mod decode_avx2;
 mod decode_cpu;
 mod decode_rows;
 pub mod device;
