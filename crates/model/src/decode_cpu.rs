@@ -46,6 +46,12 @@ fn matmul_wt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize
     // Single-threaded calls (rows already split across threads, so the weights are small) skip
     // gemm's packing of W, which would be redone on every call.
     #[cfg(target_arch = "x86_64")]
+    if !par && k.is_multiple_of(16) && crate::decode_avx2::available_512() {
+        // SAFETY: the CPU has AVX-512F/DQ, AVX2 and FMA (checked).
+        unsafe { crate::decode_avx2::matmul_wt_512(x, w, out, m, k, n) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if !par && k.is_multiple_of(8) && crate::decode_avx2::available() {
         // SAFETY: the CPU has AVX2 and FMA (checked).
         unsafe { crate::decode_avx2::matmul_wt(x, w, out, m, k, n) };
@@ -83,32 +89,49 @@ fn matmul_wt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize
     }
 }
 
-/// Copies the new K or V rows (n, Hkv, D) of batch rows row0.. into slot `slot` of a
-/// (B, Hkv, C, D) cache, in place.
-struct WriteSlot<'a> {
-    src: &'a [f32],
-    row0: usize,
-    slot: usize,
+/// Mutable access to the f32 contents of a contiguous CPU tensor (the KV cache) through
+/// candle's in-place op, which takes the storage's write lock for the call.
+struct MutAccess<'a> {
+    f: std::cell::RefCell<&'a mut SliceFn<'a>>,
 }
 
-impl InplaceOp1 for WriteSlot<'_> {
+type SliceFn<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+
+impl InplaceOp1 for MutAccess<'_> {
     fn name(&self) -> &'static str {
-        "terse-decode-write-slot"
+        "terse-decode-cache-access"
     }
 
     fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
-        let (b, hkv, cap, d) = l.shape().dims4()?;
-        let n = self.src.len() / (hkv * d);
         match (s, l.is_contiguous() && l.start_offset() == 0) {
-            (CpuStorage::F32(c), true) if self.row0 + n <= b && self.slot < cap => {
-                for (i, src) in self.src.chunks_exact(d).enumerate() {
-                    let at = ((self.row0 * hkv + i) * cap + self.slot) * d;
-                    c[at..at + d].copy_from_slice(src);
-                }
-                Ok(())
-            }
+            (CpuStorage::F32(c), true) => (self.f.borrow_mut())(c),
             _ => crate::fail!("decode: the KV cache must be a contiguous f32 CPU tensor"),
         }
+    }
+}
+
+fn with_mut(t: &Tensor, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()> {
+    t.inplace_op1(&MutAccess {
+        f: std::cell::RefCell::new(f),
+    })
+}
+
+/// Splits a (B, ...) buffer of `block` floats per row into the parts' row ranges.
+fn split_rows<'s>(mut all: &'s mut [f32], parts: &[Rows], block: usize) -> Vec<&'s mut [f32]> {
+    parts
+        .iter()
+        .map(|r| {
+            let (mine, rest) = std::mem::take(&mut all).split_at_mut(r.n * block);
+            all = rest;
+            mine
+        })
+        .collect()
+}
+
+/// Writes a part's new K or V rows (n, Hkv, D) into slot `slot` of its (n, Hkv, C, D) cache.
+fn write_slot(cache: &mut [f32], src: &[f32], cap: usize, d: usize, slot: usize) {
+    for (i, row) in src.chunks_exact(d).enumerate() {
+        cache[(i * cap + slot) * d..][..d].copy_from_slice(row);
     }
 }
 
@@ -175,6 +198,8 @@ struct Rows {
     cos: Vec<f32>,
     sin: Vec<f32>,
     scores: Vec<f32>,
+    /// (n, V), filled after the last layer.
+    logits: Vec<f32>,
 }
 
 impl Rows {
@@ -195,6 +220,7 @@ impl Rows {
             cos: z(dm.d / 2),
             sin: z(dm.d / 2),
             scores: vec![],
+            logits: vec![],
         }
     }
 
@@ -249,11 +275,10 @@ fn attend_mlp_body(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, p
     let (n, cap) = (r.n, cache.cap);
     let block = dm.hkv * cap * dm.d;
     for i in 0..n {
-        let b = r.start + i;
         let row = CacheRow {
-            k: &cache.k[b * block..][..block],
-            v: &cache.v[b * block..][..block],
-            valid: &cache.valid[b * cap..][..cap],
+            k: &cache.k[i * block..][..block],
+            v: &cache.v[i * block..][..block],
+            valid: &cache.valid[i * cap..][..cap],
             len: cache.len,
             hkv: dm.hkv,
         };
@@ -282,21 +307,13 @@ simd_dispatch!(
     fn final_norm(x: &mut [f32], w: &[f32], eps: f32) => rows::rms_norm_rows
 );
 
-/// One layer's cache as slices: k/v (B, Hkv, C, D), valid (B, C), `len` slots in use.
+/// One part's rows of a layer's cache: k/v (n, Hkv, C, D), valid (n, C), `len` slots in use.
 struct LayerCache<'a> {
     k: &'a [f32],
     v: &'a [f32],
     valid: &'a [u8],
     len: usize,
     cap: usize,
-}
-
-/// Runs `f` on every chunk, in parallel when there is more than one.
-fn each(chunks: &mut [Rows], f: impl Fn(&mut Rows) + Sync + Send) {
-    match chunks {
-        [one] => f(one),
-        many => many.par_iter_mut().for_each(f),
-    }
 }
 
 /// Weights above this size (bytes) stream from memory: split the matmuls' columns across
@@ -361,44 +378,54 @@ pub(crate) fn step(
             })
             .collect();
     }
-    each(&mut chunks, |r| {
-        r.embed(w[0], ids, positions, c.rope_theta, &dm)
-    });
+    // Rows never interact in a decode step, so each part runs a whole layer (projections, its
+    // rows' cache slot, attention, MLP) on its own: one fork-join per layer.
     let (slot, len, cap) = (cache.len() - 1, cache.len(), cache.capacity());
-    for l in 0..c.num_hidden_layers {
+    let layers = c.num_hidden_layers;
+    let block = hkv * cap * d;
+    for l in 0..layers {
         let lw = &w[3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len()];
-        each(&mut chunks, |r| qkv(r, lw, &dm, par));
         let (ck, cv) = cache.layer(l);
-        for r in &chunks {
-            ck.inplace_op1(&WriteSlot {
-                src: &r.k,
-                row0: r.start,
-                slot,
-            })?;
-            cv.inplace_op1(&WriteSlot {
-                src: &r.v,
-                row0: r.start,
-                slot,
-            })?;
-        }
-        let (kl, vl) = (
-            Weights::lock(std::slice::from_ref(ck)),
-            Weights::lock(std::slice::from_ref(cv)),
-        );
-        let lc = LayerCache {
-            k: kl.get(0)?,
-            v: vl.get(0)?,
-            valid: cache.valid(),
-            len,
-            cap,
+        let part = |r: &mut Rows, kp: &mut [f32], vp: &mut [f32]| {
+            if l == 0 {
+                r.embed(w[0], ids, positions, c.rope_theta, &dm);
+            }
+            qkv(r, lw, &dm, par);
+            write_slot(kp, &r.k, cap, d, slot);
+            write_slot(vp, &r.v, cap, d, slot);
+            let lc = LayerCache {
+                k: kp,
+                v: vp,
+                valid: &cache.valid()[r.start * cap..(r.start + r.n) * cap],
+                len,
+                cap,
+            };
+            attend_mlp(r, lw, &lc, &dm, par);
+            if l + 1 == layers {
+                final_norm(&mut r.x, w[1], dm.eps);
+                r.logits.resize(r.n * dm.vocab, 0.0);
+                let p = par || threads > 1 && parts == 1;
+                matmul_wt(&r.x, w[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
+            }
         };
-        each(&mut chunks, |r| attend_mlp(r, lw, &lc, &dm, par));
+        with_mut(ck, &mut |kall| {
+            with_mut(cv, &mut |vall| {
+                let ks = split_rows(kall, &chunks, block);
+                let vs = split_rows(vall, &chunks, block);
+                let mut work: Vec<_> = chunks.iter_mut().zip(ks).zip(vs).collect();
+                match &mut work[..] {
+                    [((r, kp), vp)] => part(r, kp, vp),
+                    many => many
+                        .par_iter_mut()
+                        .for_each(|((r, kp), vp)| part(r, kp, vp)),
+                }
+                Ok(())
+            })
+        })?;
     }
-    let mut logits = vec![0f32; b * dm.vocab];
-    for r in &mut chunks {
-        final_norm(&mut r.x, w[1], dm.eps);
-        let part = &mut logits[r.start * dm.vocab..][..r.n * dm.vocab];
-        matmul_wt(&r.x, w[2], part, r.n, dm.hs, dm.vocab, threads > 1); // (n, V)
+    let mut logits = Vec::with_capacity(b * dm.vocab);
+    for r in &chunks {
+        logits.extend_from_slice(&r.logits);
     }
     SCRATCH.with(|s| *s.borrow_mut() = chunks);
     Tensor::from_vec(logits, (b, dm.vocab), &candle_core::Device::Cpu) // (B, V)

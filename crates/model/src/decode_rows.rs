@@ -50,20 +50,6 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Σ x with LANES partial sums.
-#[inline(always)]
-fn sum(x: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let c = x.chunks_exact(LANES);
-    let r: f32 = c.remainder().iter().sum();
-    for v in c {
-        for i in 0..LANES {
-            acc[i] += v[i];
-        }
-    }
-    acc.iter().sum::<f32>() + r
-}
-
 /// e^x to ~2 ulp, branch-free so loops over it vectorise (Cephes' expf: x = n·ln2 + r,
 /// |r| ≤ ln2/2, degree-5 polynomial, scaled by 2^n through the exponent bits). Underflows to 0
 /// below -87.3 (so e^-inf = 0), saturates at 88.
@@ -152,14 +138,15 @@ pub(crate) fn attend_row(
     let fast = d.is_multiple_of(8) && matches!(rep, 1 | 2 | 4) && crate::decode_avx2::available();
     #[cfg(not(target_arch = "x86_64"))]
     let fast = false;
-    scores.resize(rep * len, 0.0);
+    scores.resize(rep * len + rep, 0.0);
     out.fill(0.0);
     for g in 0..c.hkv {
         let kb = &c.k[g * cap * d..][..len * d];
         let vb = &c.v[g * cap * d..][..len * d];
         let qg = &q[g * rep * d..][..rep * d];
         let og = &mut out[g * rep * d..][..rep * d];
-        // Scores of the group's query heads, (rep, len).
+        let (scores, inv) = scores.split_at_mut(rep * len); // (rep, len) and (rep) normalisers
+                                                            // Scores of the group's query heads, (rep, len).
         if fast {
             // SAFETY: `fast` implies the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
@@ -178,21 +165,10 @@ pub(crate) fn attend_row(
                 }
             }
         }
-        // Masked, max-subtracted, normalised weights; a head with no valid slot gets all 0.
-        for s in scores.chunks_exact_mut(len) {
-            for (sv, &ok) in s.iter_mut().zip(c.valid) {
-                if ok == 0 {
-                    *sv = f32::NEG_INFINITY;
-                }
-            }
-            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            if m == f32::NEG_INFINITY {
-                s.fill(0.0);
-                continue;
-            }
-            s.iter_mut().for_each(|x| *x = exp(*x - m));
-            let inv = 1.0 / sum(s);
-            s.iter_mut().for_each(|x| *x *= inv);
+        // Masked, max-subtracted weights (normalised after the weighted sum, d values per head
+        // instead of len); a head with no valid slot gets all 0.
+        for (s, iv) in scores.chunks_exact_mut(len).zip(inv.iter_mut()) {
+            *iv = softmax_masked(s, c.valid);
         }
         if fast {
             // SAFETY: as above.
@@ -212,7 +188,54 @@ pub(crate) fn attend_row(
                 }
             }
         }
+        for (o, &iv) in og.chunks_exact_mut(d).zip(inv.iter()) {
+            o.iter_mut().for_each(|x| *x *= iv);
+        }
     }
+}
+
+/// In place: masked slots to -inf, then e^(x - max) over the row; returns 1 / Σ (0 when no
+/// slot is valid, the row then all 0). Lane-parallel max and sum so the passes vectorise.
+#[inline(always)]
+fn softmax_masked(s: &mut [f32], valid: &[u8]) -> f32 {
+    let mut m8 = [f32::NEG_INFINITY; LANES];
+    let n = s.len() / LANES * LANES;
+    for (sc, vc) in s[..n]
+        .chunks_exact_mut(LANES)
+        .zip(valid.chunks_exact(LANES))
+    {
+        for i in 0..LANES {
+            let x = if vc[i] != 0 { sc[i] } else { f32::NEG_INFINITY };
+            sc[i] = x;
+            m8[i] = if x > m8[i] { x } else { m8[i] };
+        }
+    }
+    for t in n..s.len() {
+        if valid[t] == 0 {
+            s[t] = f32::NEG_INFINITY;
+        }
+        m8[0] = if s[t] > m8[0] { s[t] } else { m8[0] };
+    }
+    let m = m8
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    if m == f32::NEG_INFINITY {
+        s.fill(0.0);
+        return 0.0;
+    }
+    let mut z8 = [0f32; LANES];
+    for sc in s[..n].chunks_exact_mut(LANES) {
+        for i in 0..LANES {
+            let e = exp(sc[i] - m);
+            sc[i] = e;
+            z8[i] += e;
+        }
+    }
+    for x in &mut s[n..] {
+        *x = exp(*x - m);
+        z8[0] += *x;
+    }
+    1.0 / z8.iter().sum::<f32>()
 }
 
 #[cfg(test)]
@@ -240,12 +263,11 @@ mod tests {
     }
 
     #[test]
-    fn dot_and_sum_match_plain_sums() {
+    fn dot_matches_a_plain_sum() {
         let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.25 - 3.0).collect();
         let b: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.125).collect();
         let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!((dot(&a, &b) - plain).abs() < 1e-4);
-        assert!((sum(&a) - a.iter().sum::<f32>()).abs() < 1e-4);
     }
 
     #[test]

@@ -161,7 +161,12 @@ pub fn generate(
     let expand: Vec<usize> = (0..prompts.len())
         .flat_map(|p| std::iter::repeat_n(p, g))
         .collect();
-    let mut cache = cache.select_rows(&expand)?;
+    // One sample per prompt: the prefill rows already are the sample rows.
+    let mut cache = if g == 1 {
+        cache
+    } else {
+        cache.select_rows(&expand)?
+    };
     let idx = Tensor::from_vec(
         expand.iter().map(|&p| p as u32).collect::<Vec<_>>(),
         expand.len(),
