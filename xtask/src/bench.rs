@@ -315,27 +315,39 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
     )?;
     let mut per_token = vec![];
     for ctx in [128usize, 1024] {
-        // Prefill a batch-16 cache to `ctx`, then time 32 decode steps through it.
+        // Prefill a batch-16 cache to `ctx`, then time decode steps through it.
         let b = 16;
         let ps = prompts(b, ctx, 64);
         let rows: Vec<Vec<u32>> = ps.iter().map(|p| p.tokens.clone()).collect();
         let batch = Batch::from_rows(&rows, 0, Padding::Left, &dev)?;
-        let mut cache = m.new_cache(b, ctx + 40)?;
+        // 8 warm-up steps, then 5 timed runs of 32; the median run counts (the two contexts are
+        // timed moments apart on a shared machine, so one slow run must not decide the ratio).
+        let (warm, steps, runs) = (8, 32, 5);
+        let mut cache = m.new_cache(b, ctx + warm + steps * runs)?;
         m.forward_cached(
             &mut cache,
             &batch.input_ids,
             &batch.position_ids,
             &batch.mask,
         )?;
-        let steps = 32;
-        let t0 = Instant::now();
-        for s in 0..steps {
-            let ids = Tensor::from_vec(vec![(s % 63 + 1) as u32; b], (b, 1), &dev)?;
-            let pos = Tensor::from_vec(vec![(ctx + s) as u32; b], (b, 1), &dev)?;
-            m.forward_cached(&mut cache, &ids, &pos, &vec![1; b])?
-                .to_vec2::<f32>()?;
-        }
-        let per = t0.elapsed().as_secs_f64() / (steps * b) as f64;
+        let mut slot = 0;
+        let mut decode = |n: usize| -> Result<f64> {
+            let t0 = Instant::now();
+            for _ in 0..n {
+                let ids = Tensor::from_vec(vec![(slot % 63 + 1) as u32; b], (b, 1), &dev)?;
+                let pos = Tensor::from_vec(vec![(ctx + slot) as u32; b], (b, 1), &dev)?;
+                m.forward_cached(&mut cache, &ids, &pos, &vec![1; b])?
+                    .to_vec2::<f32>()?;
+                slot += 1;
+            }
+            Ok(t0.elapsed().as_secs_f64() / (n * b) as f64)
+        };
+        decode(warm)?;
+        let mut times = (0..runs)
+            .map(|_| decode(steps))
+            .collect::<Result<Vec<_>>>()?;
+        times.sort_by(f64::total_cmp);
+        let per = times[runs / 2];
         per_token.push(per);
         println!(
             "rollout tiny batch 16 context {ctx}: {:.1} us per decoded token",

@@ -200,6 +200,9 @@ struct Rows {
     scores: Vec<f32>,
     /// (n, V), filled after the last layer.
     logits: Vec<f32>,
+    /// Padding slots of each row (row i: masked[masked_at[i]..masked_at[i + 1]]), this step.
+    masked: Vec<u32>,
+    masked_at: Vec<usize>,
 }
 
 impl Rows {
@@ -221,6 +224,8 @@ impl Rows {
             sin: z(dm.d / 2),
             scores: vec![],
             logits: vec![],
+            masked: vec![],
+            masked_at: vec![],
         }
     }
 
@@ -278,7 +283,8 @@ fn attend_mlp_body(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, p
         let row = CacheRow {
             k: &cache.k[i * block..][..block],
             v: &cache.v[i * block..][..block],
-            valid: &cache.valid[i * cap..][..cap],
+            masked: &r.masked[r.masked_at[i]..r.masked_at[i + 1]],
+            cap,
             len: cache.len,
             hkv: dm.hkv,
         };
@@ -307,11 +313,10 @@ simd_dispatch!(
     fn final_norm(x: &mut [f32], w: &[f32], eps: f32) => rows::rms_norm_rows
 );
 
-/// One part's rows of a layer's cache: k/v (n, Hkv, C, D), valid (n, C), `len` slots in use.
+/// One part's rows of a layer's cache: k/v (n, Hkv, C, D), `len` slots in use.
 struct LayerCache<'a> {
     k: &'a [f32],
     v: &'a [f32],
-    valid: &'a [u8],
     len: usize,
     cap: usize,
 }
@@ -389,6 +394,14 @@ pub(crate) fn step(
         let part = |r: &mut Rows, kp: &mut [f32], vp: &mut [f32]| {
             if l == 0 {
                 r.embed(w[0], ids, positions, c.rope_theta, &dm);
+                let valid = &cache.valid()[r.start * cap..(r.start + r.n) * cap];
+                r.masked.clear();
+                r.masked_at.clear();
+                r.masked_at.push(0);
+                for row in valid.chunks_exact(cap) {
+                    rows::masked_slots(row, len, &mut r.masked);
+                    r.masked_at.push(r.masked.len());
+                }
             }
             qkv(r, lw, &dm, par);
             write_slot(kp, &r.k, cap, d, slot);
@@ -396,7 +409,6 @@ pub(crate) fn step(
             let lc = LayerCache {
                 k: kp,
                 v: vp,
-                valid: &cache.valid()[r.start * cap..(r.start + r.n) * cap],
                 len,
                 cap,
             };

@@ -18,9 +18,21 @@ macro_rules! simd_dispatch {
         fn $name($($a: $t),*) {
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+                fn wider($($a: $t),*) {
+                    $body($($a),*)
+                }
                 #[target_feature(enable = "avx2,fma")]
                 fn wide($($a: $t),*) {
                     $body($($a),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the features `wider` is compiled for (checked above).
+                    return unsafe { wider($($a),*) };
                 }
                 if std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
@@ -112,8 +124,10 @@ pub(crate) struct CacheRow<'a> {
     /// (Hkv, C, D) keys and values of this row.
     pub k: &'a [f32],
     pub v: &'a [f32],
-    /// (C) slot validity of this row.
-    pub valid: &'a [u8],
+    /// The slots below `len` that hold no token (padding), ascending.
+    pub masked: &'a [u32],
+    /// Slots per head block.
+    pub cap: usize,
     /// Slots in use.
     pub len: usize,
     pub hkv: usize,
@@ -132,7 +146,7 @@ pub(crate) fn attend_row(
     scores: &mut Vec<f32>,
 ) {
     let rep = q.len() / d / c.hkv;
-    let (cap, len) = (c.valid.len(), c.len);
+    let (cap, len) = (c.cap, c.len);
     let scale = 1.0 / (d as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
     let fast = d.is_multiple_of(8) && matches!(rep, 1 | 2 | 4) && crate::decode_avx2::available();
@@ -168,7 +182,7 @@ pub(crate) fn attend_row(
         // Masked, max-subtracted weights (normalised after the weighted sum, d values per head
         // instead of len); a head with no valid slot gets all 0.
         for (s, iv) in scores.chunks_exact_mut(len).zip(inv.iter_mut()) {
-            *iv = softmax_masked(s, c.valid);
+            *iv = softmax_masked(s, c.masked);
         }
         if fast {
             // SAFETY: as above.
@@ -194,30 +208,24 @@ pub(crate) fn attend_row(
     }
 }
 
-/// In place: masked slots to -inf, then e^(x - max) over the row; returns 1 / Σ (0 when no
-/// slot is valid, the row then all 0). Lane-parallel max and sum so the passes vectorise.
+/// In place: the masked slots to -inf, then e^(x - max) over the row; returns 1 / Σ (0 when
+/// every slot is masked, the row then all 0). Padding arrives as a short list of slots (worked
+/// out once per step), so no pass over a validity mask runs per head.
 #[inline(always)]
-fn softmax_masked(s: &mut [f32], valid: &[u8]) -> f32 {
-    let mut m8 = [f32::NEG_INFINITY; LANES];
+fn softmax_masked(s: &mut [f32], masked: &[u32]) -> f32 {
+    for &t in masked {
+        s[t as usize] = f32::NEG_INFINITY;
+    }
     let n = s.len() / LANES * LANES;
-    for (sc, vc) in s[..n]
-        .chunks_exact_mut(LANES)
-        .zip(valid.chunks_exact(LANES))
-    {
+    let mut m8 = [f32::NEG_INFINITY; LANES];
+    for sc in s[..n].chunks_exact(LANES) {
         for i in 0..LANES {
-            let x = if vc[i] != 0 { sc[i] } else { f32::NEG_INFINITY };
-            sc[i] = x;
-            m8[i] = if x > m8[i] { x } else { m8[i] };
+            m8[i] = if sc[i] > m8[i] { sc[i] } else { m8[i] };
         }
     }
-    for t in n..s.len() {
-        if valid[t] == 0 {
-            s[t] = f32::NEG_INFINITY;
-        }
-        m8[0] = if s[t] > m8[0] { s[t] } else { m8[0] };
-    }
-    let m = m8
+    let m = s[n..]
         .iter()
+        .chain(&m8)
         .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
     if m == f32::NEG_INFINITY {
         s.fill(0.0);
@@ -236,6 +244,17 @@ fn softmax_masked(s: &mut [f32], valid: &[u8]) -> f32 {
         z8[0] += *x;
     }
     1.0 / z8.iter().sum::<f32>()
+}
+
+/// The slots below `len` whose validity flag is 0, appended to `out`.
+pub(crate) fn masked_slots(valid: &[u8], len: usize, out: &mut Vec<u32>) {
+    out.extend(
+        valid[..len]
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v == 0)
+            .map(|(t, _)| t as u32),
+    );
 }
 
 #[cfg(test)]
@@ -270,20 +289,21 @@ mod tests {
         assert!((dot(&a, &b) - plain).abs() < 1e-4);
     }
 
-    #[test]
-    fn attention_matches_reference() {
-        // 2 query heads over 1 KV head, 5 slots of which slot 2 is invalid; capacity 6.
-        let (d, cap, len) = (4, 6, 5);
-        let q: Vec<f32> = (0..8).map(|i| (i as f32 * 0.3).sin()).collect();
+    /// Attention of 2 query heads over 1 KV head against the reference, with AVX2 (when the
+    /// CPU has it) and without.
+    fn check_attention(d: usize, valid: &[u8], len: usize) {
+        let cap = valid.len();
+        let q: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.3).sin()).collect();
         let k: Vec<f32> = (0..cap * d).map(|i| (i as f32 * 0.7).cos()).collect();
-        let v: Vec<f32> = (0..cap * d).map(|i| i as f32 * 0.1 - 1.0).collect();
-        let valid = [1u8, 1, 0, 1, 1, 0];
-        let want = crate::kernels::decode_attention(&q, &k, &v, &valid, [2, 1], cap, len, d);
-        let mut out = vec![0f32; 8];
+        let v: Vec<f32> = (0..cap * d).map(|i| i as f32 * 0.01 - 1.0).collect();
+        let want = crate::kernels::decode_attention(&q, &k, &v, valid, [2, 1], cap, len, d);
+        let mut masked = vec![];
+        masked_slots(valid, len, &mut masked);
         let c = CacheRow {
             k: &k,
             v: &v,
-            valid: &valid,
+            masked: &masked,
+            cap,
             len,
             hkv: 1,
         };
@@ -292,32 +312,24 @@ mod tests {
         fn attend_one(q: &[f32], c: &CacheRow, d: usize, out: &mut [f32]) {
             attend_row(q, c, d, out, &mut vec![]);
         }
-        attend(&q, &c, d, &mut out);
-        for (a, b) in out.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-6, "{out:?} vs {want:?}");
+        let (mut wide, mut plain) = (vec![f32::NAN; 2 * d], vec![f32::NAN; 2 * d]);
+        attend(&q, &c, d, &mut wide);
+        attend_one(&q, &c, d, &mut plain);
+        for ((a, b), w) in wide.iter().zip(&plain).zip(&want) {
+            assert!(
+                (a - w).abs() < 1e-5 && (b - w).abs() < 1e-5,
+                "d {d}: {a} {b} vs {w}"
+            );
         }
-        // A compiled-in head size (32) and an odd slot count take the other code paths.
-        let (d, cap, len) = (32, 7, 7);
-        let q: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.3).sin()).collect();
-        let k: Vec<f32> = (0..cap * d).map(|i| (i as f32 * 0.7).cos()).collect();
-        let v: Vec<f32> = (0..cap * d).map(|i| i as f32 * 0.01 - 1.0).collect();
-        let valid = [1u8, 0, 1, 1, 1, 1, 1];
-        let want = crate::kernels::decode_attention(&q, &k, &v, &valid, [2, 1], cap, len, d);
-        let mut out = vec![0f32; 2 * d];
-        let c = CacheRow {
-            k: &k,
-            v: &v,
-            valid: &valid,
-            len,
-            hkv: 1,
-        };
-        attend(&q, &c, d, &mut out);
-        for (a, b) in out.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
-        }
-        let none = [0u8; 7];
-        let c = CacheRow { valid: &none, ..c };
-        attend_row(&q, &c, d, &mut out, &mut vec![]);
-        assert!(out.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn attention_matches_reference() {
+        check_attention(4, &[1, 1, 0, 1, 1, 0], 5);
+        // A head size the AVX2 kernels take, an odd slot count, masked slots.
+        check_attention(32, &[1, 0, 1, 1, 1, 1, 1], 7);
+        check_attention(32, &[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1], 12);
+        // No valid slot: zeros.
+        check_attention(32, &[0; 9], 9);
     }
 }
