@@ -1,12 +1,10 @@
-//! AVX2+FMA kernels of the CPU decode step: grouped-query attention over one row's cache
-//! (`decode_rows::attend_row`) and the unpacked x·Wᵀ of row-split projections
-//! (`decode_cpu::matmul_wt`), used when the CPU has the features and the sizes are multiples
-//! of 8.
+//! AVX2+FMA grouped-query attention of the CPU decode step over one row's cache, called by
+//! `decode_rows::attend_row` when the CPU has the features and the head size is a multiple of 8.
 //!
 //! Intrinsics, because the auto-vectoriser got these loops wrong (it transposed keys into lanes
-//! for the scores, spilled the value accumulators, and kept runtime block sizes in loops). The
-//! attention reads each cache line once for all query heads of a KV group (at context 1024 it
-//! runs at memory speed), and the matmul keeps a 3x4 block of dot products in registers.
+//! for the scores and spilled the value accumulators). `group_attend` reads each cache line
+//! once for all query heads of a KV group, with an online softmax (at context 1024 it runs near
+//! memory speed); the two-pass `group_scores` + `group_weighted_sum` serve other head sizes.
 #![allow(unsafe_code)] // intrinsics; every pointer is derived from a slice whose length is asserted
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
@@ -15,7 +13,7 @@ use std::arch::x86_64::*;
 
 /// Sum of each of 8 vectors, in order, as one vector.
 #[target_feature(enable = "avx2,fma")]
-fn hsum8(a: [__m256; 8]) -> __m256 {
+pub(crate) fn hsum8(a: [__m256; 8]) -> __m256 {
     let t0 = _mm256_hadd_ps(a[0], a[1]);
     let t1 = _mm256_hadd_ps(a[2], a[3]);
     let t2 = _mm256_hadd_ps(a[4], a[5]);
@@ -134,156 +132,167 @@ pub(crate) unsafe fn group_weighted_sum<const R: usize>(p: &[f32], v: &[f32], ou
     }
 }
 
-/// out (m, n) = x (m, k) @ w^T for w (n, k) row-major, k a multiple of 8: blocks of 3 rows of
-/// x against 4 rows of w, 12 accumulators in registers, no packing (the weights of the models
-/// this path serves stay in cache, so re-reading them per row block is cheap).
+/// e^x for 8 lanes (the Cephes polynomial of `decode_rows::exp`; 0 below -87.3).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.5)),
+        _mm256_set1_ps(88.0),
+    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5e-1,
+    ] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let y = _mm256_add_ps(
+        _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
+        _mm256_set1_ps(1.0),
+    );
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    let y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    let dead = _mm256_cmp_ps::<_CMP_LE_OQ>(x, _mm256_set1_ps(-87.3));
+    _mm256_andnot_ps(dead, y)
+}
+
+/// One pass over a KV group's cache for its R query heads (q (R, D)), flash-decoding style:
+/// scores of G = 8/R slots per horizontal-add tree, a running max and sum per head (the
+/// accumulators rescaled when the max grows), and e^(s - max)-weighted V added while the slot's
+/// values are in cache. K and V stream together once; no score buffer, no separate softmax
+/// passes. `masked` lists slots to skip (ascending); out (R, D) gets the normalised result
+/// (0 for a head with no unmasked slot).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn matmul_wt(
-    x: &[f32],
-    w: &[f32],
+pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    len: usize,
+    masked: &[u32],
     out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
 ) {
-    assert!(k.is_multiple_of(8) && x.len() == m * k && w.len() == n * k && out.len() == m * n);
-    let mut i = 0;
-    while i < m {
-        let rows = (m - i).min(3);
-        let mut j = 0;
-        while j < n {
-            let cols = (n - j).min(4);
-            let (xs, ws) = (&x[i * k..(i + rows) * k], &w[j * k..(j + cols) * k]);
-            let s = match (rows, cols) {
-                (3, 4) => block::<3, 4>(xs, ws, k),
-                (3, 3) => block::<3, 3>(xs, ws, k),
-                (3, 2) => block::<3, 2>(xs, ws, k),
-                (3, _) => block::<3, 1>(xs, ws, k),
-                (2, 4) => block::<2, 4>(xs, ws, k),
-                (2, 3) => block::<2, 3>(xs, ws, k),
-                (2, 2) => block::<2, 2>(xs, ws, k),
-                (2, _) => block::<2, 1>(xs, ws, k),
-                (_, 4) => block::<1, 4>(xs, ws, k),
-                (_, 3) => block::<1, 3>(xs, ws, k),
-                (_, 2) => block::<1, 2>(xs, ws, k),
-                (_, _) => block::<1, 1>(xs, ws, k),
-            };
-            for r in 0..rows {
-                out[(i + r) * n + j..][..cols].copy_from_slice(&s[r][..cols]);
+    assert!(8usize.is_multiple_of(R) && D.is_multiple_of(8) && D <= 128);
+    assert!(q.len() == R * D && out.len() == R * D && k.len() >= len * D && v.len() >= len * D);
+    let g = 8 / R;
+    let (qp, kp, vp) = (q.as_ptr(), k.as_ptr(), v.as_ptr());
+    let scale = _mm256_set1_ps(1.0 / (D as f32).sqrt());
+    let mut acc = [[_mm256_setzero_ps(); 16]; R]; // [head][D / 8 vectors]
+    let (mut m, mut z) = ([f32::NEG_INFINITY; R], [0f32; R]);
+    let mut mi = 0; // cursor into `masked`
+    let mut t = 0;
+    while t < len {
+        let n = g.min(len - t); // slots in this block
+        let mut sacc = [_mm256_setzero_ps(); 8]; // [r * g + j]
+        for c in (0..D).step_by(8) {
+            let mut qs = [_mm256_setzero_ps(); R];
+            for (r, qv) in qs.iter_mut().enumerate() {
+                // SAFETY: r * D + c + 8 <= R * D = q.len().
+                *qv = unsafe { _mm256_loadu_ps(qp.add(r * D + c)) };
             }
-            j += cols;
+            for j in 0..n {
+                // SAFETY: (t + j) * D + c + 8 <= len * D <= k.len().
+                let kc = unsafe { _mm256_loadu_ps(kp.add((t + j) * D + c)) };
+                for r in 0..R {
+                    sacc[r * g + j] = _mm256_fmadd_ps(qs[r], kc, sacc[r * g + j]);
+                }
+            }
         }
-        i += rows;
-    }
-}
-
-/// The R x C dot products of R rows of x against C rows of w (each k long): [r][c].
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn block<const R: usize, const C: usize>(x: &[f32], w: &[f32], k: usize) -> [[f32; 8]; 3] {
-    assert!(x.len() >= R * k && w.len() >= C * k && k.is_multiple_of(8));
-    let (xp, wp) = (x.as_ptr(), w.as_ptr());
-    let mut acc = [[_mm256_setzero_ps(); C]; R];
-    for c in (0..k).step_by(8) {
-        let mut xs = [_mm256_setzero_ps(); R];
-        for (r, xv) in xs.iter_mut().enumerate() {
-            // SAFETY: r * k + c + 8 <= R * k <= x.len().
-            *xv = unsafe { _mm256_loadu_ps(xp.add(r * k + c)) };
-        }
-        for q in 0..C {
-            // SAFETY: q * k + c + 8 <= C * k <= w.len().
-            let wv = unsafe { _mm256_loadu_ps(wp.add(q * k + c)) };
+        let mut s = [0f32; 8];
+        // SAFETY: `s` holds 8 floats.
+        unsafe { _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(hsum8(sacc), scale)) };
+        for j in n..g {
             for r in 0..R {
-                acc[r][q] = _mm256_fmadd_ps(xs[r], wv, acc[r][q]);
+                s[r * g + j] = f32::NEG_INFINITY; // past the end
             }
         }
+        while mi < masked.len() && (masked[mi] as usize) < t + n {
+            let j = masked[mi] as usize - t;
+            for r in 0..R {
+                s[r * g + j] = f32::NEG_INFINITY;
+            }
+            mi += 1;
+        }
+        let mut mv = [0f32; 8];
+        for r in 0..R {
+            let bm = s[r * g..][..g]
+                .iter()
+                .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+            if bm > m[r] {
+                // The running max grows: rescale what has been accumulated (e^-inf = 0 at first).
+                let c = crate::decode_rows::exp(m[r] - bm);
+                let cv = _mm256_set1_ps(c);
+                for a in acc[r].iter_mut().take(D / 8) {
+                    *a = _mm256_mul_ps(*a, cv);
+                }
+                z[r] *= c;
+                m[r] = bm;
+            }
+            mv[r * g..][..g].fill(m[r]);
+        }
+        // SAFETY: `s` and `mv` hold 8 floats each.
+        let pv = unsafe {
+            exp8(_mm256_sub_ps(
+                _mm256_loadu_ps(s.as_ptr()),
+                _mm256_loadu_ps(mv.as_ptr()),
+            ))
+        };
+        let mut p = [0f32; 8];
+        // SAFETY: `p` holds 8 floats.
+        unsafe { _mm256_storeu_ps(p.as_mut_ptr(), pv) };
+        for r in 0..R {
+            if m[r] == f32::NEG_INFINITY {
+                continue; // nothing unmasked yet for this head: e^(s - max) is not defined
+            }
+            z[r] += p[r * g..][..n].iter().sum::<f32>();
+        }
+        for j in 0..n {
+            let mut pj = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                let w = if m[r] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    p[r * g + j]
+                };
+                pj[r] = _mm256_set1_ps(w);
+            }
+            for i in 0..D / 8 {
+                // SAFETY: (t + j) * D + 8i + 8 <= len * D <= v.len().
+                let vc = unsafe { _mm256_loadu_ps(vp.add((t + j) * D + 8 * i)) };
+                for r in 0..R {
+                    acc[r][i] = _mm256_fmadd_ps(pj[r], vc, acc[r][i]);
+                }
+            }
+        }
+        t += n;
     }
-    let mut out = [[0f32; 8]; 3];
-    let z = _mm256_setzero_ps();
     for r in 0..R {
-        let mut v = [z; 8];
-        v[..C].copy_from_slice(&acc[r]);
-        // SAFETY: out[r] holds 8 floats.
-        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), hsum8(v)) };
-    }
-    out
-}
-
-/// `matmul_wt` with AVX-512: 4x4 blocks of dot products in zmm registers (the same bytes as the
-/// AVX2 3x4 block hold 16 lanes each, half the instructions per multiply-add); rows beyond a
-/// multiple of 4 go through the AVX2 kernel, columns beyond one through its 1x1 block.
-///
-/// # Safety
-/// The CPU must support AVX-512F, AVX-512DQ, AVX2 and FMA, and k must be a multiple of 16.
-#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-pub(crate) unsafe fn matmul_wt_512(
-    x: &[f32],
-    w: &[f32],
-    out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-) {
-    assert!(k.is_multiple_of(16) && x.len() == m * k && w.len() == n * k && out.len() == m * n);
-    let full = m / 4 * 4;
-    let (xp, wp) = (x.as_ptr(), w.as_ptr());
-    for i in (0..full).step_by(4) {
-        let mut j = 0;
-        while j + 4 <= n {
-            let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-            for c in (0..k).step_by(16) {
-                let mut xs = [_mm512_setzero_ps(); 4];
-                for (r, xv) in xs.iter_mut().enumerate() {
-                    // SAFETY: (i + r) * k + c + 16 <= full * k <= x.len().
-                    *xv = unsafe { _mm512_loadu_ps(xp.add((i + r) * k + c)) };
-                }
-                for q in 0..4 {
-                    // SAFETY: (j + q) * k + c + 16 <= n * k = w.len().
-                    let wv = unsafe { _mm512_loadu_ps(wp.add((j + q) * k + c)) };
-                    for r in 0..4 {
-                        acc[r][q] = _mm512_fmadd_ps(xs[r], wv, acc[r][q]);
-                    }
-                }
-            }
-            // Fold each zmm to a ymm, then 8 sums per horizontal-add tree.
-            let half = |v: __m512| {
-                _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v))
+        let inv = _mm256_set1_ps(if z[r] > 0.0 { 1.0 / z[r] } else { 0.0 });
+        for i in 0..D / 8 {
+            // SAFETY: r * D + 8i + 8 <= R * D = out.len().
+            unsafe {
+                _mm256_storeu_ps(
+                    out.as_mut_ptr().add(r * D + 8 * i),
+                    _mm256_mul_ps(acc[r][i], inv),
+                )
             };
-            for rr in [0, 2] {
-                let mut v = [_mm256_setzero_ps(); 8];
-                for q in 0..4 {
-                    v[q] = half(acc[rr][q]);
-                    v[4 + q] = half(acc[rr + 1][q]);
-                }
-                let mut lanes = [0f32; 8];
-                // SAFETY: `lanes` holds 8 floats.
-                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), hsum8(v)) };
-                out[(i + rr) * n + j..][..4].copy_from_slice(&lanes[..4]);
-                out[(i + rr + 1) * n + j..][..4].copy_from_slice(&lanes[4..]);
-            }
-            j += 4;
-        }
-        for j in j..n {
-            let wr = &w[j * k..][..k];
-            for r in 0..4 {
-                out[(i + r) * n + j] = block::<1, 1>(&x[(i + r) * k..][..k], wr, k)[0][0];
-            }
         }
     }
-    if full < m {
-        // SAFETY: the caller guarantees AVX2 and FMA.
-        unsafe { matmul_wt(&x[full * k..], w, &mut out[full * n..], m - full, k, n) };
-    }
-}
-
-/// Whether the AVX-512 matmul can run here.
-pub(crate) fn available_512() -> bool {
-    available()
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
 }
 
 /// Whether the AVX2 kernels can run here.
@@ -294,31 +303,6 @@ pub(crate) fn available() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn matmul_matches_plain_loops() {
-        if !available() {
-            eprintln!("skipped: this CPU lacks AVX2/FMA");
-            return;
-        }
-        for (m, k, n) in [(1, 8, 1), (7, 16, 9), (32, 128, 64), (4, 24, 5), (9, 32, 6)] {
-            let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.13).sin()).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.29).cos()).collect();
-            let mut out = vec![f32::NAN; m * n];
-            // SAFETY: features checked above.
-            unsafe { matmul_wt(&x, &w, &mut out, m, k, n) };
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f32 = (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum();
-                    let got = out[i * n + j];
-                    assert!(
-                        (got - want).abs() < 1e-4,
-                        "({m},{k},{n}) [{i},{j}]: {got} vs {want}"
-                    );
-                }
-            }
-        }
-    }
 
     #[test]
     fn group_kernels_match_plain_loops() {

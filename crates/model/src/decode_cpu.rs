@@ -3,21 +3,18 @@
 //! Data flow: rollout's `generate` -> `Qwen3::forward_cached` (one slot, f32, CPU) -> here ->
 //! (B, V) logits. The composite candle forward spends a decode step of a small model in ~25
 //! allocating ops per layer, an attention bias over the whole cache and a (B, Hq, 1, S) score
-//! matrix; this path reads the weights in place, runs the seven projections as direct `gemm`
-//! calls, fuses norm / RoPE / SiLU into loops over scratch buffers, writes K/V into the cache
-//! slot in place and attends once over the valid slots with an online softmax, rows in
-//! parallel. Same math as `Qwen3::layer` (tested against it to float tolerance).
-#![allow(unsafe_code)] // one call into `gemm` with pointers derived from checked slices
+//! matrix. This path splits the batch's rows into parts (one per thread when the weights fit in
+//! cache); each part runs a whole layer on its own (rows never interact in a decode step):
+//! projections (`decode_matmul`), norm / RoPE / SiLU loops (`decode_rows`), its rows' K/V
+//! written into the cache slot in place, attention over the unmasked slots (`decode_avx2`),
+//! over scratch reused between steps. Same math as `Qwen3::layer` (tested against it).
 
 use crate::cache::KvCache;
 use crate::config::Config;
+use crate::decode_matmul::matmul_wt;
 use crate::decode_rows::{self as rows, simd_dispatch, CacheRow};
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
 use rayon::prelude::*;
-
-/// Work (multiply-adds) below which a matmul runs on the calling thread: waking the pool costs
-/// more than it saves.
-const PAR_MIN_WORK: usize = 1 << 16;
 
 /// Borrowed f32 weights of one model, in HF layout ((out, in) row-major).
 struct Weights<'a> {
@@ -37,55 +34,6 @@ impl<'a> Weights<'a> {
             (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Ok(&v[a..b]),
             _ => crate::fail!("decode: weight {i} is not a contiguous f32 CPU tensor"),
         }
-    }
-}
-
-/// out (m, n) = x (m, k) @ w^T for w (n, k) row-major.
-fn matmul_wt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, par: bool) {
-    assert!(x.len() == m * k && w.len() == n * k && out.len() == m * n);
-    // Single-threaded calls (rows already split across threads, so the weights are small) skip
-    // gemm's packing of W, which would be redone on every call.
-    #[cfg(target_arch = "x86_64")]
-    if !par && k.is_multiple_of(16) && crate::decode_avx2::available_512() {
-        // SAFETY: the CPU has AVX-512F/DQ, AVX2 and FMA (checked).
-        unsafe { crate::decode_avx2::matmul_wt_512(x, w, out, m, k, n) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if !par && k.is_multiple_of(8) && crate::decode_avx2::available() {
-        // SAFETY: the CPU has AVX2 and FMA (checked).
-        unsafe { crate::decode_avx2::matmul_wt(x, w, out, m, k, n) };
-        return;
-    }
-    let par = if par && m * n * k >= PAR_MIN_WORK {
-        gemm::Parallelism::Rayon(rayon::current_num_threads())
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: the three slices hold exactly the (m, n), (m, k) and (n, k) elements the strides
-    // below address (asserted above), and `out` does not alias the inputs (&mut).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        )
     }
 }
 
@@ -295,6 +243,7 @@ fn attend_mlp_body(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, p
             dm.d,
             &mut r.att[i * dm.qd..][..dm.qd],
             &mut r.scores,
+            false,
         );
     }
     matmul_wt(&r.att, lw[6], &mut r.o, n, dm.qd, dm.hs, par);

@@ -15,6 +15,7 @@ const LANES: usize = 8;
 macro_rules! simd_dispatch {
     ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:path) => {
         $(#[$m])*
+        #[allow(unsafe_code)] // the target-feature call below, guarded by a feature check
         fn $name($($a: $t),*) {
             #[cfg(target_arch = "x86_64")]
             {
@@ -133,10 +134,11 @@ pub(crate) struct CacheRow<'a> {
     pub hkv: usize,
 }
 
-/// Single-query attention of one row: q (Hq, D) -> out (Hq, D) over the valid slots among the
-/// first `len`. Per KV group: the scores of its query heads, an exact max-subtracted softmax,
-/// then the weighted sum of V; a head with no valid slot gives 0. `scores` is scratch. The AVX2
-/// kernels of `decode_avx2` do the two passes over the cache when they can.
+/// Single-query attention of one row: q (Hq, D) -> out (Hq, D) over the unmasked slots among
+/// the first `len`; a head with no such slot gives 0. `scores` is scratch. With AVX2 and a
+/// common shape, `decode_avx2::group_attend` does each KV group in one pass over the cache;
+/// otherwise (and in `portable` mode, which tests use) two passes: the scores of the group's
+/// query heads, an exact max-subtracted softmax, then the weighted sum of V.
 #[inline(always)]
 pub(crate) fn attend_row(
     q: &[f32],
@@ -144,14 +146,21 @@ pub(crate) fn attend_row(
     d: usize,
     out: &mut [f32],
     scores: &mut Vec<f32>,
+    portable: bool,
 ) {
     let rep = q.len() / d / c.hkv;
     let (cap, len) = (c.cap, c.len);
     let scale = 1.0 / (d as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
-    let fast = d.is_multiple_of(8) && matches!(rep, 1 | 2 | 4) && crate::decode_avx2::available();
+    let fast = !portable
+        && d.is_multiple_of(8)
+        && matches!(rep, 1 | 2 | 4)
+        && crate::decode_avx2::available();
     #[cfg(not(target_arch = "x86_64"))]
-    let fast = false;
+    let fast = {
+        let _ = portable;
+        false
+    };
     scores.resize(rep * len + rep, 0.0);
     out.fill(0.0);
     for g in 0..c.hkv {
@@ -159,6 +168,56 @@ pub(crate) fn attend_row(
         let vb = &c.v[g * cap * d..][..len * d];
         let qg = &q[g * rep * d..][..rep * d];
         let og = &mut out[g * rep * d..][..rep * d];
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            use crate::decode_avx2::group_attend;
+            let masked = c.masked;
+            // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+            let done = unsafe {
+                match (rep, d) {
+                    (1, 32) => {
+                        group_attend::<1, 32>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (2, 32) => {
+                        group_attend::<2, 32>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (4, 32) => {
+                        group_attend::<4, 32>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (1, 64) => {
+                        group_attend::<1, 64>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (2, 64) => {
+                        group_attend::<2, 64>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (4, 64) => {
+                        group_attend::<4, 64>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (1, 128) => {
+                        group_attend::<1, 128>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (2, 128) => {
+                        group_attend::<2, 128>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    (4, 128) => {
+                        group_attend::<4, 128>(qg, kb, vb, len, masked, og);
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if done {
+                continue;
+            }
+        }
         let (scores, inv) = scores.split_at_mut(rep * len); // (rep, len) and (rep) normalisers
                                                             // Scores of the group's query heads, (rep, len).
         if fast {
@@ -310,11 +369,11 @@ mod tests {
         simd_dispatch!(fn attend(q: &[f32], c: &CacheRow, d: usize, out: &mut [f32]) => attend_one);
         #[inline(always)]
         fn attend_one(q: &[f32], c: &CacheRow, d: usize, out: &mut [f32]) {
-            attend_row(q, c, d, out, &mut vec![]);
+            attend_row(q, c, d, out, &mut vec![], false);
         }
         let (mut wide, mut plain) = (vec![f32::NAN; 2 * d], vec![f32::NAN; 2 * d]);
         attend(&q, &c, d, &mut wide);
-        attend_one(&q, &c, d, &mut plain);
+        attend_row(&q, &c, d, &mut plain, &mut vec![], true);
         for ((a, b), w) in wide.iter().zip(&plain).zip(&want) {
             assert!(
                 (a - w).abs() < 1e-5 && (b - w).abs() < 1e-5,

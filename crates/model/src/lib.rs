@@ -28,6 +28,7 @@ pub mod checkpoint;
 pub mod config;
 mod decode_avx2;
 mod decode_cpu;
+mod decode_matmul;
 mod decode_rows;
 pub mod device;
 pub mod fused;
