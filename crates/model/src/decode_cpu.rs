@@ -76,10 +76,14 @@ fn split_rows<'s>(mut all: &'s mut [f32], parts: &[Rows], block: usize) -> Vec<&
         .collect()
 }
 
-/// Writes a part's new K or V rows (n, Hkv, D) into slot `slot` of its (n, Hkv, C, D) cache.
-fn write_slot(cache: &mut [f32], src: &[f32], cap: usize, d: usize, slot: usize) {
-    for (i, row) in src.chunks_exact(d).enumerate() {
-        cache[(i * cap + slot) * d..][..d].copy_from_slice(row);
+/// Writes a part's new K or V (n, s, Hkv, D) into slots `off..off + s` of its (n, Hkv, C, D)
+/// cache.
+fn write_slots(cache: &mut [f32], src: &[f32], dims: [usize; 4], off: usize) {
+    let [s, hkv, cap, d] = dims;
+    for (t, head) in src.chunks_exact(d).enumerate() {
+        let (tok, h) = (t / hkv, t % hkv);
+        let (row, j) = (tok / s, tok % s);
+        cache[((row * hkv + h) * cap + off + j) * d..][..d].copy_from_slice(head);
     }
 }
 
@@ -132,7 +136,9 @@ thread_local! {
 struct Rows {
     start: usize,
     n: usize,
-    /// Residual stream (n, H).
+    /// New slots per row this step (1 when decoding; the prompt length in a prefill).
+    s: usize,
+    /// Residual stream (n * s, H): token j of row i at i * s + j.
     x: Vec<f32>,
     h: Vec<f32>,
     q: Vec<f32>,
@@ -142,11 +148,11 @@ struct Rows {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    /// Rotary tables (n, d/2).
+    /// Rotary tables (n * s, d/2).
     cos: Vec<f32>,
     sin: Vec<f32>,
     scores: Vec<f32>,
-    /// (n, V), filled after the last layer.
+    /// (n, V) for each row's last new slot, filled after the last layer.
     logits: Vec<f32>,
     /// Padding slots of each row (row i: masked[masked_at[i]..masked_at[i + 1]]), this step.
     masked: Vec<u32>,
@@ -154,11 +160,12 @@ struct Rows {
 }
 
 impl Rows {
-    fn new(start: usize, n: usize, dm: &Dims) -> Self {
-        let z = |w: usize| vec![0f32; n * w];
+    fn new(start: usize, n: usize, s: usize, dm: &Dims) -> Self {
+        let z = |w: usize| vec![0f32; n * s * w];
         Self {
             start,
             n,
+            s,
             x: z(dm.hs),
             h: z(dm.hs),
             q: z(dm.qd),
@@ -177,13 +184,14 @@ impl Rows {
         }
     }
 
-    /// Embedding rows and rotary tables (f32, as `ops::rope_tables` computes them).
+    /// Embedding rows and rotary tables (f32, as `ops::rope_tables` computes them); ids and
+    /// positions are (B, s).
     fn embed(&mut self, embed: &[f32], ids: &[u32], pos: &[u32], theta: f64, dm: &Dims) {
         let (hs, half) = (dm.hs, dm.d / 2);
         for (r, row) in self.x.chunks_exact_mut(hs).enumerate() {
-            let id = ids[self.start + r] as usize;
+            let id = ids[self.start * self.s + r] as usize;
             row.copy_from_slice(&embed[id * hs..(id + 1) * hs]);
-            let p = pos[self.start + r] as f32;
+            let p = pos[self.start * self.s + r] as f32;
             for i in 0..half {
                 let inv = (1.0 / theta.powf((2 * i) as f64 / dm.d as f64)) as f32;
                 self.cos[r * half + i] = (p * inv).cos();
@@ -200,7 +208,7 @@ simd_dispatch!(
 
 #[inline(always)]
 fn qkv_body(r: &mut Rows, lw: &[&[f32]], dm: &Dims, par: bool) {
-    let n = r.n;
+    let n = r.n * r.s; // tokens
     r.h.copy_from_slice(&r.x);
     rows::rms_norm_rows(&mut r.h, lw[0], dm.eps);
     matmul_wt(&r.h, lw[1], &mut r.q, n, dm.hs, dm.qd, par); // (n, Hq*D)
@@ -225,21 +233,23 @@ simd_dispatch!(
 
 #[inline(always)]
 fn attend_mlp_body(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, par: bool) {
-    let (n, cap) = (r.n, cache.cap);
+    let (n, cap) = (r.n * r.s, cache.cap);
     let block = dm.hkv * cap * dm.d;
     for i in 0..n {
-        let row = CacheRow {
-            k: &cache.k[i * block..][..block],
-            v: &cache.v[i * block..][..block],
-            masked: &r.masked[r.masked_at[i]..r.masked_at[i + 1]],
+        // Token j of row `row`: causal, it sees the slots up to its own.
+        let (row, j) = (i / r.s, i % r.s);
+        let cr = CacheRow {
+            k: &cache.k[row * block..][..block],
+            v: &cache.v[row * block..][..block],
+            masked: &r.masked[r.masked_at[row]..r.masked_at[row + 1]],
             cap,
-            len: cache.len,
+            len: cache.len - r.s + j + 1,
             hkv: dm.hkv,
         };
         let q = &r.q[i * dm.qd..][..dm.qd];
         rows::attend_row(
             q,
-            &row,
+            &cr,
             dm.d,
             &mut r.att[i * dm.qd..][..dm.qd],
             &mut r.scores,
@@ -275,14 +285,16 @@ struct LayerCache<'a> {
 /// all of W).
 const ROW_SPLIT_MAX_WEIGHTS: usize = 16 << 20;
 
-/// One decode step: ids/positions (B) for the cache's slot `cache.len() - 1` (already
-/// appended), `weights` in `weight_names` order -> logits (B, V).
+/// One forward over `slots` new slots per row (1 when decoding, the prompt in a prefill):
+/// ids/positions (B, slots) for the cache's last `slots` slots (already appended), `weights`
+/// in `weight_names` order -> logits (B, V) of each row's last slot.
 pub(crate) fn step(
     c: &Config,
     weights: &[Tensor],
     cache: &KvCache,
     ids: &[u32],
     positions: &[u32],
+    slots: usize,
 ) -> Result<Tensor> {
     let locked = Weights::lock(weights);
     let w = (0..weights.len())
@@ -299,7 +311,7 @@ pub(crate) fn step(
         vocab: c.vocab_size,
         eps: c.rms_norm_eps as f32,
     };
-    let b = ids.len();
+    let b = ids.len() / slots;
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= dm.vocab) {
         crate::fail!(
             "decode: token id {id} out of range for vocabulary {}",
@@ -321,20 +333,21 @@ pub(crate) fn step(
         let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
         r.start == lo
             && r.n == hi - lo
-            && r.q.len() == r.n * dm.qd
-            && r.gate.len() == r.n * dm.inter
+            && r.s == slots
+            && r.q.len() == r.n * slots * dm.qd
+            && r.gate.len() == r.n * slots * dm.inter
     };
     if chunks.len() != parts || !chunks.iter().enumerate().all(|(i, r)| fits(r, i)) {
         chunks = (0..parts)
             .map(|i| {
                 let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
-                Rows::new(lo, hi - lo, &dm)
+                Rows::new(lo, hi - lo, slots, &dm)
             })
             .collect();
     }
     // Rows never interact in a decode step, so each part runs a whole layer (projections, its
-    // rows' cache slot, attention, MLP) on its own: one fork-join per layer.
-    let (slot, len, cap) = (cache.len() - 1, cache.len(), cache.capacity());
+    // rows' cache slots, attention, MLP) on its own: one fork-join per layer.
+    let (off, len, cap) = (cache.len() - slots, cache.len(), cache.capacity());
     let layers = c.num_hidden_layers;
     let block = hkv * cap * d;
     for l in 0..layers {
@@ -353,8 +366,8 @@ pub(crate) fn step(
                 }
             }
             qkv(r, lw, &dm, par);
-            write_slot(kp, &r.k, cap, d, slot);
-            write_slot(vp, &r.v, cap, d, slot);
+            write_slots(kp, &r.k, [slots, hkv, cap, d], off);
+            write_slots(vp, &r.v, [slots, hkv, cap, d], off);
             let lc = LayerCache {
                 k: kp,
                 v: vp,
@@ -363,10 +376,15 @@ pub(crate) fn step(
             };
             attend_mlp(r, lw, &lc, &dm, par);
             if l + 1 == layers {
-                final_norm(&mut r.x, w[1], dm.eps);
+                // Each row's last slot only: (n, H) -> (n, V).
+                let mut last = Vec::with_capacity(r.n * dm.hs);
+                for row in r.x.chunks_exact(slots * dm.hs) {
+                    last.extend_from_slice(&row[(slots - 1) * dm.hs..]);
+                }
+                final_norm(&mut last, w[1], dm.eps);
                 r.logits.resize(r.n * dm.vocab, 0.0);
                 let p = par || threads > 1 && parts == 1;
-                matmul_wt(&r.x, w[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
+                matmul_wt(&last, w[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
             }
         };
         with_mut(ck, &mut |kall| {
@@ -404,10 +422,10 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
 
     /// Prefill a left-padded batch, then decode 6 steps (one row padded at step 3) along each
-    /// path; every step's logits agree with the composite forward.
-    fn paths_agree(rows: usize) {
+    /// path; the prefill's and every step's logits agree with the composite forward.
+    fn paths_agree(rows: usize, head_dim: usize) {
         let dev = Device::Cpu;
-        let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, 16, true).expect("config");
+        let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, head_dim, true).expect("config");
         let m = Qwen3::random(cfg, 7, &dev, DType::F32).expect("model");
         let prompts: Vec<Vec<u32>> = (0..rows)
             .map(|r| {
@@ -418,16 +436,21 @@ mod tests {
             .collect();
         let batch = Batch::from_rows(&prompts, 0, Padding::Left, &dev).expect("batch");
         let paths = [DecodePath::Composite, DecodePath::Kernels, DecodePath::Cpu];
-        let mut caches: Vec<_> = paths
-            .iter()
-            .map(|_| {
-                let mut c = m.new_cache(rows, batch.t + 8).expect("cache");
-                let ids = (&batch.input_ids, &batch.position_ids, &batch.mask);
-                m.forward_cached(&mut c, ids.0, ids.1, ids.2)
-                    .expect("prefill");
-                c
-            })
-            .collect();
+        let mut caches = vec![];
+        let mut prefill = vec![];
+        for &p in &paths {
+            let mut c = m.new_cache(rows, batch.t + 8).expect("cache");
+            let ids = (&batch.input_ids, &batch.position_ids, &batch.mask);
+            let l = m.forward_cached_with(p, &mut c, ids.0, ids.1, ids.2);
+            prefill.push(l.expect("prefill").to_vec2::<f32>().expect("logits"));
+            caches.push(c);
+        }
+        // The prefill (left-padded prompts, several slots per row) agrees too.
+        for (p, o) in paths.iter().zip(&prefill).skip(1) {
+            for (a, b) in o.iter().flatten().zip(prefill[0].iter().flatten()) {
+                assert!((a - b).abs() < 2e-5, "{p:?} prefill: {a} vs {b}");
+            }
+        }
         for step in 0..6u32 {
             let ids: Vec<u32> = (0..rows as u32)
                 .map(|r| (r * 7 + step * 11) % 47 + 1)
@@ -458,12 +481,14 @@ mod tests {
 
     #[test]
     fn decode_paths_agree_on_one_row() {
-        paths_agree(1);
+        paths_agree(1, 16);
     }
 
     #[test]
     fn decode_paths_agree_with_rows_split_across_threads() {
         // 19 rows: the CPU step splits them into parts (of uneven size) when it has threads.
-        paths_agree(19);
+        paths_agree(19, 16);
+        // Head size 32: the one-pass AVX2 attention (where the CPU has it).
+        paths_agree(19, 32);
     }
 }

@@ -121,6 +121,7 @@ pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
 }
 
 /// One row's view of the cache for `attend_row`.
+#[derive(Clone, Copy)]
 pub(crate) struct CacheRow<'a> {
     /// (Hkv, C, D) keys and values of this row.
     pub k: &'a [f32],
@@ -150,6 +151,11 @@ pub(crate) fn attend_row(
 ) {
     let rep = q.len() / d / c.hkv;
     let (cap, len) = (c.cap, c.len);
+    // A prefill's earlier tokens see fewer slots than the row's padding list covers.
+    let c = &CacheRow {
+        masked: &c.masked[..c.masked.partition_point(|&t| (t as usize) < len)],
+        ..*c
+    };
     let scale = 1.0 / (d as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
     let fast = !portable

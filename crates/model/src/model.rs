@@ -347,10 +347,10 @@ impl Qwen3 {
         positions: &Tensor,
         valid: &[u8],
     ) -> Result<Tensor> {
-        let path = if ids.dim(1)? != 1 {
-            DecodePath::Composite
-        } else if decode_cpu::supported(&self.device, self.compute_dtype) {
+        let path = if decode_cpu::supported(&self.device, self.compute_dtype) {
             DecodePath::Cpu
+        } else if ids.dim(1)? != 1 {
+            DecodePath::Composite
         } else if self.device.is_cuda() {
             DecodePath::Kernels
         } else {
@@ -380,7 +380,7 @@ impl Qwen3 {
                 .collect::<Result<Vec<_>>>()?;
             let ids = ids.flatten_all()?.to_vec1::<u32>()?;
             let pos = positions.flatten_all()?.to_vec1::<u32>()?;
-            return decode_cpu::step(c, &ws, cache, &ids, &pos);
+            return decode_cpu::step(c, &ws, cache, &ids, &pos, s);
         }
         let bias = attention_bias(&cache.allowed(s), b, s, off + s, dt, &self.device)?;
         let (cos, sin) = rope_tables(positions, c.head_dim, c.rope_theta, dt)?;
@@ -397,9 +397,9 @@ impl Qwen3 {
     }
 }
 
-/// How `forward_cached` runs: candle's composite ops (prefill, any device), the fused custom
-/// ops of `fused` for a one-slot step (on CUDA: the kernels of kernels/*.cu), or the CPU decode
-/// step of `decode_cpu`.
+/// How `forward_cached` runs: candle's composite ops (any device, any slot count), the fused
+/// custom ops of `fused` for a one-slot step (on CUDA: the kernels of kernels/*.cu), or the CPU
+/// step of `decode_cpu` (f32 on the CPU: prefill and decode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DecodePath {
     Composite,
