@@ -91,8 +91,8 @@ impl CustomOp2 for RmsNorm {
         crate::fused_cuda::rmsnorm_fwd(s1, l1, s2, l2, self.eps)
     }
 
-    /// dx from the composite formula (one fused kernel on the GPU is future work), dw by a
-    /// reduction over rows: both in f32, recomputing the row statistic.
+    /// On CUDA the `rmsnorm_bwd` kernel (through `RmsNormBwd`, in f32); elsewhere the composite
+    /// formula: dx and, by a reduction over rows, dw, both recomputing the row statistic.
     fn bwd(
         &self,
         x: &Tensor,
@@ -100,7 +100,21 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        use candle_core::D;
+        use candle_core::{DType, D};
+        if x.device().is_cuda() {
+            let f = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+            let both = f(x)?.apply_op3(&f(w)?, &f(dy)?, RmsNormBwd { eps: self.eps })?; // (rows + 1, C)
+            let rows = both.dim(0)? - 1;
+            let dx = both
+                .narrow(0, 0, rows)?
+                .reshape(x.shape())?
+                .to_dtype(x.dtype())?;
+            let dw = both
+                .narrow(0, rows, 1)?
+                .reshape(w.shape())?
+                .to_dtype(w.dtype())?;
+            return Ok((Some(dx), Some(dw)));
+        }
         let cols = w.elem_count() as f64;
         let rstd = ((x.sqr()?.mean_keepdim(D::Minus1)? + f64::from(self.eps))?.sqrt()?).recip()?; // (.., 1)
         let gw = dy.broadcast_mul(w)?; // (.., C)
@@ -112,6 +126,49 @@ impl CustomOp2 for RmsNorm {
             .reshape((rows, w.elem_count()))?
             .sum(0)?;
         Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// RMSNorm backward in one op: f32 x (.., C), w (C), dy (.., C) -> (rows + 1, C) = [dx rows;
+/// dw]. CPU: the reference; CUDA: `rmsnorm_fwd` for the row statistic, then `rmsnorm_bwd`.
+pub(crate) struct RmsNormBwd {
+    pub eps: f32,
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "terse-rmsnorm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let cols = l2.shape().elem_count();
+        let x = f32s(s1, l1, "rmsnorm bwd x")?;
+        let w = f32s(s2, l2, "rmsnorm bwd w")?;
+        let (_, rstd) = cpu::rmsnorm_fwd(x, w, cols, self.eps);
+        let (mut dx, dw) = cpu::rmsnorm_bwd(x, w, &rstd, f32s(s3, l3, "rmsnorm bwd dy")?, cols);
+        dx.extend_from_slice(&dw);
+        Ok((CpuStorage::F32(dx), Shape::from((x.len() / cols + 1, cols))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::fused_cuda::rmsnorm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
     }
 }
 
@@ -353,97 +410,5 @@ impl InplaceOp2 for KvWrite {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ops;
-    use candle_core::{DType, Device, Var};
-
-    fn vals(shape: &[usize], seed: usize) -> Tensor {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 50.0 - 1.0)
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).expect("t")
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .expect("d")
-            .abs()
-            .expect("a")
-            .flatten_all()
-            .expect("f")
-            .max(0)
-            .expect("m")
-            .to_scalar()
-            .expect("s")
-    }
-
-    /// The ops' forward (the CPU reference) and backward (recorded by the op) against the
-    /// composite candle ops of the training path.
-    #[test]
-    fn fused_ops_and_their_backward_equal_the_composite_ops() {
-        let x = Var::from_tensor(&vals(&[3, 4, 16], 1)).expect("x");
-        let w = Var::from_tensor(&vals(&[16], 2)).expect("w");
-        let g = vals(&[3, 4, 16], 3);
-        let grads = |y: Tensor| {
-            (y * &g)
-                .expect("m")
-                .sum_all()
-                .expect("s")
-                .backward()
-                .expect("b")
-        };
-        let (a, b) = (
-            rms_norm(&x, &w, 1e-6).expect("f"),
-            ops::rms_norm(&x, &w, 1e-6).expect("c"),
-        );
-        assert!(max_diff(&a, &b) < 1e-5);
-        let (ga, gb) = (grads(a), grads(b));
-        for v in [&x, &w] {
-            let d = max_diff(ga.get(v).expect("g"), gb.get(v).expect("g"));
-            assert!(d < 1e-4, "rmsnorm grad {d}");
-        }
-
-        let x = Var::from_tensor(&vals(&[2, 3, 4, 8], 4)).expect("x");
-        let pos =
-            Tensor::from_vec(vec![0u32, 1, 2, 3, 7, 8, 9, 10], (2, 4), &Device::Cpu).expect("p");
-        let (c, s) = ops::rope_tables(&pos, 8, 1e4, DType::F32).expect("t");
-        let g = vals(&[2, 3, 4, 8], 5);
-        let grads = |y: Tensor| {
-            (y * &g)
-                .expect("m")
-                .sum_all()
-                .expect("s")
-                .backward()
-                .expect("b")
-        };
-        let (a, b) = (
-            rope(&x, &c, &s).expect("f"),
-            ops::rope(&x, &c, &s).expect("c"),
-        );
-        assert!(max_diff(&a, &b) < 1e-6);
-        let d = max_diff(grads(a).get(&x).expect("g"), grads(b).get(&x).expect("g"));
-        assert!(d < 1e-6, "rope grad {d}");
-    }
-
-    #[test]
-    fn kv_write_fills_one_slot_in_place() {
-        let cache = Tensor::zeros((2, 1, 3, 2), DType::F32, &Device::Cpu).expect("c");
-        kv_write(&cache, &vals(&[2, 1, 2], 6), 1).expect("write");
-        let flat = cache.flatten_all().expect("f").to_vec1::<f32>().expect("v");
-        let src = vals(&[2, 1, 2], 6)
-            .flatten_all()
-            .expect("f")
-            .to_vec1::<f32>()
-            .expect("v");
-        assert_eq!(
-            flat,
-            [0.0, 0.0, src[0], src[1], 0.0, 0.0, 0.0, 0.0, src[2], src[3], 0.0, 0.0]
-        );
-        assert!(
-            kv_write(&cache, &vals(&[2, 1, 2], 6), 3).is_err(),
-            "slot out of range"
-        );
-    }
-}
+#[path = "fused_tests.rs"]
+mod tests;

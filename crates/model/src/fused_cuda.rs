@@ -93,6 +93,62 @@ pub fn rmsnorm_fwd(
     Ok((s, lx.shape().clone()))
 }
 
+/// RMSNorm backward, f32: the row statistic from `rmsnorm_fwd` (its output is scratch), then
+/// `rmsnorm_bwd` writing dx into rows 0..rows and accumulating dw into the zeroed last row.
+pub fn rmsnorm_bwd(
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    dy: &CudaStorage,
+    ldy: &Layout,
+    eps: f32,
+) -> Result<(CudaStorage, Shape)> {
+    let dev: &CudaDevice = x.device();
+    let cols = lw.shape().elem_count();
+    let n = lx.shape().elem_count();
+    let rows = n / cols;
+    let (xv, wv, gv) = (
+        view::<f32>(x, lx, "rmsnorm bwd x")?,
+        view::<f32>(w, lw, "rmsnorm bwd w")?,
+        view::<f32>(dy, ldy, "rmsnorm bwd dy")?,
+    );
+    let cols_i = cols as i32;
+    let fwd = dev.get_or_load_custom_func("rmsnorm_fwd_f32", "terse_rmsnorm", ptx::RMSNORM)?;
+    // SAFETY: every element is written by the kernel.
+    let mut y = unsafe { dev.alloc::<f32>(n)? };
+    let mut rstd = unsafe { dev.alloc::<f32>(rows)? };
+    let mut b = fwd.builder();
+    b.arg(&xv)
+        .arg(&wv)
+        .arg(&mut y)
+        .arg(&mut rstd)
+        .arg(&cols_i)
+        .arg(&eps);
+    // SAFETY: argument types and counts match the kernel's signature.
+    unsafe { b.launch(grid(rows, 256)) }.w()?;
+    let bwd = dev.get_or_load_custom_func("rmsnorm_bwd_f32", "terse_rmsnorm", ptx::RMSNORM)?;
+    // dw accumulates with atomics, so its row starts at zero.
+    let mut out = dev.alloc_zeros::<f32>(n + cols)?;
+    {
+        let (mut dx, mut dw) = out.split_at_mut(n);
+        let mut b = bwd.builder();
+        b.arg(&xv)
+            .arg(&wv)
+            .arg(&rstd)
+            .arg(&gv)
+            .arg(&mut dx)
+            .arg(&mut dw)
+            .arg(&cols_i);
+        // SAFETY: argument types and counts match the kernel's signature.
+        unsafe { b.launch(grid(rows, 256)) }.w()?;
+    }
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev.clone()),
+        Shape::from((rows + 1, cols)),
+    ))
+}
+
 pub fn rope(
     x: &CudaStorage,
     lx: &Layout,
@@ -102,6 +158,7 @@ pub fn rope(
     ls: &Layout,
     inverse: bool,
 ) -> Result<(CudaStorage, Shape)> {
+    #[allow(clippy::too_many_arguments)]
     fn go<T: CudaDType + DeviceRepr>(
         x: &CudaStorage,
         lx: &Layout,

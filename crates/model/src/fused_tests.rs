@@ -1,0 +1,104 @@
+//! Tests of fused.rs: each op's forward (the CPU reference) and backward against the
+//! composite candle ops, the one-op RMSNorm backward, the in-place KV write.
+
+use super::*;
+use crate::ops;
+use candle_core::{DType, Device, Var};
+
+fn vals(shape: &[usize], seed: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 50.0 - 1.0)
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).expect("t")
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .expect("d")
+        .abs()
+        .expect("a")
+        .flatten_all()
+        .expect("f")
+        .max(0)
+        .expect("m")
+        .to_scalar()
+        .expect("s")
+}
+
+/// The ops' forward (the CPU reference) and backward (recorded by the op) against the
+/// composite candle ops of the training path.
+#[test]
+fn fused_ops_and_their_backward_equal_the_composite_ops() {
+    let x = Var::from_tensor(&vals(&[3, 4, 16], 1)).expect("x");
+    let w = Var::from_tensor(&vals(&[16], 2)).expect("w");
+    let g = vals(&[3, 4, 16], 3);
+    let grads = |y: Tensor| {
+        (y * &g)
+            .expect("m")
+            .sum_all()
+            .expect("s")
+            .backward()
+            .expect("b")
+    };
+    let (a, b) = (
+        rms_norm(&x, &w, 1e-6).expect("f"),
+        ops::rms_norm(&x, &w, 1e-6).expect("c"),
+    );
+    assert!(max_diff(&a, &b) < 1e-5);
+    let (ga, gb) = (grads(a), grads(b));
+    for v in [&x, &w] {
+        let d = max_diff(ga.get(v).expect("g"), gb.get(v).expect("g"));
+        assert!(d < 1e-4, "rmsnorm grad {d}");
+    }
+    // The one-op backward (what CUDA runs) on its CPU reference: (12 + 1, 16) = [dx; dw].
+    let both = x.apply_op3(&w, &g, RmsNormBwd { eps: 1e-6 }).expect("bwd");
+    let dx = both
+        .narrow(0, 0, 12)
+        .expect("n")
+        .reshape((3, 4, 16))
+        .expect("r");
+    let dw = both.narrow(0, 12, 1).expect("n").reshape(16).expect("r");
+    assert!(max_diff(&dx, gb.get(&x).expect("g")) < 1e-4);
+    assert!(max_diff(&dw, gb.get(&w).expect("g")) < 1e-4);
+
+    let x = Var::from_tensor(&vals(&[2, 3, 4, 8], 4)).expect("x");
+    let pos = Tensor::from_vec(vec![0u32, 1, 2, 3, 7, 8, 9, 10], (2, 4), &Device::Cpu).expect("p");
+    let (c, s) = ops::rope_tables(&pos, 8, 1e4, DType::F32).expect("t");
+    let g = vals(&[2, 3, 4, 8], 5);
+    let grads = |y: Tensor| {
+        (y * &g)
+            .expect("m")
+            .sum_all()
+            .expect("s")
+            .backward()
+            .expect("b")
+    };
+    let (a, b) = (
+        rope(&x, &c, &s).expect("f"),
+        ops::rope(&x, &c, &s).expect("c"),
+    );
+    assert!(max_diff(&a, &b) < 1e-6);
+    let d = max_diff(grads(a).get(&x).expect("g"), grads(b).get(&x).expect("g"));
+    assert!(d < 1e-6, "rope grad {d}");
+}
+
+#[test]
+fn kv_write_fills_one_slot_in_place() {
+    let cache = Tensor::zeros((2, 1, 3, 2), DType::F32, &Device::Cpu).expect("c");
+    kv_write(&cache, &vals(&[2, 1, 2], 6), 1).expect("write");
+    let flat = cache.flatten_all().expect("f").to_vec1::<f32>().expect("v");
+    let src = vals(&[2, 1, 2], 6)
+        .flatten_all()
+        .expect("f")
+        .to_vec1::<f32>()
+        .expect("v");
+    assert_eq!(
+        flat,
+        [0.0, 0.0, src[0], src[1], 0.0, 0.0, 0.0, 0.0, src[2], src[3], 0.0, 0.0]
+    );
+    assert!(
+        kv_write(&cache, &vals(&[2, 1, 2], 6), 3).is_err(),
+        "slot out of range"
+    );
+}
