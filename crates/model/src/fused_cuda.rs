@@ -6,7 +6,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
@@ -42,6 +42,41 @@ fn elementwise(n: usize) -> LaunchConfig {
     LaunchConfig::for_num_elems(n as u32)
 }
 
+/// Launches `rmsnorm_fwd_{sfx}` on contiguous x (rows, cols) and w (cols) -> (y, rstd).
+fn rmsnorm_fwd_launch<T: CudaDType + DeviceRepr>(
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    eps: f32,
+    sfx: &str,
+) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
+    let dev: &CudaDevice = x.device();
+    let cols = lw.shape().elem_count();
+    let n = lx.shape().elem_count();
+    let rows = n / cols;
+    let f =
+        dev.get_or_load_custom_func(&format!("rmsnorm_fwd_{sfx}"), "terse_rmsnorm", ptx::RMSNORM)?;
+    let (xv, wv) = (
+        view::<T>(x, lx, "rmsnorm x")?,
+        view::<T>(w, lw, "rmsnorm w")?,
+    );
+    // SAFETY: every element is written by the kernel.
+    let mut y = unsafe { dev.alloc::<T>(n)? };
+    let mut rstd = unsafe { dev.alloc::<f32>(rows)? };
+    let cols_i = cols as i32;
+    let mut b = f.builder();
+    b.arg(&xv)
+        .arg(&wv)
+        .arg(&mut y)
+        .arg(&mut rstd)
+        .arg(&cols_i)
+        .arg(&eps);
+    // SAFETY: argument types and counts match the kernel's signature.
+    unsafe { b.launch(grid(rows, 256)) }.w()?;
+    Ok((y, rstd))
+}
+
 pub fn rmsnorm_fwd(
     x: &CudaStorage,
     lx: &Layout,
@@ -49,45 +84,16 @@ pub fn rmsnorm_fwd(
     lw: &Layout,
     eps: f32,
 ) -> Result<(CudaStorage, Shape)> {
-    fn go<T: CudaDType + DeviceRepr>(
-        x: &CudaStorage,
-        lx: &Layout,
-        w: &CudaStorage,
-        lw: &Layout,
-        eps: f32,
-        sfx: &str,
-    ) -> Result<CudaStorage> {
-        let dev: &CudaDevice = x.device();
-        let cols = lw.shape().elem_count();
-        let n = lx.shape().elem_count();
-        let rows = n / cols;
-        let f = dev.get_or_load_custom_func(
-            &format!("rmsnorm_fwd_{sfx}"),
-            "terse_rmsnorm",
-            ptx::RMSNORM,
-        )?;
-        let (xv, wv) = (
-            view::<T>(x, lx, "rmsnorm x")?,
-            view::<T>(w, lw, "rmsnorm w")?,
-        );
-        // SAFETY: every element is written by the kernel.
-        let mut y = unsafe { dev.alloc::<T>(n)? };
-        let mut rstd = unsafe { dev.alloc::<f32>(rows)? };
-        let cols_i = cols as i32;
-        let mut b = f.builder();
-        b.arg(&xv)
-            .arg(&wv)
-            .arg(&mut y)
-            .arg(&mut rstd)
-            .arg(&cols_i)
-            .arg(&eps);
-        // SAFETY: argument types and counts match the kernel's signature.
-        unsafe { b.launch(grid(rows, 256)) }.w()?;
-        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
-    }
+    let dev = x.device().clone();
     let s = match x.dtype() {
-        DType::F32 => go::<f32>(x, lx, w, lw, eps, "f32")?,
-        DType::BF16 => go::<half::bf16>(x, lx, w, lw, eps, "bf16")?,
+        DType::F32 => CudaStorage::wrap_cuda_slice(
+            rmsnorm_fwd_launch::<f32>(x, lx, w, lw, eps, "f32")?.0,
+            dev,
+        ),
+        DType::BF16 => CudaStorage::wrap_cuda_slice(
+            rmsnorm_fwd_launch::<half::bf16>(x, lx, w, lw, eps, "bf16")?.0,
+            dev,
+        ),
         dt => suffix(dt, "rmsnorm").map(|_| unreachable!())?,
     };
     Ok((s, lx.shape().clone()))
@@ -108,25 +114,13 @@ pub fn rmsnorm_bwd(
     let cols = lw.shape().elem_count();
     let n = lx.shape().elem_count();
     let rows = n / cols;
+    let (_, rstd) = rmsnorm_fwd_launch::<f32>(x, lx, w, lw, eps, "f32")?;
     let (xv, wv, gv) = (
         view::<f32>(x, lx, "rmsnorm bwd x")?,
         view::<f32>(w, lw, "rmsnorm bwd w")?,
         view::<f32>(dy, ldy, "rmsnorm bwd dy")?,
     );
     let cols_i = cols as i32;
-    let fwd = dev.get_or_load_custom_func("rmsnorm_fwd_f32", "terse_rmsnorm", ptx::RMSNORM)?;
-    // SAFETY: every element is written by the kernel.
-    let mut y = unsafe { dev.alloc::<f32>(n)? };
-    let mut rstd = unsafe { dev.alloc::<f32>(rows)? };
-    let mut b = fwd.builder();
-    b.arg(&xv)
-        .arg(&wv)
-        .arg(&mut y)
-        .arg(&mut rstd)
-        .arg(&cols_i)
-        .arg(&eps);
-    // SAFETY: argument types and counts match the kernel's signature.
-    unsafe { b.launch(grid(rows, 256)) }.w()?;
     let bwd = dev.get_or_load_custom_func("rmsnorm_bwd_f32", "terse_rmsnorm", ptx::RMSNORM)?;
     // dw accumulates with atomics, so its row starts at zero.
     let mut out = dev.alloc_zeros::<f32>(n + cols)?;
