@@ -295,6 +295,43 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
     }
 }
 
+/// `group_attend` for the shapes it is compiled for (R = `rep` in 1, 2, 4; D = out.len() / rep
+/// in 32, 64, 128); false, doing nothing, for any other.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+pub(crate) unsafe fn group_attend_shape(
+    rep: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    len: usize,
+    masked: &[u32],
+    out: &mut [f32],
+) -> bool {
+    macro_rules! shapes {
+        ($(($r:literal, $d:literal)),*) => {
+            match (rep, out.len() / rep.max(1)) {
+                // SAFETY: the caller guarantees AVX2 and FMA.
+                $(($r, $d) => unsafe { group_attend::<$r, $d>(q, k, v, len, masked, out) },)*
+                _ => return false,
+            }
+        };
+    }
+    shapes!(
+        (1, 32),
+        (2, 32),
+        (4, 32),
+        (1, 64),
+        (2, 64),
+        (4, 64),
+        (1, 128),
+        (2, 128),
+        (4, 128)
+    );
+    true
+}
+
 /// Whether the AVX2 kernels can run here.
 pub(crate) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")

@@ -174,58 +174,15 @@ pub(crate) fn attend_row(
         let vb = &c.v[g * cap * d..][..len * d];
         let qg = &q[g * rep * d..][..rep * d];
         let og = &mut out[g * rep * d..][..rep * d];
+        // SAFETY: `fast` implies the CPU has AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
-        if fast {
-            use crate::decode_avx2::group_attend;
-            let masked = c.masked;
-            // SAFETY: `fast` implies the CPU has AVX2 and FMA.
-            let done = unsafe {
-                match (rep, d) {
-                    (1, 32) => {
-                        group_attend::<1, 32>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (2, 32) => {
-                        group_attend::<2, 32>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (4, 32) => {
-                        group_attend::<4, 32>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (1, 64) => {
-                        group_attend::<1, 64>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (2, 64) => {
-                        group_attend::<2, 64>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (4, 64) => {
-                        group_attend::<4, 64>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (1, 128) => {
-                        group_attend::<1, 128>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (2, 128) => {
-                        group_attend::<2, 128>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    (4, 128) => {
-                        group_attend::<4, 128>(qg, kb, vb, len, masked, og);
-                        true
-                    }
-                    _ => false,
-                }
-            };
-            if done {
-                continue;
-            }
+        if fast
+            && unsafe { crate::decode_avx2::group_attend_shape(rep, qg, kb, vb, len, c.masked, og) }
+        {
+            continue;
         }
-        let (scores, inv) = scores.split_at_mut(rep * len); // (rep, len) and (rep) normalisers
-                                                            // Scores of the group's query heads, (rep, len).
+        // Two passes: the scores of the group's query heads (rep, len), then the weighted sum.
+        let (scores, inv) = scores.split_at_mut(rep * len); // and (rep) normalisers
         if fast {
             // SAFETY: `fast` implies the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
