@@ -25,6 +25,42 @@ pub(crate) fn hsum8(a: [__m256; 8]) -> __m256 {
     _mm256_add_ps(lo, hi)
 }
 
+/// Scores of slots t..t + n (n <= 8/R) for the R heads of q (R, d): one horizontal-add tree,
+/// lane r * (8/R) + j = scale · q_r·k_(t+j); lanes past n hold 0. Each key chunk is loaded once
+/// for all R heads.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn tree_scores<const R: usize>(q: &[f32], k: &[f32], t: usize, n: usize, scale: f32) -> [f32; 8] {
+    let d = q.len() / R;
+    let g = 8 / R;
+    assert!(n <= g && d.is_multiple_of(8) && k.len() >= (t + n) * d);
+    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 8]; // [r * g + j]
+    for c in (0..d).step_by(8) {
+        let mut qs = [_mm256_setzero_ps(); R];
+        for (r, qv) in qs.iter_mut().enumerate() {
+            // SAFETY: r * d + c + 8 <= R * d = q.len().
+            *qv = unsafe { _mm256_loadu_ps(qp.add(r * d + c)) };
+        }
+        for j in 0..n {
+            // SAFETY: (t + j) * d + c + 8 <= (t + n) * d <= k.len().
+            let kc = unsafe { _mm256_loadu_ps(kp.add((t + j) * d + c)) };
+            for r in 0..R {
+                acc[r * g + j] = _mm256_fmadd_ps(qs[r], kc, acc[r * g + j]);
+            }
+        }
+    }
+    let mut s = [0f32; 8];
+    // SAFETY: `s` holds 8 floats.
+    unsafe {
+        _mm256_storeu_ps(
+            s.as_mut_ptr(),
+            _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)),
+        )
+    };
+    s
+}
+
 /// Scores of the R query heads of one KV group: scores[r * len + t] = scale · q_r·k_t, for
 /// q (R, d), k (len, d) rows, d a multiple of 8. Each key chunk is loaded once for all R heads
 /// (the cache is read at memory speed, so loads are the cost), 8/R slots per horizontal-add
@@ -43,51 +79,14 @@ pub(crate) unsafe fn group_scores<const R: usize>(
     let len = scores.len() / R;
     assert!(R * 8 <= 64 && 8usize.is_multiple_of(R) && d.is_multiple_of(8) && k.len() >= len * d);
     let g = 8 / R; // slots per tree
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    let sv = _mm256_set1_ps(scale);
     let mut t = 0;
-    while t + g <= len {
-        let mut acc = [_mm256_setzero_ps(); 8]; // [r * g + j]
-        for c in (0..d).step_by(8) {
-            let mut qs = [_mm256_setzero_ps(); R];
-            for (r, qv) in qs.iter_mut().enumerate() {
-                // SAFETY: r * d + c + 8 <= R * d = q.len().
-                *qv = unsafe { _mm256_loadu_ps(qp.add(r * d + c)) };
-            }
-            for j in 0..g {
-                // SAFETY: (t + j) * d + c + 8 <= len * d <= k.len().
-                let kc = unsafe { _mm256_loadu_ps(kp.add((t + j) * d + c)) };
-                for r in 0..R {
-                    acc[r * g + j] = _mm256_fmadd_ps(qs[r], kc, acc[r * g + j]);
-                }
-            }
-        }
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_mul_ps(hsum8(acc), sv)) };
+    while t < len {
+        let n = g.min(len - t);
+        let lanes = tree_scores::<R>(q, k, t, n, scale);
         for r in 0..R {
-            scores[r * len + t..][..g].copy_from_slice(&lanes[r * g..][..g]);
+            scores[r * len + t..][..n].copy_from_slice(&lanes[r * g..][..n]);
         }
-        t += g;
-    }
-    for t in t..len {
-        for r in 0..R {
-            let mut acc = _mm256_setzero_ps();
-            for c in (0..d).step_by(8) {
-                // SAFETY: as above, for slot t < len and head r < R.
-                let (qc, kc) = unsafe {
-                    (
-                        _mm256_loadu_ps(qp.add(r * d + c)),
-                        _mm256_loadu_ps(kp.add(t * d + c)),
-                    )
-                };
-                acc = _mm256_fmadd_ps(qc, kc, acc);
-            }
-            let mut lanes = [0f32; 8];
-            // SAFETY: `lanes` holds 8 floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-            scores[r * len + t] = lanes.iter().sum::<f32>() * scale;
-        }
+        t += n;
     }
 }
 
@@ -190,32 +189,15 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
     assert!(8usize.is_multiple_of(R) && D.is_multiple_of(8) && D <= 128);
     assert!(q.len() == R * D && out.len() == R * D && k.len() >= len * D && v.len() >= len * D);
     let g = 8 / R;
-    let (qp, kp, vp) = (q.as_ptr(), k.as_ptr(), v.as_ptr());
-    let scale = _mm256_set1_ps(1.0 / (D as f32).sqrt());
+    let vp = v.as_ptr();
+    let scale = 1.0 / (D as f32).sqrt();
     let mut acc = [[_mm256_setzero_ps(); 16]; R]; // [head][D / 8 vectors]
     let (mut m, mut z) = ([f32::NEG_INFINITY; R], [0f32; R]);
     let mut mi = 0; // cursor into `masked`
     let mut t = 0;
     while t < len {
         let n = g.min(len - t); // slots in this block
-        let mut sacc = [_mm256_setzero_ps(); 8]; // [r * g + j]
-        for c in (0..D).step_by(8) {
-            let mut qs = [_mm256_setzero_ps(); R];
-            for (r, qv) in qs.iter_mut().enumerate() {
-                // SAFETY: r * D + c + 8 <= R * D = q.len().
-                *qv = unsafe { _mm256_loadu_ps(qp.add(r * D + c)) };
-            }
-            for j in 0..n {
-                // SAFETY: (t + j) * D + c + 8 <= len * D <= k.len().
-                let kc = unsafe { _mm256_loadu_ps(kp.add((t + j) * D + c)) };
-                for r in 0..R {
-                    sacc[r * g + j] = _mm256_fmadd_ps(qs[r], kc, sacc[r * g + j]);
-                }
-            }
-        }
-        let mut s = [0f32; 8];
-        // SAFETY: `s` holds 8 floats.
-        unsafe { _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(hsum8(sacc), scale)) };
+        let mut s = tree_scores::<R>(q, k, t, n, scale);
         for j in n..g {
             for r in 0..R {
                 s[r * g + j] = f32::NEG_INFINITY; // past the end
