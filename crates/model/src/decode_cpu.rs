@@ -4,10 +4,11 @@
 //! (B, V) logits. The composite candle forward spends a decode step of a small model in ~25
 //! allocating ops per layer, an attention bias over the whole cache and a (B, Hq, 1, S) score
 //! matrix. This path splits the batch's rows into parts (one per thread when the weights fit in
-//! cache); each part runs a whole layer on its own (rows never interact in a decode step):
-//! projections (`decode_matmul`), norm / RoPE / SiLU loops (`decode_rows`), its rows' K/V
-//! written into the cache slot in place, attention over the unmasked slots (`decode_avx2`),
-//! over scratch reused between steps. Same math as `Qwen3::layer` (tested against it).
+//! cache); each part runs every layer on its own (rows never interact in a forward), so a
+//! step is one fork-join with every layer's cache locked for it: projections
+//! (`decode_matmul`), norm / RoPE / SiLU loops (`decode_rows`), its rows' K/V written into the
+//! cache slot in place, attention over the unmasked slots (`decode_avx2`), over scratch
+//! reused between steps. Same math as `Qwen3::layer` (tested against it).
 
 use crate::cache::KvCache;
 use crate::config::Config;
@@ -61,6 +62,26 @@ impl InplaceOp1 for MutAccess<'_> {
 fn with_mut(t: &Tensor, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()> {
     t.inplace_op1(&MutAccess {
         f: std::cell::RefCell::new(f),
+    })
+}
+
+/// Runs `f` with mutable access to the f32 contents of all `tensors` at once (in order),
+/// holding each one's write lock for the call.
+fn with_all_mut<'h>(
+    tensors: &[&Tensor],
+    held: Vec<&'h mut [f32]>,
+    f: &mut dyn FnMut(Vec<&mut [f32]>) -> Result<()>,
+) -> Result<()> {
+    let Some((t, rest)) = tensors.split_first() else {
+        return f(held);
+    };
+    let mut held = Some(held);
+    with_mut(t, &mut |s| {
+        let Some(mut h) = held.take() else {
+            crate::fail!("decode: cache access re-entered");
+        };
+        h.push(s);
+        with_all_mut(rest, h, f)
     })
 }
 
@@ -345,26 +366,24 @@ pub(crate) fn step(
             })
             .collect();
     }
-    // Rows never interact in a decode step, so each part runs a whole layer (projections, its
-    // rows' cache slots, attention, MLP) on its own: one fork-join per layer.
+    // Rows never interact in a forward, so each part runs every layer (projections, its rows'
+    // cache slots, attention, MLP) on its own: one fork-join per step, with every layer's
+    // cache locked for the step.
     let (off, len, cap) = (cache.len() - slots, cache.len(), cache.capacity());
     let layers = c.num_hidden_layers;
     let block = hkv * cap * d;
-    for l in 0..layers {
-        let lw = &w[3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len()];
-        let (ck, cv) = cache.layer(l);
-        let part = |r: &mut Rows, kp: &mut [f32], vp: &mut [f32]| {
-            if l == 0 {
-                r.embed(w[0], ids, positions, c.rope_theta, &dm);
-                let valid = &cache.valid()[r.start * cap..(r.start + r.n) * cap];
-                r.masked.clear();
-                r.masked_at.clear();
-                r.masked_at.push(0);
-                for row in valid.chunks_exact(cap) {
-                    rows::masked_slots(row, len, &mut r.masked);
-                    r.masked_at.push(r.masked.len());
-                }
-            }
+    let part = |r: &mut Rows, kv: &mut [(&mut [f32], &mut [f32])]| {
+        r.embed(w[0], ids, positions, c.rope_theta, &dm);
+        let valid = &cache.valid()[r.start * cap..(r.start + r.n) * cap];
+        r.masked.clear();
+        r.masked_at.clear();
+        r.masked_at.push(0);
+        for row in valid.chunks_exact(cap) {
+            rows::masked_slots(row, len, &mut r.masked);
+            r.masked_at.push(r.masked.len());
+        }
+        for (l, (kp, vp)) in kv.iter_mut().enumerate() {
+            let lw = &w[3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len()];
             qkv(r, lw, &dm, par);
             write_slots(kp, &r.k, [slots, hkv, cap, d], off);
             write_slots(vp, &r.v, [slots, hkv, cap, d], off);
@@ -375,33 +394,42 @@ pub(crate) fn step(
                 cap,
             };
             attend_mlp(r, lw, &lc, &dm, par);
-            if l + 1 == layers {
-                // Each row's last slot only: (n, H) -> (n, V).
-                let mut last = Vec::with_capacity(r.n * dm.hs);
-                for row in r.x.chunks_exact(slots * dm.hs) {
-                    last.extend_from_slice(&row[(slots - 1) * dm.hs..]);
-                }
-                final_norm(&mut last, w[1], dm.eps);
-                r.logits.resize(r.n * dm.vocab, 0.0);
-                let p = par || threads > 1 && parts == 1;
-                matmul_wt(&last, w[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
+        }
+        // Each row's last slot only: (n, H) -> (n, V).
+        let mut last = Vec::with_capacity(r.n * dm.hs);
+        for row in r.x.chunks_exact(slots * dm.hs) {
+            last.extend_from_slice(&row[(slots - 1) * dm.hs..]);
+        }
+        final_norm(&mut last, w[1], dm.eps);
+        r.logits.resize(r.n * dm.vocab, 0.0);
+        let p = par || threads > 1 && parts == 1;
+        matmul_wt(&last, w[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
+    };
+    let tensors: Vec<&Tensor> = (0..layers)
+        .flat_map(|l| {
+            let (k, v) = cache.layer(l);
+            [k, v]
+        })
+        .collect();
+    with_all_mut(&tensors, Vec::new(), &mut |all| {
+        // all = [k0, v0, k1, v1, ...], each (B, Hkv, C, D): per part, its rows of each layer.
+        let mut per_part: Vec<Vec<(&mut [f32], &mut [f32])>> =
+            (0..parts).map(|_| Vec::with_capacity(layers)).collect();
+        let mut it = all.into_iter();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            let ks = split_rows(k, &chunks, block);
+            let vs = split_rows(v, &chunks, block);
+            for (p, kv) in per_part.iter_mut().zip(ks.into_iter().zip(vs)) {
+                p.push(kv);
             }
-        };
-        with_mut(ck, &mut |kall| {
-            with_mut(cv, &mut |vall| {
-                let ks = split_rows(kall, &chunks, block);
-                let vs = split_rows(vall, &chunks, block);
-                let mut work: Vec<_> = chunks.iter_mut().zip(ks).zip(vs).collect();
-                match &mut work[..] {
-                    [((r, kp), vp)] => part(r, kp, vp),
-                    many => many
-                        .par_iter_mut()
-                        .for_each(|((r, kp), vp)| part(r, kp, vp)),
-                }
-                Ok(())
-            })
-        })?;
-    }
+        }
+        let mut work: Vec<_> = chunks.iter_mut().zip(per_part).collect();
+        match &mut work[..] {
+            [(r, kv)] => part(r, kv),
+            many => many.par_iter_mut().for_each(|(r, kv)| part(r, kv)),
+        }
+        Ok(())
+    })?;
     let mut logits = Vec::with_capacity(b * dm.vocab);
     for r in &chunks {
         logits.extend_from_slice(&r.logits);
