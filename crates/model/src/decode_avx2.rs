@@ -1,10 +1,10 @@
 //! AVX2+FMA grouped-query attention of the CPU decode step over one row's cache, called by
-//! `decode_rows::attend_row` when the CPU has the features and the head size is a multiple of 8.
+//! `decode_rows::attend_row` when the CPU has the features and the head size is a multiple of 8
+//! (and `decode_avx512` cannot serve: no AVX-512, or a head size not a multiple of 16).
 //!
 //! Intrinsics, because the auto-vectoriser got these loops wrong (it transposed keys into lanes
 //! for the scores and spilled the value accumulators). `group_attend` reads each cache line
-//! once for all query heads of a KV group, with an online softmax (at context 1024 it runs near
-//! memory speed); the two-pass `group_scores` + `group_weighted_sum` serve other head sizes.
+//! once for all query heads of a KV group, with an online softmax; the two-pass `group_scores` + `group_weighted_sum` serve other head sizes.
 #![allow(unsafe_code)] // intrinsics; every pointer is derived from a slice whose length is asserted
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane

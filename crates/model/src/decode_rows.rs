@@ -136,8 +136,9 @@ pub(crate) struct CacheRow<'a> {
 }
 
 /// Single-query attention of one row: q (Hq, D) -> out (Hq, D) over the unmasked slots among
-/// the first `len`; a head with no such slot gives 0. `scores` is scratch. With AVX2 and a
-/// common shape, `decode_avx2::group_attend` does each KV group in one pass over the cache;
+/// the first `len`; a head with no such slot gives 0. `scores` is scratch. With AVX-512 (else
+/// AVX2) and a common shape, `decode_avx512::group_attend` (`decode_avx2::group_attend`) does
+/// each KV group in one pass over the cache;
 /// otherwise (and in `portable` mode, which tests use) two passes: the scores of the group's
 /// query heads, an exact max-subtracted softmax, then the weighted sum of V.
 #[inline(always)]
@@ -162,6 +163,8 @@ pub(crate) fn attend_row(
         && d.is_multiple_of(8)
         && matches!(rep, 1 | 2 | 4)
         && crate::decode_avx2::available();
+    #[cfg(target_arch = "x86_64")]
+    let wider = fast && d.is_multiple_of(16) && crate::decode_avx512::available();
     #[cfg(not(target_arch = "x86_64"))]
     let fast = {
         let _ = portable;
@@ -174,6 +177,15 @@ pub(crate) fn attend_row(
         let vb = &c.v[g * cap * d..][..len * d];
         let qg = &q[g * rep * d..][..rep * d];
         let og = &mut out[g * rep * d..][..rep * d];
+        // SAFETY: `wider` implies the CPU has AVX-512F/DQ.
+        #[cfg(target_arch = "x86_64")]
+        if wider
+            && unsafe {
+                crate::decode_avx512::group_attend_shape(rep, qg, kb, vb, len, c.masked, og)
+            }
+        {
+            continue;
+        }
         // SAFETY: `fast` implies the CPU has AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
         if fast

@@ -27,6 +27,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 mod decode_avx2;
+mod decode_avx512;
 mod decode_cpu;
 mod decode_matmul;
 mod decode_rows;
