@@ -6,9 +6,12 @@
 //! decode step is one batched forward. `select_rows` copies rows (a prompt's prefill into its G
 //! samples) or drops them (finished samples stop costing compute).
 
+use crate::decode_matmul::Transposed;
 use candle_core::{DType, Device, Result, Tensor};
+use std::sync::{Arc, OnceLock};
 
-/// Per-layer K/V buffers plus which slots of each row hold real tokens.
+/// Per-layer K/V buffers plus which slots of each row hold real tokens. A cache belongs to the
+/// weights it was filled with: after an optimizer step, make a new one.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     k: Vec<Tensor>,
@@ -18,6 +21,9 @@ pub struct KvCache {
     b: usize,
     capacity: usize,
     len: usize,
+    /// The CPU decode step's transposed projection weights, built on its first step through
+    /// this cache (a cache belongs to the weights it is filled with).
+    pub(crate) transposed: OnceLock<Arc<Transposed>>,
 }
 
 impl KvCache {
@@ -38,6 +44,7 @@ impl KvCache {
             b,
             capacity,
             len: 0,
+            transposed: OnceLock::new(),
         })
     }
 
@@ -139,6 +146,7 @@ impl KvCache {
             b: rows.len(),
             capacity: self.capacity,
             len: self.len,
+            transposed: self.transposed.clone(),
         })
     }
 }

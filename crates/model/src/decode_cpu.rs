@@ -12,10 +12,11 @@
 
 use crate::cache::KvCache;
 use crate::config::Config;
-use crate::decode_matmul::matmul_wt;
+use crate::decode_matmul::{matmul_wt, pack_panels, Transposed};
 use crate::decode_rows::{self as rows, simd_dispatch, CacheRow};
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// Borrowed f32 weights of one model, in HF layout ((out, in) row-major).
 struct Weights<'a> {
@@ -123,6 +124,9 @@ const PER_LAYER: [&str; 11] = [
     "mlp.down_proj.weight",
 ];
 
+/// Indices in `PER_LAYER` of the projections (the rest are norms).
+const PROJECTIONS: [usize; 7] = [1, 2, 3, 6, 8, 9, 10];
+
 /// The HF names of the weights `step` reads, in the order it reads them.
 pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<String> {
     let mut names = vec![
@@ -224,17 +228,17 @@ impl Rows {
 
 simd_dispatch!(
     /// RMSNorm, the q/k/v projections, the q/k head norms and RoPE of one layer.
-    fn qkv(r: &mut Rows, lw: &[&[f32]], dm: &Dims, par: bool) => qkv_body
+    fn qkv(r: &mut Rows, lw: &[&[f32]], lt: &[Option<&[f32]>], dm: &Dims, par: bool) => qkv_body
 );
 
 #[inline(always)]
-fn qkv_body(r: &mut Rows, lw: &[&[f32]], dm: &Dims, par: bool) {
+fn qkv_body(r: &mut Rows, lw: &[&[f32]], lt: &[Option<&[f32]>], dm: &Dims, par: bool) {
     let n = r.n * r.s; // tokens
     r.h.copy_from_slice(&r.x);
     rows::rms_norm_rows(&mut r.h, lw[0], dm.eps);
-    matmul_wt(&r.h, lw[1], &mut r.q, n, dm.hs, dm.qd, par); // (n, Hq*D)
-    matmul_wt(&r.h, lw[2], &mut r.k, n, dm.hs, dm.kvd, par); // (n, Hkv*D)
-    matmul_wt(&r.h, lw[3], &mut r.v, n, dm.hs, dm.kvd, par);
+    matmul_wt(&r.h, lw[1], lt[1], &mut r.q, n, dm.hs, dm.qd, par); // (n, Hq*D)
+    matmul_wt(&r.h, lw[2], lt[2], &mut r.k, n, dm.hs, dm.kvd, par); // (n, Hkv*D)
+    matmul_wt(&r.h, lw[3], lt[3], &mut r.v, n, dm.hs, dm.kvd, par);
     rows::rms_norm_rows(&mut r.q, lw[4], dm.eps);
     rows::rms_norm_rows(&mut r.k, lw[5], dm.eps);
     let half = dm.d / 2;
@@ -248,12 +252,25 @@ fn qkv_body(r: &mut Rows, lw: &[&[f32]], dm: &Dims, par: bool) {
 simd_dispatch!(
     /// Attention over this layer's cache, the output projection and the MLP block, both with
     /// their residual adds.
-    fn attend_mlp(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, par: bool)
-        => attend_mlp_body
+    fn attend_mlp(
+        r: &mut Rows,
+        lw: &[&[f32]],
+        lt: &[Option<&[f32]>],
+        cache: &LayerCache,
+        dm: &Dims,
+        par: bool,
+    ) => attend_mlp_body
 );
 
 #[inline(always)]
-fn attend_mlp_body(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, par: bool) {
+fn attend_mlp_body(
+    r: &mut Rows,
+    lw: &[&[f32]],
+    lt: &[Option<&[f32]>],
+    cache: &LayerCache,
+    dm: &Dims,
+    par: bool,
+) {
     let (n, cap) = (r.n * r.s, cache.cap);
     let block = dm.hkv * cap * dm.d;
     for i in 0..n {
@@ -277,14 +294,14 @@ fn attend_mlp_body(r: &mut Rows, lw: &[&[f32]], cache: &LayerCache, dm: &Dims, p
             false,
         );
     }
-    matmul_wt(&r.att, lw[6], &mut r.o, n, dm.qd, dm.hs, par);
+    matmul_wt(&r.att, lw[6], lt[6], &mut r.o, n, dm.qd, dm.hs, par);
     r.x.iter_mut().zip(&r.o).for_each(|(a, y)| *a += y);
     r.h.copy_from_slice(&r.x);
     rows::rms_norm_rows(&mut r.h, lw[7], dm.eps);
-    matmul_wt(&r.h, lw[8], &mut r.gate, n, dm.hs, dm.inter, par); // (n, I)
-    matmul_wt(&r.h, lw[9], &mut r.up, n, dm.hs, dm.inter, par);
+    matmul_wt(&r.h, lw[8], lt[8], &mut r.gate, n, dm.hs, dm.inter, par); // (n, I)
+    matmul_wt(&r.h, lw[9], lt[9], &mut r.up, n, dm.hs, dm.inter, par);
     rows::silu_mul(&mut r.gate, &r.up);
-    matmul_wt(&r.gate, lw[10], &mut r.o, n, dm.inter, dm.hs, par);
+    matmul_wt(&r.gate, lw[10], lt[10], &mut r.o, n, dm.inter, dm.hs, par);
     r.x.iter_mut().zip(&r.o).for_each(|(a, y)| *a += y);
 }
 
@@ -347,6 +364,30 @@ pub(crate) fn step(
         1
     };
     let par = parts == 1 && threads > 1;
+    // Projections as outer products over weights packed once per cache, where a thread
+    // owns a part of the batch (the weights are small) and the CPU has the kernel.
+    let transposed = (parts > 1 && crate::decode_matmul::available_512()).then(|| {
+        let t = cache.transposed.get_or_init(|| {
+            // The head (2) and each layer's projections.
+            let is_proj =
+                |i: usize| i == 2 || i >= 3 && PROJECTIONS.contains(&((i - 3) % PER_LAYER.len()));
+            Arc::new(Transposed(
+                weights
+                    .iter()
+                    .zip(&w)
+                    .enumerate()
+                    .map(|(i, (t, w))| {
+                        let (n, k) = t.dims2().ok()?;
+                        is_proj(i).then(|| pack_panels(w, n, k))
+                    })
+                    .collect(),
+            ))
+        });
+        Arc::clone(t)
+    });
+    let t: Vec<Option<&[f32]>> = (0..w.len())
+        .map(|i| transposed.as_ref().and_then(|tr| tr.0[i].as_deref()))
+        .collect();
     // Scratch from the previous step of this thread when the shapes match: fresh buffers every
     // step cost more in page faults (the allocator hands them back to the OS) than the step.
     let mut chunks = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
@@ -383,8 +424,9 @@ pub(crate) fn step(
             r.masked_at.push(r.masked.len());
         }
         for (l, (kp, vp)) in kv.iter_mut().enumerate() {
-            let lw = &w[3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len()];
-            qkv(r, lw, &dm, par);
+            let at = 3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len();
+            let (lw, lt) = (&w[at.clone()], &t[at]);
+            qkv(r, lw, lt, &dm, par);
             write_slots(kp, &r.k, [slots, hkv, cap, d], off);
             write_slots(vp, &r.v, [slots, hkv, cap, d], off);
             let lc = LayerCache {
@@ -393,7 +435,7 @@ pub(crate) fn step(
                 len,
                 cap,
             };
-            attend_mlp(r, lw, &lc, &dm, par);
+            attend_mlp(r, lw, lt, &lc, &dm, par);
         }
         // Each row's last slot only: (n, H) -> (n, V).
         let mut last = Vec::with_capacity(r.n * dm.hs);
@@ -403,7 +445,7 @@ pub(crate) fn step(
         final_norm(&mut last, w[1], dm.eps);
         r.logits.resize(r.n * dm.vocab, 0.0);
         let p = par || threads > 1 && parts == 1;
-        matmul_wt(&last, w[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
+        matmul_wt(&last, w[2], t[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
     };
     let tensors: Vec<&Tensor> = (0..layers)
         .flat_map(|l| {

@@ -13,10 +13,13 @@ use std::arch::x86_64::*;
 /// more than it saves.
 const PAR_MIN_WORK: usize = 1 << 16;
 
-/// out (m, n) = x (m, k) @ w^T for w (n, k) row-major.
+/// out (m, n) = x (m, k) @ w^T for w (n, k) row-major; `wt`, when given, is the same weight
+/// in `pack_panels` layout, which the AVX-512 outer-product kernel reads.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_wt(
     x: &[f32],
     w: &[f32],
+    wt: Option<&[f32]>,
     out: &mut [f32],
     m: usize,
     k: usize,
@@ -24,6 +27,12 @@ pub(crate) fn matmul_wt(
     par: bool,
 ) {
     assert!(x.len() == m * k && w.len() == n * k && out.len() == m * n);
+    #[cfg(target_arch = "x86_64")]
+    if let (false, Some(wt), true) = (par, wt, available_512()) {
+        // SAFETY: the CPU has AVX-512F/DQ, AVX2 and FMA (checked).
+        unsafe { xw_avx512(x, wt, out, m, k, n) };
+        return;
+    }
     // Single-threaded calls (rows already split across threads, so the weights are small) skip
     // gemm's packing of W, which would be redone on every call.
     #[cfg(target_arch = "x86_64")]
@@ -204,9 +213,117 @@ unsafe fn wt_avx512(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n
     }
 }
 
+/// Columns per panel of `pack_panels` (two zmm registers).
+const PANEL: usize = 32;
+
+/// The projection weights of a model in `pack_panels` layout, built once per KV cache (the
+/// weights cannot change while a cache filled with them is decoded through): entry i is
+/// weight i of the decode step's list, `None` for weights that are not projections.
+pub(crate) struct Transposed(pub(crate) Vec<Option<Vec<f32>>>);
+
+impl std::fmt::Debug for Transposed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.iter().flatten().map(Vec::len).sum::<usize>();
+        write!(f, "Transposed({n} floats)")
+    }
+}
+
+/// w (n, k) row-major -> panels of `PANEL` output columns, each (k, PANEL) row-major (columns
+/// past n zero): panel p holds w[p * PANEL + j][c] at p * k * PANEL + c * PANEL + j, so the
+/// kernel reads each panel front to back.
+pub(crate) fn pack_panels(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    assert_eq!(w.len(), n * k);
+    let panels = n.div_ceil(PANEL);
+    let mut t = vec![0f32; panels * k * PANEL];
+    for (j, row) in w.chunks_exact(k).enumerate() {
+        let (p, jj) = (j / PANEL, j % PANEL);
+        for (c, &v) in row.iter().enumerate() {
+            t[(p * k + c) * PANEL + jj] = v;
+        }
+    }
+    t
+}
+
 #[cfg(target_arch = "x86_64")]
-/// Whether the AVX-512 matmul can run here.
-fn available_512() -> bool {
+/// out (m, n) = x (m, k) @ w^T with w in `pack_panels` layout: for each panel of 32 output
+/// columns (in L1 while the rows go by), tiles of up to 8 rows in 16 zmm accumulators, one
+/// broadcast of x and two loads of the panel per step of k (outer products: no horizontal
+/// sums, unlike the dot-product blocks of `wt_avx512`).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512DQ, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+unsafe fn xw_avx512(x: &[f32], wt: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    assert!(x.len() == m * k && wt.len() == n.div_ceil(PANEL) * k * PANEL && out.len() == m * n);
+    for (p, panel) in wt.chunks_exact(k * PANEL).enumerate() {
+        let (j, cols) = (p * PANEL, (n - p * PANEL).min(PANEL));
+        let mut i = 0;
+        while i < m {
+            let rows = (m - i).min(8);
+            let (xs, o) = (&x[i * k..(i + rows) * k], &mut out[i * n..(i + rows) * n]);
+            match rows {
+                8 => tile::<8>(xs, panel, o, j, cols, k, n),
+                7 => tile::<7>(xs, panel, o, j, cols, k, n),
+                6 => tile::<6>(xs, panel, o, j, cols, k, n),
+                5 => tile::<5>(xs, panel, o, j, cols, k, n),
+                4 => tile::<4>(xs, panel, o, j, cols, k, n),
+                3 => tile::<3>(xs, panel, o, j, cols, k, n),
+                2 => tile::<2>(xs, panel, o, j, cols, k, n),
+                _ => tile::<1>(xs, panel, o, j, cols, k, n),
+            }
+            i += rows;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Columns j..j + cols (<= 32) of out (R, n) = x (R, k) @ panel (k, 32).
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+fn tile<const R: usize>(
+    x: &[f32],
+    panel: &[f32],
+    out: &mut [f32],
+    j: usize,
+    cols: usize,
+    k: usize,
+    n: usize,
+) {
+    assert!(x.len() == R * k && out.len() == R * n && panel.len() == k * PANEL);
+    assert!(cols <= PANEL && j + cols <= n);
+    let lanes = |c: usize| ((1u32 << c.min(16)) - 1) as __mmask16;
+    let (m0, m1) = (lanes(cols), lanes(cols.saturating_sub(16)));
+    let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for c in 0..k {
+        // SAFETY: c * PANEL + 32 <= k * PANEL = panel.len().
+        let (w0, w1) = unsafe {
+            (
+                _mm512_loadu_ps(wp.add(c * PANEL)),
+                _mm512_loadu_ps(wp.add(c * PANEL + 16)),
+            )
+        };
+        for r in 0..R {
+            // SAFETY: r * k + c < R * k = x.len().
+            let xb = _mm512_set1_ps(unsafe { *xp.add(r * k + c) });
+            acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+        }
+    }
+    let op = out.as_mut_ptr();
+    for r in 0..R {
+        // SAFETY: the masks cover columns j..j + cols of row r, inside out (asserted); masked
+        // lanes are not written, and `wrapping_add` keeps the unwritten half's address defined.
+        unsafe {
+            _mm512_mask_storeu_ps(op.add(r * n + j), m0, acc[r][0]);
+            _mm512_mask_storeu_ps(op.wrapping_add(r * n + j + 16), m1, acc[r][1]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Whether the AVX-512 matmuls can run here.
+pub(crate) fn available_512() -> bool {
     crate::decode_avx2::available()
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512dq")
@@ -215,6 +332,37 @@ fn available_512() -> bool {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outer_product_matmul_matches_plain_loops() {
+        if !available_512() {
+            eprintln!("skipped: this CPU lacks AVX-512");
+            return;
+        }
+        for (m, k, n) in [
+            (1, 8, 1),
+            (7, 16, 9),
+            (32, 128, 64),
+            (9, 24, 40),
+            (13, 32, 100),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.13).sin()).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.29).cos()).collect();
+            let mut out = vec![f32::NAN; m * n];
+            let wt = pack_panels(&w, n, k);
+            matmul_wt(&x, &w, Some(&wt), &mut out, m, k, n, false);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum();
+                    let got = out[i * n + j];
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "({m},{k},{n}) [{i},{j}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn matmul_matches_plain_loops() {
