@@ -356,17 +356,16 @@ pub(crate) fn step(
             dm.vocab
         );
     }
-    // Rows split across threads when the weights stay in cache and each part keeps >= 8 rows.
+    // Rows split across threads when the weights stay in cache (one fork-join per step is
+    // worth it from two rows on).
     let threads = rayon::current_num_threads();
-    let parts = if 4 * c.num_parameters() <= ROW_SPLIT_MAX_WEIGHTS {
-        (b / 8).clamp(1, threads)
-    } else {
-        1
-    };
-    let par = parts == 1 && threads > 1;
-    // Projections as outer products over weights packed once per cache, where a thread
-    // owns a part of the batch (the weights are small) and the CPU has the kernel.
-    let transposed = (parts > 1 && crate::decode_matmul::available_512()).then(|| {
+    let small = 4 * c.num_parameters() <= ROW_SPLIT_MAX_WEIGHTS;
+    let parts = if small { b.clamp(1, threads) } else { 1 };
+    let par = !small && threads > 1;
+    // Small models' projections as outer products over weights packed once per cache, where
+    // the CPU has the kernel: each row's sums then run in one order whatever the batch (a
+    // sample's logits are bit-identical with more or fewer rows beside it).
+    let transposed = (small && crate::decode_matmul::available_512()).then(|| {
         let t = cache.transposed.get_or_init(|| {
             // The head (2) and each layer's projections.
             let is_proj =
@@ -444,8 +443,7 @@ pub(crate) fn step(
         }
         final_norm(&mut last, w[1], dm.eps);
         r.logits.resize(r.n * dm.vocab, 0.0);
-        let p = par || threads > 1 && parts == 1;
-        matmul_wt(&last, w[2], t[2], &mut r.logits, r.n, dm.hs, dm.vocab, p); // (n, V)
+        matmul_wt(&last, w[2], t[2], &mut r.logits, r.n, dm.hs, dm.vocab, par); // (n, V)
     };
     let tensors: Vec<&Tensor> = (0..layers)
         .flat_map(|l| {
@@ -486,79 +484,5 @@ pub(crate) fn supported(device: &candle_core::Device, dtype: DType) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::model::DecodePath;
-    use crate::{Batch, Config, Padding, Qwen3};
-    use candle_core::{DType, Device, Tensor};
-
-    /// Prefill a left-padded batch, then decode 6 steps (one row padded at step 3) along each
-    /// path; the prefill's and every step's logits agree with the composite forward.
-    fn paths_agree(rows: usize, head_dim: usize) {
-        let dev = Device::Cpu;
-        let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, head_dim, true).expect("config");
-        let m = Qwen3::random(cfg, 7, &dev, DType::F32).expect("model");
-        let prompts: Vec<Vec<u32>> = (0..rows)
-            .map(|r| {
-                (0..3 + r % 4)
-                    .map(|j| ((r * 5 + j * 3) % 47 + 1) as u32)
-                    .collect()
-            })
-            .collect();
-        let batch = Batch::from_rows(&prompts, 0, Padding::Left, &dev).expect("batch");
-        let paths = [DecodePath::Composite, DecodePath::Kernels, DecodePath::Cpu];
-        let mut caches = vec![];
-        let mut prefill = vec![];
-        for &p in &paths {
-            let mut c = m.new_cache(rows, batch.t + 8).expect("cache");
-            let ids = (&batch.input_ids, &batch.position_ids, &batch.mask);
-            let l = m.forward_cached_with(p, &mut c, ids.0, ids.1, ids.2);
-            prefill.push(l.expect("prefill").to_vec2::<f32>().expect("logits"));
-            caches.push(c);
-        }
-        // The prefill (left-padded prompts, several slots per row) agrees too.
-        for (p, o) in paths.iter().zip(&prefill).skip(1) {
-            for (a, b) in o.iter().flatten().zip(prefill[0].iter().flatten()) {
-                assert!((a - b).abs() < 2e-5, "{p:?} prefill: {a} vs {b}");
-            }
-        }
-        for step in 0..6u32 {
-            let ids: Vec<u32> = (0..rows as u32)
-                .map(|r| (r * 7 + step * 11) % 47 + 1)
-                .collect();
-            let pos: Vec<u32> = (0..rows).map(|r| (3 + r % 4) as u32 + step).collect();
-            let valid: Vec<u8> = (0..rows)
-                .map(|r| u8::from(!(step == 3 && r == 1)))
-                .collect();
-            let ids = Tensor::from_vec(ids, (rows, 1), &dev).expect("ids");
-            let pos = Tensor::from_vec(pos, (rows, 1), &dev).expect("pos");
-            let out: Vec<Vec<Vec<f32>>> = paths
-                .iter()
-                .zip(&mut caches)
-                .map(|(&p, c)| {
-                    let l = m
-                        .forward_cached_with(p, c, &ids, &pos, &valid)
-                        .expect("step");
-                    l.to_vec2::<f32>().expect("logits")
-                })
-                .collect();
-            for (p, o) in paths.iter().zip(&out).skip(1) {
-                for (a, b) in o.iter().flatten().zip(out[0].iter().flatten()) {
-                    assert!((a - b).abs() < 2e-5, "{p:?} step {step}: {a} vs {b}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn decode_paths_agree_on_one_row() {
-        paths_agree(1, 16);
-    }
-
-    #[test]
-    fn decode_paths_agree_with_rows_split_across_threads() {
-        // 19 rows: the CPU step splits them into parts (of uneven size) when it has threads.
-        paths_agree(19, 16);
-        // Head size 32: the one-pass AVX2 attention (where the CPU has it).
-        paths_agree(19, 32);
-    }
-}
+#[path = "decode_cpu_tests.rs"]
+mod tests;

@@ -1,0 +1,116 @@
+//! Tests of the CPU decode step (`decode_cpu`): the three decode paths agree, and a row's
+//! logits do not depend on the rows beside it.
+
+use crate::model::DecodePath;
+use crate::{Batch, Config, Padding, Qwen3};
+use candle_core::{DType, Device, Tensor};
+
+/// Prefill a left-padded batch, then decode 6 steps (one row padded at step 3) along each
+/// path; the prefill's and every step's logits agree with the composite forward.
+fn paths_agree(rows: usize, head_dim: usize) {
+    let dev = Device::Cpu;
+    let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, head_dim, true).expect("config");
+    let m = Qwen3::random(cfg, 7, &dev, DType::F32).expect("model");
+    let prompts: Vec<Vec<u32>> = (0..rows)
+        .map(|r| {
+            (0..3 + r % 4)
+                .map(|j| ((r * 5 + j * 3) % 47 + 1) as u32)
+                .collect()
+        })
+        .collect();
+    let batch = Batch::from_rows(&prompts, 0, Padding::Left, &dev).expect("batch");
+    let paths = [DecodePath::Composite, DecodePath::Kernels, DecodePath::Cpu];
+    let mut caches = vec![];
+    let mut prefill = vec![];
+    for &p in &paths {
+        let mut c = m.new_cache(rows, batch.t + 8).expect("cache");
+        let ids = (&batch.input_ids, &batch.position_ids, &batch.mask);
+        let l = m.forward_cached_with(p, &mut c, ids.0, ids.1, ids.2);
+        prefill.push(l.expect("prefill").to_vec2::<f32>().expect("logits"));
+        caches.push(c);
+    }
+    // The prefill (left-padded prompts, several slots per row) agrees too.
+    for (p, o) in paths.iter().zip(&prefill).skip(1) {
+        for (a, b) in o.iter().flatten().zip(prefill[0].iter().flatten()) {
+            assert!((a - b).abs() < 2e-5, "{p:?} prefill: {a} vs {b}");
+        }
+    }
+    for step in 0..6u32 {
+        let ids: Vec<u32> = (0..rows as u32)
+            .map(|r| (r * 7 + step * 11) % 47 + 1)
+            .collect();
+        let pos: Vec<u32> = (0..rows).map(|r| (3 + r % 4) as u32 + step).collect();
+        let valid: Vec<u8> = (0..rows)
+            .map(|r| u8::from(!(step == 3 && r == 1)))
+            .collect();
+        let ids = Tensor::from_vec(ids, (rows, 1), &dev).expect("ids");
+        let pos = Tensor::from_vec(pos, (rows, 1), &dev).expect("pos");
+        let out: Vec<Vec<Vec<f32>>> = paths
+            .iter()
+            .zip(&mut caches)
+            .map(|(&p, c)| {
+                let l = m
+                    .forward_cached_with(p, c, &ids, &pos, &valid)
+                    .expect("step");
+                l.to_vec2::<f32>().expect("logits")
+            })
+            .collect();
+        for (p, o) in paths.iter().zip(&out).skip(1) {
+            for (a, b) in o.iter().flatten().zip(out[0].iter().flatten()) {
+                assert!((a - b).abs() < 2e-5, "{p:?} step {step}: {a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rows_logits_do_not_depend_on_the_rows_beside_it() {
+    if !crate::decode_matmul::available_512() {
+        eprintln!("skipped: the batch-invariant kernels need AVX-512");
+        return;
+    }
+    let dev = Device::Cpu;
+    let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, 32, true).expect("config");
+    let m = Qwen3::random(cfg, 7, &dev, DType::F32).expect("model");
+    // Prompts of one length (no padding, so row 5's slots are the same in both runs).
+    let prompts: Vec<Vec<u32>> = (0..19)
+        .map(|r| (0..5).map(|j| ((r * 5 + j * 3) % 47 + 1) as u32).collect())
+        .collect();
+    let run = |rows: &[Vec<u32>]| -> Vec<Vec<f32>> {
+        let b = rows.len();
+        let batch = Batch::from_rows(rows, 0, Padding::Left, &dev).expect("batch");
+        let mut c = m.new_cache(b, 12).expect("cache");
+        let (ids, pos) = (&batch.input_ids, &batch.position_ids);
+        let mut out = vec![m
+            .forward_cached(&mut c, ids, pos, &batch.mask)
+            .expect("prefill")];
+        for step in 0..4u32 {
+            let ids = Tensor::from_vec(vec![step * 7 + 3; b], (b, 1), &dev).expect("ids");
+            let pos = Tensor::from_vec(vec![5 + step; b], (b, 1), &dev).expect("pos");
+            out.push(
+                m.forward_cached(&mut c, &ids, &pos, &vec![1; b])
+                    .expect("step"),
+            );
+        }
+        let row = b.min(6) - 1; // row 5 of the batch, row 0 alone
+        out.iter()
+            .map(|l| l.get(row).and_then(|r| r.to_vec1::<f32>()).expect("row"))
+            .collect()
+    };
+    let alone = run(&prompts[5..6]);
+    let beside = run(&prompts);
+    assert_eq!(alone, beside, "row 5's logits alone vs in a batch of 19");
+}
+
+#[test]
+fn decode_paths_agree_on_one_row() {
+    paths_agree(1, 16);
+}
+
+#[test]
+fn decode_paths_agree_with_rows_split_across_threads() {
+    // 19 rows: the CPU step splits them into parts (of uneven size) when it has threads.
+    paths_agree(19, 16);
+    // Head size 32: the one-pass AVX2 attention (where the CPU has it).
+    paths_agree(19, 32);
+}
