@@ -1,6 +1,8 @@
-//! x·Wᵀ for the CPU decode step's projections (W in HF layout, (out, in) row-major): AVX-512
-//! 4x4 or AVX2 3x4 register blocks without packing when a thread owns a part of the batch (the
-//! small weights this path serves stay in cache), `gemm` with its own threads otherwise.
+//! x·Wᵀ for the CPU decode step's projections (W in HF layout, (out, in) row-major), for small
+//! models whose weights stay in cache (a thread owns a part of the batch): AVX-512 outer
+//! products over W packed into 32-column panels once per KV cache (`pack_panels`), else
+//! AVX-512 4x4 / AVX2 3x4 dot-product register blocks over W in place; larger models go
+//! through `gemm` with its own threads.
 #![allow(unsafe_code)] // `gemm` and the intrinsics; pointers come from slices whose lengths are asserted
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
 
