@@ -143,17 +143,13 @@ fn exp8(x: __m256) -> __m256 {
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        5e-1,
-    ] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    let (c1, c2) = crate::decode_rows::EXP_LN2;
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(c1), x);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(c2), r);
+    let poly = crate::decode_rows::EXP_POLY;
+    let mut p = _mm256_set1_ps(poly[0]);
+    for c in &poly[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
     }
     let y = _mm256_add_ps(
         _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
@@ -275,43 +271,6 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
             };
         }
     }
-}
-
-/// `group_attend` for the shapes it is compiled for (R = `rep` in 1, 2, 4; D = out.len() / rep
-/// in 32, 64, 128); false, doing nothing, for any other.
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-pub(crate) unsafe fn group_attend_shape(
-    rep: usize,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    len: usize,
-    masked: &[u32],
-    out: &mut [f32],
-) -> bool {
-    macro_rules! shapes {
-        ($(($r:literal, $d:literal)),*) => {
-            match (rep, out.len() / rep.max(1)) {
-                // SAFETY: the caller guarantees AVX2 and FMA.
-                $(($r, $d) => unsafe { group_attend::<$r, $d>(q, k, v, len, masked, out) },)*
-                _ => return false,
-            }
-        };
-    }
-    shapes!(
-        (1, 32),
-        (2, 32),
-        (4, 32),
-        (1, 64),
-        (2, 64),
-        (4, 64),
-        (1, 128),
-        (2, 128),
-        (4, 128)
-    );
-    true
 }
 
 /// Whether the AVX2 kernels can run here.

@@ -96,17 +96,13 @@ fn exp16(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
     );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        5e-1,
-    ] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    let (c1, c2) = crate::decode_rows::EXP_LN2;
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c1), x);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(c2), r);
+    let poly = crate::decode_rows::EXP_POLY;
+    let mut p = _mm512_set1_ps(poly[0]);
+    for c in &poly[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
     }
     let y = _mm512_add_ps(
         _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
@@ -123,7 +119,7 @@ fn exp16(x: __m512) -> __m512 {
 
 /// Mask of the first n (<= 16) lanes.
 #[inline]
-fn first(n: usize) -> __mmask16 {
+pub(crate) fn first(n: usize) -> __mmask16 {
     ((1u32 << n.min(16)) - 1) as __mmask16
 }
 
@@ -281,45 +277,9 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
     }
 }
 
-/// `group_attend` for the shapes it is compiled for (R = `rep` in 1, 2, 4; D = out.len() / rep
-/// in 32, 64, 128); false, doing nothing, for any other.
-///
-/// # Safety
-/// The CPU must support AVX-512F and AVX-512DQ.
-pub(crate) unsafe fn group_attend_shape(
-    rep: usize,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    len: usize,
-    masked: &[u32],
-    out: &mut [f32],
-) -> bool {
-    macro_rules! shapes {
-        ($(($r:literal, $d:literal)),*) => {
-            match (rep, out.len() / rep.max(1)) {
-                // SAFETY: the caller guarantees AVX-512F and AVX-512DQ.
-                $(($r, $d) => unsafe { group_attend::<$r, $d>(q, k, v, len, masked, out) },)*
-                _ => return false,
-            }
-        };
-    }
-    shapes!(
-        (1, 32),
-        (2, 32),
-        (4, 32),
-        (1, 64),
-        (2, 64),
-        (4, 64),
-        (1, 128),
-        (2, 128),
-        (4, 128)
-    );
-    true
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::decode_rows::group_attend_shape;
     /// Softmax over the unmasked slots of scale · q_r·k_t, weighted values: plain loops.
     fn reference(
         q: &[f32],
@@ -352,7 +312,7 @@ mod tests {
 
     #[test]
     fn group_attend_matches_plain_loops() {
-        if !super::available() {
+        if !super::available() || !crate::decode_avx2::available() {
             eprintln!("skipped: this CPU lacks AVX-512F/DQ");
             return;
         }
@@ -377,9 +337,9 @@ mod tests {
                     let k: Vec<f32> = (0..len * d).map(|i| (i as f32 * 0.11).cos()).collect();
                     let v: Vec<f32> = (0..len * d).map(|i| (i as f32 * 0.07).sin()).collect();
                     let mut out = vec![f32::NAN; r * d];
-                    // SAFETY: the features were checked above.
+                    // SAFETY: the features were checked above (AVX-512 implies AVX2 and FMA).
                     let shaped =
-                        unsafe { super::group_attend_shape(r, &q, &k, &v, len, masked, &mut out) };
+                        unsafe { group_attend_shape(true, r, &q, &k, &v, len, masked, &mut out) };
                     assert!(shaped, "shape R {r} D {d}");
                     let want = reference(&q, &k, &v, d, len, masked);
                     for (i, (a, b)) in out.iter().zip(&want).enumerate() {

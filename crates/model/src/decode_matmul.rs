@@ -9,6 +9,8 @@
 #[cfg(target_arch = "x86_64")]
 use crate::decode_avx2::hsum8;
 #[cfg(target_arch = "x86_64")]
+use crate::decode_avx512::first;
+#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 /// Work (multiply-adds) below which a matmul runs on the calling thread: waking the pool costs
@@ -293,8 +295,7 @@ fn tile<const R: usize>(
 ) {
     assert!(x.len() == R * k && out.len() == R * n && panel.len() == k * PANEL);
     assert!(cols <= PANEL && j + cols <= n);
-    let lanes = |c: usize| ((1u32 << c.min(16)) - 1) as __mmask16;
-    let (m0, m1) = (lanes(cols), lanes(cols.saturating_sub(16)));
+    let (m0, m1) = (first(cols), first(cols.saturating_sub(16)));
     let (xp, wp) = (x.as_ptr(), panel.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for c in 0..k {

@@ -63,6 +63,18 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Cephes' e^x, shared by `exp` and the kernels' vector versions: ln 2 in two parts (the
+/// second added back), then the polynomial's coefficients, highest degree first.
+pub(crate) const EXP_LN2: (f32, f32) = (0.693_359_4, 2.121_944_4e-4);
+pub(crate) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5e-1,
+];
+
 /// e^x to ~2 ulp, branch-free so loops over it vectorise (Cephes' expf: x = n·ln2 + r,
 /// |r| ≤ ln2/2, degree-5 polynomial, scaled by 2^n through the exponent bits). Underflows to 0
 /// below -87.3 (so e^-inf = 0), saturates at 88.
@@ -70,13 +82,11 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub(crate) fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.5, 88.0);
     let n = (x * std::f32::consts::LOG2_E).round();
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5e-1;
+    let r = x - n * EXP_LN2.0 + n * EXP_LN2.1;
+    let mut p = EXP_POLY[0];
+    for c in &EXP_POLY[1..] {
+        p = p * r + c;
+    }
     let y = p * r * r + r + 1.0;
     let scaled = y * f32::from_bits(((n as i32 + 127).max(0) as u32) << 23);
     if x <= -87.3 {
@@ -135,6 +145,53 @@ pub(crate) struct CacheRow<'a> {
     pub hkv: usize,
 }
 
+/// The one-pass attention of one KV group, `decode_avx512`'s kernel when `wider` else
+/// `decode_avx2`'s, for the shapes they are compiled for (R = `rep` in 1, 2, 4; D =
+/// out.len() / rep in 32, 64, 128); false, doing nothing, for any other.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA, and AVX-512F/DQ when `wider`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn group_attend_shape(
+    wider: bool,
+    rep: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    len: usize,
+    masked: &[u32],
+    out: &mut [f32],
+) -> bool {
+    use crate::{decode_avx2, decode_avx512};
+    macro_rules! shapes {
+        ($(($r:literal, $d:literal)),*) => {
+            match (rep, out.len() / rep.max(1)) {
+                // SAFETY: the caller guarantees the features of the kernel it asks for.
+                $(($r, $d) if wider => unsafe {
+                    decode_avx512::group_attend::<$r, $d>(q, k, v, len, masked, out)
+                },)*
+                $(($r, $d) => unsafe {
+                    decode_avx2::group_attend::<$r, $d>(q, k, v, len, masked, out)
+                },)*
+                _ => return false,
+            }
+        };
+    }
+    shapes!(
+        (1, 32),
+        (2, 32),
+        (4, 32),
+        (1, 64),
+        (2, 64),
+        (4, 64),
+        (1, 128),
+        (2, 128),
+        (4, 128)
+    );
+    true
+}
+
 /// Single-query attention of one row: q (Hq, D) -> out (Hq, D) over the unmasked slots among
 /// the first `len`; a head with no such slot gives 0. `scores` is scratch. With AVX-512 (else
 /// AVX2) and a common shape, `decode_avx512::group_attend` (`decode_avx2::group_attend`) does
@@ -177,20 +234,9 @@ pub(crate) fn attend_row(
         let vb = &c.v[g * cap * d..][..len * d];
         let qg = &q[g * rep * d..][..rep * d];
         let og = &mut out[g * rep * d..][..rep * d];
-        // SAFETY: `wider` implies the CPU has AVX-512F/DQ.
+        // SAFETY: `fast` implies the CPU has AVX2 and FMA, `wider` AVX-512F/DQ besides.
         #[cfg(target_arch = "x86_64")]
-        if wider
-            && unsafe {
-                crate::decode_avx512::group_attend_shape(rep, qg, kb, vb, len, c.masked, og)
-            }
-        {
-            continue;
-        }
-        // SAFETY: `fast` implies the CPU has AVX2 and FMA.
-        #[cfg(target_arch = "x86_64")]
-        if fast
-            && unsafe { crate::decode_avx2::group_attend_shape(rep, qg, kb, vb, len, c.masked, og) }
-        {
+        if fast && unsafe { group_attend_shape(wider, rep, qg, kb, vb, len, c.masked, og) } {
             continue;
         }
         // Two passes: the scores of the group's query heads (rep, len), then the weighted sum.
