@@ -206,6 +206,7 @@ fn params(max_new: usize) -> GenParams {
         stop_strings: vec![],
         pad_id: 0,
         step_exit: None,
+        kv_cache: Default::default(),
     }
 }
 
@@ -265,23 +266,7 @@ fn sampler_logprobs_equal_the_trainers_recomputation_and_stops_work() {
     let out = generate(&m, &prompts, 4, &p, 7, &no_text).expect("gen");
     assert_eq!(out.len(), 8);
     for s in &out {
-        let prompt = &prompts[(s.prompt_id - 1) as usize].tokens;
-        let row: Vec<u32> = prompt.iter().chain(&s.tokens).copied().collect();
-        let batch = Batch::from_rows(std::slice::from_ref(&row), 0, Padding::Right, &Device::Cpu)
-            .expect("batch");
-        let sel: Vec<u32> = (prompt.len() - 1..row.len() - 1)
-            .map(|i| i as u32)
-            .collect();
-        let lp = m
-            .token_logprobs(&batch, &sel, &s.tokens, false)
-            .expect("lp")
-            .to_vec1::<f32>()
-            .expect("v");
-        let gap = lp
-            .iter()
-            .zip(&s.logp_plain)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let gap = trainer_gap(&m, &prompts[(s.prompt_id - 1) as usize].tokens, s);
         assert!(gap < 1e-4, "sampler vs trainer log-prob gap {gap}");
         assert!(
             s.logp_sampled
@@ -307,6 +292,50 @@ fn sampler_logprobs_equal_the_trainers_recomputation_and_stops_work() {
             .all(|s| s.finish == Finish::Stop && s.tokens.len() == 3),
         "{out:?}"
     );
+}
+
+/// The largest |sampler - trainer| log-prob over a sample's tokens, the trainer recomputing
+/// them with a full forward.
+fn trainer_gap(m: &Qwen3, prompt: &[u32], s: &Sample) -> f32 {
+    let row: Vec<u32> = prompt.iter().chain(&s.tokens).copied().collect();
+    let batch = Batch::from_rows(std::slice::from_ref(&row), 0, Padding::Right, &Device::Cpu)
+        .expect("batch");
+    let sel: Vec<u32> = (prompt.len() - 1..row.len() - 1)
+        .map(|i| i as u32)
+        .collect();
+    let lp = m
+        .token_logprobs(&batch, &sel, &s.tokens, false)
+        .expect("lp")
+        .to_vec1::<f32>()
+        .expect("v");
+    lp.iter()
+        .zip(&s.logp_plain)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn an_f16_kv_cache_samples_near_the_trainers_policy() {
+    let m = tiny();
+    let prompt = vec![5, 9, 33, 100, 7];
+    let prompts = [Prompt {
+        id: 1,
+        tokens: prompt.clone(),
+    }];
+    let mut p = params(24);
+    p.kv_cache = KvCacheDtype::F16;
+    let out = generate(&m, &prompts, 8, &p, 3, &no_text).expect("gen");
+    let gap = out
+        .iter()
+        .map(|s| trainer_gap(&m, &prompt, s))
+        .fold(0f32, f32::max);
+    // K and V rounded to f16: the sampler's log-probs move off the trainer's, a little.
+    assert!(
+        gap > 1e-6 && gap < 2e-2,
+        "f16 cache vs trainer log-prob gap {gap}"
+    );
+    let again = generate(&m, &prompts, 8, &p, 3, &no_text).expect("gen");
+    assert_eq!(out, again, "an f16 cache samples deterministically too");
 }
 
 // ---- Step-GRPO on a constructed model ----
@@ -380,6 +409,7 @@ fn step_params(delta: f64, include_trigger: bool) -> GenParams {
             max_judge_steps: 3,
             include_trigger_on_exit: include_trigger,
         }),
+        kv_cache: Default::default(),
     }
 }
 

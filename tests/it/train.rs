@@ -169,6 +169,16 @@ fn bad_input_gives_one_line_errors() {
         .map(|_| ())
         .expect_err("task");
     assert!(format!("{e:#}").contains("gsm8k"));
+    let e = RunConfig::from_toml("[grpo]\nkv_cache = \"f8\"\n", Path::new("kv.toml"))
+        .map(|_| ())
+        .expect_err("kv_cache");
+    let msg = format!("{e:#}");
+    assert!(msg.contains("kv.toml") && msg.contains("f8"), "{msg}");
+    let c = RunConfig::from_toml("[grpo]\nkv_cache = \"f16\"\n", Path::new("kv.toml"));
+    assert_eq!(
+        c.expect("f16").grpo.kv_cache,
+        terse_rollout::KvCacheDtype::F16
+    );
 
     let mut c = small_config(&root, "notok", 1);
     let empty = root.join("model-without-tokenizer");

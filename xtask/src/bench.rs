@@ -248,7 +248,9 @@ pub fn optim(as_json: bool) -> Result<ExitCode> {
 /// `bench rollout`: decode tokens/s with the KV cache and without it, for a testbed-sized and a
 /// Qwen3-0.6B-shaped model (random weights), and the cost per token at context 128 vs 1024.
 pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> {
-    use terse_rollout::{generate, greedy_no_cache, GenParams, Prompt, SamplingParams};
+    use terse_rollout::{
+        generate, greedy_no_cache, GenParams, KvCacheDtype, Prompt, SamplingParams,
+    };
     let dev = Device::Cpu;
     let none = |_: &[u32]| String::new();
     let params = |n: usize| GenParams {
@@ -258,6 +260,7 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
         stop_strings: vec![],
         pad_id: 0,
         step_exit: None,
+        kv_cache: Default::default(),
     };
     let prompts = |b: usize, len: usize, v: usize| -> Vec<Prompt> {
         (0..b)
@@ -306,59 +309,78 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
         }
         out.insert(label.into(), Value::Array(rows));
     }
-    // Cost per decode token at context 128 vs 1024 (tiny model, batch 16).
+    // Batch 64 again with the opt-in f16 KV cache.
     let m = Qwen3::random(
         Config::synthetic(64, 128, 384, 4, 4, 2, 32, true)?,
         0,
         &dev,
         DType::F32,
     )?;
-    let mut per_token = vec![];
-    for ctx in [128usize, 1024] {
-        // Prefill a batch-16 cache to `ctx`, then time decode steps through it.
-        let b = 16;
-        let ps = prompts(b, ctx, 64);
-        let rows: Vec<Vec<u32>> = ps.iter().map(|p| p.tokens.clone()).collect();
-        let batch = Batch::from_rows(&rows, 0, Padding::Left, &dev)?;
-        // 8 warm-up steps, then 5 timed runs of 32; the median run counts (the two contexts are
-        // timed moments apart on a shared machine, so one slow run must not decide the ratio).
-        let (warm, steps, runs) = (8, 32, 5);
-        let mut cache = m.new_cache(b, ctx + warm + steps * runs)?;
-        m.forward_cached(
-            &mut cache,
-            &batch.input_ids,
-            &batch.position_ids,
-            &batch.mask,
-        )?;
-        let mut slot = 0;
-        let mut decode = |n: usize| -> Result<f64> {
-            let t0 = Instant::now();
-            for _ in 0..n {
-                let ids = Tensor::from_vec(vec![(slot % 63 + 1) as u32; b], (b, 1), &dev)?;
-                let pos = Tensor::from_vec(vec![(ctx + slot) as u32; b], (b, 1), &dev)?;
-                m.forward_cached(&mut cache, &ids, &pos, &vec![1; b])?
-                    .to_vec2::<f32>()?;
-                slot += 1;
-            }
-            Ok(t0.elapsed().as_secs_f64() / (n * b) as f64)
+    if !quick {
+        let ps = prompts(64, 32, 64);
+        let p = GenParams {
+            kv_cache: KvCacheDtype::F16,
+            ..params(256)
         };
-        decode(warm)?;
-        let mut times = (0..runs)
-            .map(|_| decode(steps))
-            .collect::<Result<Vec<_>>>()?;
-        times.sort_by(f64::total_cmp);
-        let per = times[runs / 2];
-        per_token.push(per);
-        println!(
-            "rollout tiny batch 16 context {ctx}: {:.1} us per decoded token",
-            per * 1e6
+        let t0 = Instant::now();
+        let s = generate(&m, &ps, 1, &p, 0, &none)?;
+        let toks: usize = s.iter().map(|x| x.tokens.len()).sum();
+        let tps = toks as f64 / t0.elapsed().as_secs_f64();
+        println!("rollout tiny batch 64, f16 KV cache: {tps:.0} tokens/s");
+        out.insert(
+            "tiny_f16_cache".into(),
+            json!({"batch": 64, "kv_tokens_per_s": tps}),
         );
     }
-    println!(
-        "cost per token at context 1024 / 128: x{:.2}",
-        per_token[1] / per_token[0]
-    );
-    out.insert("per_token_us".into(), json!({"ctx128": per_token[0] * 1e6, "ctx1024": per_token[1] * 1e6, "ratio": per_token[1] / per_token[0]}));
+    // Cost per decode token at context 128 vs 1024 (tiny model, batch 16), with the f32 cache
+    // (the default) and the f16 one.
+    for (cache, key) in [
+        (DType::F32, "per_token_us"),
+        (DType::F16, "per_token_us_f16"),
+    ] {
+        let mut per_token = vec![];
+        for ctx in [128usize, 1024] {
+            // Prefill a batch-16 cache to `ctx`, then time decode steps through it.
+            let b = 16;
+            let ps = prompts(b, ctx, 64);
+            let rows: Vec<Vec<u32>> = ps.iter().map(|p| p.tokens.clone()).collect();
+            let batch = Batch::from_rows(&rows, 0, Padding::Left, &dev)?;
+            // 8 warm-up steps, then 5 timed runs of 32; the median run counts (the two
+            // contexts are timed moments apart on a shared machine, so one slow run must not
+            // decide the ratio).
+            let (warm, steps, runs) = (8, 32, 5);
+            let mut kv = m.new_cache_in(b, ctx + warm + steps * runs, cache)?;
+            m.forward_cached(&mut kv, &batch.input_ids, &batch.position_ids, &batch.mask)?;
+            let mut slot = 0;
+            let mut decode = |n: usize| -> Result<f64> {
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    let ids = Tensor::from_vec(vec![(slot % 63 + 1) as u32; b], (b, 1), &dev)?;
+                    let pos = Tensor::from_vec(vec![(ctx + slot) as u32; b], (b, 1), &dev)?;
+                    m.forward_cached(&mut kv, &ids, &pos, &vec![1; b])?
+                        .to_vec2::<f32>()?;
+                    slot += 1;
+                }
+                Ok(t0.elapsed().as_secs_f64() / (n * b) as f64)
+            };
+            decode(warm)?;
+            let mut times = (0..runs)
+                .map(|_| decode(steps))
+                .collect::<Result<Vec<_>>>()?;
+            times.sort_by(f64::total_cmp);
+            let per = times[runs / 2];
+            per_token.push(per);
+            println!(
+                "rollout tiny batch 16 context {ctx}, {cache:?} KV cache: {:.1} us per decoded token",
+                per * 1e6
+            );
+        }
+        println!(
+            "cost per token at context 1024 / 128, {cache:?} KV cache: x{:.2}",
+            per_token[1] / per_token[0]
+        );
+        out.insert(key.into(), json!({"ctx128": per_token[0] * 1e6, "ctx1024": per_token[1] * 1e6, "ratio": per_token[1] / per_token[0]}));
+    }
     if as_json {
         println!("{}", Value::Object(out));
     }

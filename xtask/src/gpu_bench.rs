@@ -37,6 +37,7 @@ pub fn decode(dev: &Device) -> Result<Value> {
         stop_strings: vec![],
         pad_id: 0,
         step_exit: None,
+        kv_cache: Default::default(),
     };
     let mut rows = vec![];
     for b in [1usize, 64, 256] {

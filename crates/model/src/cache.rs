@@ -61,6 +61,11 @@ impl KvCache {
         self.b
     }
 
+    /// The dtype K and V are stored in.
+    pub fn dtype(&self) -> DType {
+        self.k.first().map_or(DType::F32, Tensor::dtype)
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -12,6 +12,7 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
 
+use crate::decode_rows::Kv;
 use std::arch::x86_64::*;
 
 /// Slots per chunk: the chunk's K and V (CHUNK · D floats each) stay in L1 between the scores
@@ -53,19 +54,40 @@ fn hsum16(a: &[__m512; 16]) -> __m512 {
     _mm512_add_ps(x, y)
 }
 
-/// Unscaled scores of slots t..t + 16/R for the R heads of q (R, D): lane r · (16/R) + j =
-/// q_r·k_(t+j). Slots at or past `len` repeat slot len - 1 (the caller ignores their lanes).
+/// Elements i..i + 16 of a cache stored as f16 (H) or f32, as f32 lanes.
+///
+/// # Safety
+/// The 16 elements must lie inside the allocation `base` points into.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-fn block_scores<const R: usize, const D: usize>(
+unsafe fn load16<const H: bool>(base: *const u8, i: usize) -> __m512 {
+    // SAFETY: the caller guarantees the 16 elements are in bounds.
+    unsafe {
+        if H {
+            _mm512_cvtph_ps(_mm256_loadu_si256(base.add(2 * i).cast()))
+        } else {
+            _mm512_loadu_ps(base.add(4 * i).cast())
+        }
+    }
+}
+
+/// Unscaled scores of slots t..t + 16/R for the R heads of q (R, D) against keys k (`len`
+/// slots of D elements, f16 when H): lane r · (16/R) + j = q_r·k_(t+j). Slots at or past
+/// `len` repeat slot len - 1 (the caller ignores their lanes).
+///
+/// # Safety
+/// `k` must point to at least len · D elements.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn block_scores<const R: usize, const D: usize, const H: bool>(
     q: &[f32],
-    k: &[f32],
+    k: *const u8,
     t: usize,
     len: usize,
 ) -> __m512 {
     let s = 16 / R;
-    assert!(t < len && k.len() >= len * D && q.len() == R * D);
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    assert!(t < len && q.len() == R * D);
+    let qp = q.as_ptr();
     let mut acc = [_mm512_setzero_ps(); 16]; // [r * s + j]
     for c in (0..D).step_by(16) {
         let mut qs = [_mm512_setzero_ps(); R];
@@ -75,8 +97,8 @@ fn block_scores<const R: usize, const D: usize>(
         }
         for j in 0..s {
             let slot = (t + j).min(len - 1);
-            // SAFETY: slot < len and c + 16 <= D, so the 16 floats lie in k[..len * D].
-            let kc = unsafe { _mm512_loadu_ps(kp.add(slot * D + c)) };
+            // SAFETY: slot < len and c + 16 <= D, inside the caller's len · D elements.
+            let kc = unsafe { load16::<H>(k, slot * D + c) };
             for r in 0..R {
                 acc[r * s + j] = _mm512_fmadd_ps(qs[r], kc, acc[r * s + j]);
             }
@@ -124,26 +146,32 @@ pub(crate) fn first(n: usize) -> __mmask16 {
 }
 
 /// Attention of the R query heads q (R, D) of one KV group over slots 0..len of its k and v
-/// (len, D) rows, skipping the slots listed in `masked` (ascending): out (R, D) gets the
-/// softmax-weighted values (0 for a head with no unmasked slot).
+/// (len, D) rows (stored as f16 when H, else f32), skipping the slots listed in `masked`
+/// (ascending): out (R, D) gets the softmax-weighted values (0 for a head with no unmasked
+/// slot).
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX-512DQ.
 #[target_feature(enable = "avx512f,avx512dq")]
-pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
+pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: Kv,
+    v: Kv,
     len: usize,
     masked: &[u32],
     out: &mut [f32],
 ) {
+    let ((kp, kn, kh), (vp, vn, vh)) = (k.raw(), v.raw());
     assert!(16usize.is_multiple_of(R) && D.is_multiple_of(16) && D <= 128);
-    assert!(q.len() == R * D && out.len() == R * D && k.len() >= len * D && v.len() >= len * D);
+    assert!(q.len() == R * D && out.len() == R * D && kn >= len * D && vn >= len * D);
+    assert!(
+        kh == H && vh == H,
+        "group_attend: cache element type mismatch"
+    );
+    let es = if H { 2 } else { 4 }; // bytes per element
     let s = 16 / R; // slots per score tree
     let nv = D / 16; // vectors per head
     let w = nv.min(8 / R).max(1); // vectors per head per register block of the weighted sum
-    let vp = v.as_ptr();
     let scale = 1.0 / (D as f32).sqrt();
     // Two accumulator sets (even and odd slots): one FMA chain per register would wait on
     // the FMA latency.
@@ -160,13 +188,14 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
             // keys now: the hardware prefetcher stops at page boundaries, and each chunk
             // starts a new stream of K and then of V. A prefetch past the end of the cache is
             // harmless (it never faults; `wrapping_add` keeps the address computation defined).
-            let (kn, vn) = ((t0 + CHUNK + b) * D, (t0 + b) * D);
-            for x in (0..s * D).step_by(16) {
-                _mm_prefetch::<_MM_HINT_T0>(vp.wrapping_add(vn + x) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(k.as_ptr().wrapping_add(kn + x) as *const i8);
+            let (kb, vb) = ((t0 + CHUNK + b) * D * es, (t0 + b) * D * es);
+            for x in (0..s * D * es).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(vp.wrapping_add(vb + x).cast());
+                _mm_prefetch::<_MM_HINT_T0>(kp.wrapping_add(kb + x).cast());
             }
+            // SAFETY: kp holds len · D elements (asserted).
             let lanes = _mm512_mul_ps(
-                block_scores::<R, D>(q, k, t0 + b, len),
+                unsafe { block_scores::<R, D, H>(q, kp, t0 + b, len) },
                 _mm512_set1_ps(scale),
             );
             let mut tmp = [0f32; 16];
@@ -241,11 +270,12 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
                 let two = j + 1 < cn;
                 for i in 0..w {
                     let col = (c0 + i) * 16;
-                    // SAFETY: slot t0 + j (and t0 + j + 1 when `two`) < len, col + 16 <= D.
-                    let v0 = unsafe { _mm512_loadu_ps(vp.add((t0 + j) * D + col)) };
+                    // SAFETY: slot t0 + j (and t0 + j + 1 when `two`) < len, col + 16 <= D:
+                    // inside vp's len · D elements (asserted).
+                    let v0 = unsafe { load16::<H>(vp, (t0 + j) * D + col) };
                     let v1 = if two {
                         // SAFETY: as above.
-                        unsafe { _mm512_loadu_ps(vp.add((t0 + j + 1) * D + col)) }
+                        unsafe { load16::<H>(vp, (t0 + j + 1) * D + col) }
                     } else {
                         _mm512_setzero_ps()
                     };
@@ -279,7 +309,8 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
 
 #[cfg(test)]
 mod tests {
-    use crate::decode_rows::group_attend_shape;
+    use crate::decode_rows::{group_attend_shape, Kv};
+    use half::f16;
     /// Softmax over the unmasked slots of scale · q_r·k_t, weighted values: plain loops.
     fn reference(
         q: &[f32],
@@ -336,18 +367,30 @@ mod tests {
                     let q: Vec<f32> = (0..r * d).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
                     let k: Vec<f32> = (0..len * d).map(|i| (i as f32 * 0.11).cos()).collect();
                     let v: Vec<f32> = (0..len * d).map(|i| (i as f32 * 0.07).sin()).collect();
-                    let mut out = vec![f32::NAN; r * d];
-                    // SAFETY: the features were checked above (AVX-512 implies AVX2 and FMA).
-                    let shaped =
-                        unsafe { group_attend_shape(true, r, &q, &k, &v, len, masked, &mut out) };
-                    assert!(shaped, "shape R {r} D {d}");
-                    let want = reference(&q, &k, &v, d, len, masked);
-                    for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                        assert!(
-                            (a - b).abs() < 1e-5,
-                            "R {r} D {d} len {len} masked {}: out[{i}] {a} vs {b}",
-                            masked.len()
-                        );
+                    let half =
+                        |x: &[f32]| -> Vec<f16> { x.iter().map(|&y| f16::from_f32(y)).collect() };
+                    let (kh, vh) = (half(&k), half(&v));
+                    let wide = |x: &[f16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
+                    // The f32 cache, and the f16 cache against the reference over its values.
+                    for (kv, (kr, vr)) in [
+                        ((Kv::F32(&k), Kv::F32(&v)), (k.clone(), v.clone())),
+                        ((Kv::F16(&kh), Kv::F16(&vh)), (wide(&kh), wide(&vh))),
+                    ] {
+                        let mut out = vec![f32::NAN; r * d];
+                        // SAFETY: the features were checked above (AVX-512 implies AVX2, FMA).
+                        let shaped = unsafe {
+                            group_attend_shape(true, r, &q, kv.0, kv.1, len, masked, &mut out)
+                        };
+                        assert!(shaped, "shape R {r} D {d}");
+                        let want = reference(&q, &kr, &vr, d, len, masked);
+                        for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                            assert!(
+                                (a - b).abs() < 1e-5,
+                                "R {r} D {d} len {len} masked {} f16 {}: out[{i}] {a} vs {b}",
+                                masked.len(),
+                                matches!(kv.0, Kv::F16(_)),
+                            );
+                        }
                     }
                 }
             }

@@ -13,8 +13,9 @@
 use crate::cache::KvCache;
 use crate::config::Config;
 use crate::decode_matmul::{matmul_wt, pack_panels, Transposed};
-use crate::decode_rows::{self as rows, simd_dispatch, CacheRow};
+use crate::decode_rows::{self as rows, simd_dispatch, CacheRow, Kv};
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
+use half::f16;
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -39,13 +40,65 @@ impl<'a> Weights<'a> {
     }
 }
 
-/// Mutable access to the f32 contents of a contiguous CPU tensor (the KV cache) through
-/// candle's in-place op, which takes the storage's write lock for the call.
+/// The contents of one KV cache tensor (or a part's rows of it), as stored.
+enum KvMut<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [f16]),
+}
+
+impl<'a> KvMut<'a> {
+    fn view(&self) -> Kv<'_> {
+        match self {
+            KvMut::F32(x) => Kv::F32(x),
+            KvMut::F16(x) => Kv::F16(x),
+        }
+    }
+
+    /// Splits a (B, ...) buffer of `block` elements per row into the parts' row ranges.
+    fn split_rows(self, parts: &[Rows], block: usize) -> Vec<KvMut<'a>> {
+        fn split<'s, T>(mut all: &'s mut [T], parts: &[Rows], block: usize) -> Vec<&'s mut [T]> {
+            parts
+                .iter()
+                .map(|r| {
+                    let (mine, rest) = std::mem::take(&mut all).split_at_mut(r.n * block);
+                    all = rest;
+                    mine
+                })
+                .collect()
+        }
+        match self {
+            KvMut::F32(x) => split(x, parts, block).into_iter().map(KvMut::F32).collect(),
+            KvMut::F16(x) => split(x, parts, block).into_iter().map(KvMut::F16).collect(),
+        }
+    }
+
+    /// Writes a part's new K or V (n, s, Hkv, D) into slots `off..off + s` of its (n, Hkv, C,
+    /// D) cache (rounded to f16 in an f16 cache).
+    fn write_slots(&mut self, src: &[f32], dims: [usize; 4], off: usize) {
+        let [s, hkv, cap, d] = dims;
+        for (t, head) in src.chunks_exact(d).enumerate() {
+            let (tok, h) = (t / hkv, t % hkv);
+            let (row, j) = (tok / s, tok % s);
+            let at = ((row * hkv + h) * cap + off + j) * d;
+            match self {
+                KvMut::F32(c) => c[at..][..d].copy_from_slice(head),
+                KvMut::F16(c) => {
+                    for (o, &x) in c[at..][..d].iter_mut().zip(head) {
+                        *o = f16::from_f32(x);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Mutable access to the contents of a contiguous CPU tensor (the KV cache) through candle's
+/// in-place op, which takes the storage's write lock for the call.
 struct MutAccess<'a> {
     f: std::cell::RefCell<&'a mut SliceFn<'a>>,
 }
 
-type SliceFn<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+type SliceFn<'a> = dyn FnMut(KvMut<'_>) -> Result<()> + 'a;
 
 impl InplaceOp1 for MutAccess<'_> {
     fn name(&self) -> &'static str {
@@ -54,24 +107,25 @@ impl InplaceOp1 for MutAccess<'_> {
 
     fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
         match (s, l.is_contiguous() && l.start_offset() == 0) {
-            (CpuStorage::F32(c), true) => (self.f.borrow_mut())(c),
-            _ => crate::fail!("decode: the KV cache must be a contiguous f32 CPU tensor"),
+            (CpuStorage::F32(c), true) => (self.f.borrow_mut())(KvMut::F32(c)),
+            (CpuStorage::F16(c), true) => (self.f.borrow_mut())(KvMut::F16(c)),
+            _ => crate::fail!("decode: the KV cache must be a contiguous f32 or f16 CPU tensor"),
         }
     }
 }
 
-fn with_mut(t: &Tensor, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()> {
+fn with_mut(t: &Tensor, f: &mut dyn FnMut(KvMut<'_>) -> Result<()>) -> Result<()> {
     t.inplace_op1(&MutAccess {
         f: std::cell::RefCell::new(f),
     })
 }
 
-/// Runs `f` with mutable access to the f32 contents of all `tensors` at once (in order),
-/// holding each one's write lock for the call.
+/// Runs `f` with mutable access to the contents of all `tensors` at once (in order), holding
+/// each one's write lock for the call.
 fn with_all_mut<'h>(
     tensors: &[&Tensor],
-    held: Vec<&'h mut [f32]>,
-    f: &mut dyn FnMut(Vec<&mut [f32]>) -> Result<()>,
+    held: Vec<KvMut<'h>>,
+    f: &mut dyn FnMut(Vec<KvMut<'_>>) -> Result<()>,
 ) -> Result<()> {
     let Some((t, rest)) = tensors.split_first() else {
         return f(held);
@@ -84,29 +138,6 @@ fn with_all_mut<'h>(
         h.push(s);
         with_all_mut(rest, h, f)
     })
-}
-
-/// Splits a (B, ...) buffer of `block` floats per row into the parts' row ranges.
-fn split_rows<'s>(mut all: &'s mut [f32], parts: &[Rows], block: usize) -> Vec<&'s mut [f32]> {
-    parts
-        .iter()
-        .map(|r| {
-            let (mine, rest) = std::mem::take(&mut all).split_at_mut(r.n * block);
-            all = rest;
-            mine
-        })
-        .collect()
-}
-
-/// Writes a part's new K or V (n, s, Hkv, D) into slots `off..off + s` of its (n, Hkv, C, D)
-/// cache.
-fn write_slots(cache: &mut [f32], src: &[f32], dims: [usize; 4], off: usize) {
-    let [s, hkv, cap, d] = dims;
-    for (t, head) in src.chunks_exact(d).enumerate() {
-        let (tok, h) = (t / hkv, t % hkv);
-        let (row, j) = (tok / s, tok % s);
-        cache[((row * hkv + h) * cap + off + j) * d..][..d].copy_from_slice(head);
-    }
 }
 
 /// Weight order in the locked list: embedding, final norm, head, then 11 per layer.
@@ -277,8 +308,8 @@ fn attend_mlp_body(
         // Token j of row `row`: causal, it sees the slots up to its own.
         let (row, j) = (i / r.s, i % r.s);
         let cr = CacheRow {
-            k: &cache.k[row * block..][..block],
-            v: &cache.v[row * block..][..block],
+            k: cache.k.slice(row * block, block),
+            v: cache.v.slice(row * block, block),
             masked: &r.masked[r.masked_at[row]..r.masked_at[row + 1]],
             cap,
             len: cache.len - r.s + j + 1,
@@ -312,8 +343,8 @@ simd_dispatch!(
 
 /// One part's rows of a layer's cache: k/v (n, Hkv, C, D), `len` slots in use.
 struct LayerCache<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
+    k: Kv<'a>,
+    v: Kv<'a>,
     len: usize,
     cap: usize,
 }
@@ -412,7 +443,7 @@ pub(crate) fn step(
     let (off, len, cap) = (cache.len() - slots, cache.len(), cache.capacity());
     let layers = c.num_hidden_layers;
     let block = hkv * cap * d;
-    let part = |r: &mut Rows, kv: &mut [(&mut [f32], &mut [f32])]| {
+    let part = |r: &mut Rows, kv: &mut [(KvMut, KvMut)]| {
         r.embed(w[0], ids, positions, c.rope_theta, &dm);
         let valid = &cache.valid()[r.start * cap..(r.start + r.n) * cap];
         r.masked.clear();
@@ -426,11 +457,11 @@ pub(crate) fn step(
             let at = 3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len();
             let (lw, lt) = (&w[at.clone()], &t[at]);
             qkv(r, lw, lt, &dm, par);
-            write_slots(kp, &r.k, [slots, hkv, cap, d], off);
-            write_slots(vp, &r.v, [slots, hkv, cap, d], off);
+            kp.write_slots(&r.k, [slots, hkv, cap, d], off);
+            vp.write_slots(&r.v, [slots, hkv, cap, d], off);
             let lc = LayerCache {
-                k: kp,
-                v: vp,
+                k: kp.view(),
+                v: vp.view(),
                 len,
                 cap,
             };
@@ -453,12 +484,11 @@ pub(crate) fn step(
         .collect();
     with_all_mut(&tensors, Vec::new(), &mut |all| {
         // all = [k0, v0, k1, v1, ...], each (B, Hkv, C, D): per part, its rows of each layer.
-        let mut per_part: Vec<Vec<(&mut [f32], &mut [f32])>> =
+        let mut per_part: Vec<Vec<(KvMut, KvMut)>> =
             (0..parts).map(|_| Vec::with_capacity(layers)).collect();
         let mut it = all.into_iter();
         while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            let ks = split_rows(k, &chunks, block);
-            let vs = split_rows(v, &chunks, block);
+            let (ks, vs) = (k.split_rows(&chunks, block), v.split_rows(&chunks, block));
             for (p, kv) in per_part.iter_mut().zip(ks.into_iter().zip(vs)) {
                 p.push(kv);
             }
@@ -478,9 +508,9 @@ pub(crate) fn step(
     Tensor::from_vec(logits, (b, dm.vocab), &candle_core::Device::Cpu) // (B, V)
 }
 
-/// Whether `step` serves this model: f32 weights on the CPU.
-pub(crate) fn supported(device: &candle_core::Device, dtype: DType) -> bool {
-    device.is_cpu() && dtype == DType::F32
+/// Whether `step` serves this model and cache: f32 weights on the CPU, an f32 or f16 cache.
+pub(crate) fn supported(device: &candle_core::Device, dtype: DType, cache: DType) -> bool {
+    device.is_cpu() && dtype == DType::F32 && matches!(cache, DType::F32 | DType::F16)
 }
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
-//! Tests of the CPU decode step (`decode_cpu`): the three decode paths agree, and a row's
-//! logits do not depend on the rows beside it.
+//! Tests of the CPU decode step (`decode_cpu`): the three decode paths agree (with an f32 or
+//! an f16 cache), and a row's logits do not depend on the rows beside it.
 
 use crate::model::DecodePath;
 use crate::{Batch, Config, Padding, Qwen3};
 use candle_core::{DType, Device, Tensor};
 
 /// Prefill a left-padded batch, then decode 6 steps (one row padded at step 3) along each
-/// path; the prefill's and every step's logits agree with the composite forward.
-fn paths_agree(rows: usize, head_dim: usize) {
+/// path, with a cache storing `kv`; the prefill's and every step's logits agree with the
+/// composite forward. Returns the composite forward's logits of every step.
+fn paths_agree(rows: usize, head_dim: usize, kv: DType) -> Vec<Vec<Vec<f32>>> {
     let dev = Device::Cpu;
     let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, head_dim, true).expect("config");
     let m = Qwen3::random(cfg, 7, &dev, DType::F32).expect("model");
@@ -19,11 +20,15 @@ fn paths_agree(rows: usize, head_dim: usize) {
         })
         .collect();
     let batch = Batch::from_rows(&prompts, 0, Padding::Left, &dev).expect("batch");
-    let paths = [DecodePath::Composite, DecodePath::Kernels, DecodePath::Cpu];
+    let paths: &[DecodePath] = if kv == DType::F32 {
+        &[DecodePath::Composite, DecodePath::Kernels, DecodePath::Cpu]
+    } else {
+        &[DecodePath::Composite, DecodePath::Cpu] // the fused ops take the model's dtype
+    };
     let mut caches = vec![];
     let mut prefill = vec![];
-    for &p in &paths {
-        let mut c = m.new_cache(rows, batch.t + 8).expect("cache");
+    for &p in paths {
+        let mut c = m.new_cache_in(rows, batch.t + 8, kv).expect("cache");
         let ids = (&batch.input_ids, &batch.position_ids, &batch.mask);
         let l = m.forward_cached_with(p, &mut c, ids.0, ids.1, ids.2);
         prefill.push(l.expect("prefill").to_vec2::<f32>().expect("logits"));
@@ -35,6 +40,7 @@ fn paths_agree(rows: usize, head_dim: usize) {
             assert!((a - b).abs() < 2e-5, "{p:?} prefill: {a} vs {b}");
         }
     }
+    let mut steps = vec![prefill[0].clone()];
     for step in 0..6u32 {
         let ids: Vec<u32> = (0..rows as u32)
             .map(|r| (r * 7 + step * 11) % 47 + 1)
@@ -60,7 +66,9 @@ fn paths_agree(rows: usize, head_dim: usize) {
                 assert!((a - b).abs() < 2e-5, "{p:?} step {step}: {a} vs {b}");
             }
         }
+        steps.push(out[0].clone());
     }
+    steps
 }
 
 #[test]
@@ -104,13 +112,35 @@ fn a_rows_logits_do_not_depend_on_the_rows_beside_it() {
 
 #[test]
 fn decode_paths_agree_on_one_row() {
-    paths_agree(1, 16);
+    paths_agree(1, 16, DType::F32);
 }
 
 #[test]
 fn decode_paths_agree_with_rows_split_across_threads() {
     // 19 rows: the CPU step splits them into parts (of uneven size) when it has threads.
-    paths_agree(19, 16);
+    paths_agree(19, 16, DType::F32);
     // Head size 32: the one-pass AVX2 attention (where the CPU has it).
-    paths_agree(19, 32);
+    paths_agree(19, 32, DType::F32);
+}
+
+#[test]
+fn an_f16_cache_decodes_alike_on_every_path_and_near_the_f32_cache() {
+    for head_dim in [16, 32] {
+        // Head size 16: the converting fallback; 32: the AVX-512 kernel reading f16 (where the
+        // CPU has it).
+        let half = paths_agree(19, head_dim, DType::F16);
+        let full = paths_agree(19, head_dim, DType::F32);
+        let gap = half
+            .iter()
+            .flatten()
+            .flatten()
+            .zip(full.iter().flatten().flatten())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        // K/V rounded to 11 significant bits move the logits, but only a little.
+        assert!(
+            gap > 0.0 && gap < 1e-2,
+            "head {head_dim}: f16 vs f32 cache {gap}"
+        );
+    }
 }

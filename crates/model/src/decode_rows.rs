@@ -130,12 +130,52 @@ pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// Cache contents as stored: f32, or f16 (the opt-in half-size cache, read as f32).
+#[derive(Clone, Copy)]
+pub(crate) enum Kv<'a> {
+    F32(&'a [f32]),
+    F16(&'a [half::f16]),
+}
+
+impl<'a> Kv<'a> {
+    /// Elements start..start + n.
+    pub(crate) fn slice(self, start: usize, n: usize) -> Kv<'a> {
+        match self {
+            Kv::F32(x) => Kv::F32(&x[start..][..n]),
+            Kv::F16(x) => Kv::F16(&x[start..][..n]),
+        }
+    }
+
+    /// (first element, element count, f16?) for the kernels' raw loads.
+    pub(crate) fn raw(self) -> (*const u8, usize, bool) {
+        match self {
+            Kv::F32(x) => (x.as_ptr().cast(), x.len(), false),
+            Kv::F16(x) => (x.as_ptr().cast(), x.len(), true),
+        }
+    }
+
+    /// The contents as f32: borrowed when stored so, converted into `buf` otherwise.
+    fn f32s<'b>(self, buf: &'b mut Vec<f32>) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match self {
+            Kv::F32(x) => x,
+            Kv::F16(x) => {
+                buf.clear();
+                buf.extend(x.iter().map(|h| h.to_f32()));
+                buf
+            }
+        }
+    }
+}
+
 /// One row's view of the cache for `attend_row`.
 #[derive(Clone, Copy)]
 pub(crate) struct CacheRow<'a> {
     /// (Hkv, C, D) keys and values of this row.
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: Kv<'a>,
+    pub v: Kv<'a>,
     /// The slots below `len` that hold no token (padding), ascending.
     pub masked: &'a [u32],
     /// Slots per head block.
@@ -157,8 +197,8 @@ pub(crate) unsafe fn group_attend_shape(
     wider: bool,
     rep: usize,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: Kv,
+    v: Kv,
     len: usize,
     masked: &[u32],
     out: &mut [f32],
@@ -166,12 +206,16 @@ pub(crate) unsafe fn group_attend_shape(
     use crate::{decode_avx2, decode_avx512};
     macro_rules! shapes {
         ($(($r:literal, $d:literal)),*) => {
-            match (rep, out.len() / rep.max(1)) {
-                // SAFETY: the caller guarantees the features of the kernel it asks for.
-                $(($r, $d) if wider => unsafe {
-                    decode_avx512::group_attend::<$r, $d>(q, k, v, len, masked, out)
+            match (rep, out.len() / rep.max(1), k, v) {
+                // SAFETY (all arms): the caller guarantees the features of the kernel it asks
+                // for.
+                $(($r, $d, Kv::F32(_), Kv::F32(_)) if wider => unsafe {
+                    decode_avx512::group_attend::<$r, $d, false>(q, k, v, len, masked, out)
                 },)*
-                $(($r, $d) => unsafe {
+                $(($r, $d, Kv::F16(_), Kv::F16(_)) if wider => unsafe {
+                    decode_avx512::group_attend::<$r, $d, true>(q, k, v, len, masked, out)
+                },)*
+                $(($r, $d, Kv::F32(k), Kv::F32(v)) => unsafe {
                     decode_avx2::group_attend::<$r, $d>(q, k, v, len, masked, out)
                 },)*
                 _ => return false,
@@ -229,16 +273,21 @@ pub(crate) fn attend_row(
     };
     scores.resize(rep * len + rep, 0.0);
     out.fill(0.0);
+    let (mut kbuf, mut vbuf) = (vec![], vec![]);
     for g in 0..c.hkv {
-        let kb = &c.k[g * cap * d..][..len * d];
-        let vb = &c.v[g * cap * d..][..len * d];
+        let (kg, vg) = (
+            c.k.slice(g * cap * d, len * d),
+            c.v.slice(g * cap * d, len * d),
+        );
         let qg = &q[g * rep * d..][..rep * d];
         let og = &mut out[g * rep * d..][..rep * d];
         // SAFETY: `fast` implies the CPU has AVX2 and FMA, `wider` AVX-512F/DQ besides.
         #[cfg(target_arch = "x86_64")]
-        if fast && unsafe { group_attend_shape(wider, rep, qg, kb, vb, len, c.masked, og) } {
+        if fast && unsafe { group_attend_shape(wider, rep, qg, kg, vg, len, c.masked, og) } {
             continue;
         }
+        // An f16 cache reaches here only without the AVX-512 kernel: convert the group.
+        let (kb, vb) = (kg.f32s(&mut kbuf), vg.f32s(&mut vbuf));
         // Two passes: the scores of the group's query heads (rep, len), then the weighted sum.
         let (scores, inv) = scores.split_at_mut(rep * len); // and (rep) normalisers
         if fast {
@@ -380,8 +429,8 @@ mod tests {
         let mut masked = vec![];
         masked_slots(valid, len, &mut masked);
         let c = CacheRow {
-            k: &k,
-            v: &v,
+            k: Kv::F32(&k),
+            v: Kv::F32(&v),
             masked: &masked,
             cap,
             len,

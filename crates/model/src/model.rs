@@ -227,9 +227,13 @@ impl Qwen3 {
                 return self.mlp_block(&p, x, train);
             }
             Some((ck, cv, off, _, _)) => {
-                ck.slice_set(&k, 2, off)?;
-                cv.slice_set(&v, 2, off)?;
-                (ck.narrow(2, 0, off + t)?, cv.narrow(2, 0, off + t)?) // (B, Hkv, S, hd)
+                // A cache in another dtype (f16) stores rounded K/V and hands them back
+                // converted.
+                let dt = k.dtype();
+                ck.slice_set(&k.to_dtype(ck.dtype())?, 2, off)?;
+                cv.slice_set(&v.to_dtype(cv.dtype())?, 2, off)?;
+                let (k, v) = (ck.narrow(2, 0, off + t)?, cv.narrow(2, 0, off + t)?); // (B, Hkv, S, hd)
+                (k.to_dtype(dt)?, v.to_dtype(dt)?)
             }
         };
         let attn = gqa_attention(&q, &k, &v, bias)?; // (B, Hq, T, hd)
@@ -326,6 +330,12 @@ impl Qwen3 {
 
     /// An empty KV cache for `b` rows and up to `capacity` slots, in the compute dtype.
     pub fn new_cache(&self, b: usize, capacity: usize) -> Result<KvCache> {
+        self.new_cache_in(b, capacity, self.compute_dtype)
+    }
+
+    /// An empty KV cache storing K and V in `dtype` (F16 on an f32 model halves the bytes each
+    /// decode step reads, at the price of rounding K and V to f16 before attention).
+    pub fn new_cache_in(&self, b: usize, capacity: usize, dtype: DType) -> Result<KvCache> {
         let c = &self.config;
         KvCache::new(
             c.num_hidden_layers,
@@ -333,7 +343,7 @@ impl Qwen3 {
             c.num_key_value_heads,
             capacity,
             c.head_dim,
-            self.compute_dtype,
+            dtype,
             &self.device,
         )
     }
@@ -347,9 +357,9 @@ impl Qwen3 {
         positions: &Tensor,
         valid: &[u8],
     ) -> Result<Tensor> {
-        let path = if decode_cpu::supported(&self.device, self.compute_dtype) {
+        let path = if decode_cpu::supported(&self.device, self.compute_dtype, cache.dtype()) {
             DecodePath::Cpu
-        } else if ids.dim(1)? != 1 {
+        } else if ids.dim(1)? != 1 || cache.dtype() != self.compute_dtype {
             DecodePath::Composite
         } else if self.device.is_cuda() {
             DecodePath::Kernels

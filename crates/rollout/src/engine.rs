@@ -8,7 +8,7 @@
 
 use crate::sampling::{sample_row, sample_stream, uniform, SamplingParams};
 use crate::step_exit::{confidence, StepExit};
-use candle_core::{Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor, D};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use terse_model::{Batch, KvCache, Padding, Qwen3};
@@ -48,6 +48,22 @@ pub struct GenParams {
     /// Step-GRPO dynamic truncated rollout; None = plain sampling.
     #[serde(default)]
     pub step_exit: Option<StepExit>,
+    /// What the KV cache stores.
+    #[serde(default)]
+    pub kv_cache: KvCacheDtype,
+}
+
+/// What the KV cache stores during generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    /// The model's compute dtype: the sampler's logits are the trainer's (exact sampling).
+    #[default]
+    Model,
+    /// f16: half the bytes each decode step reads, so long contexts decode faster; K and V
+    /// are rounded, so the sampler's log-probs (the PPO ratio's old policy) drift slightly from
+    /// the trainer's (the `logp_gap` metric shows by how much).
+    F16,
 }
 
 /// Why a sample stopped.
@@ -149,7 +165,11 @@ pub fn generate(
         .step_exit
         .as_ref()
         .map_or(0, |s| s.induction_ids.len() + s.max_ans_tokens + 2);
-    let mut cache = model.new_cache(prompts.len(), prefill.t + params.max_new_tokens + extra)?;
+    let cap = prefill.t + params.max_new_tokens + extra;
+    let mut cache = match params.kv_cache {
+        KvCacheDtype::Model => model.new_cache(prompts.len(), cap)?,
+        KvCacheDtype::F16 => model.new_cache_in(prompts.len(), cap, DType::F16)?,
+    };
     let logits = model.forward_cached(
         &mut cache,
         &prefill.input_ids,
@@ -366,6 +386,7 @@ pub fn greedy(model: &Qwen3, prompt: &[u32], new_tokens: usize) -> Result<Vec<u3
         stop_strings: vec![],
         pad_id: 0,
         step_exit: None,
+        kv_cache: KvCacheDtype::Model,
     };
     let none = |_: &[u32]| String::new();
     let out = generate(

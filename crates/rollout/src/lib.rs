@@ -9,7 +9,7 @@ pub mod sampling;
 pub mod step_exit;
 
 pub use engine::{
-    generate, greedy, greedy_no_cache, Detokenizer, Finish, GenParams, Prompt, Sample,
+    generate, greedy, greedy_no_cache, Detokenizer, Finish, GenParams, KvCacheDtype, Prompt, Sample,
 };
 pub use sampling::{sample_row, sample_stream, SamplingParams};
 pub use step_exit::{confidence, ConfidencePolicy, StepExit};

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use terse_optim::{AdamWConfig, Schedule};
 use terse_reward::{Advantage, RewardConfig};
-use terse_rollout::{SamplingParams, StepExit};
+use terse_rollout::{KvCacheDtype, SamplingParams, StepExit};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -196,6 +196,8 @@ pub struct GrpoSection {
     pub group_size: usize,
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
+    /// What the rollout's KV cache stores: "model" (the compute dtype, exact) or "f16".
+    pub kv_cache: KvCacheDtype,
     pub schedule: Schedule,
     pub clip_low: f64,
     pub clip_high: f64,
@@ -243,6 +245,7 @@ impl Default for GrpoSection {
             group_size: 8,
             max_new_tokens: 96,
             sampling: SamplingParams::default(),
+            kv_cache: KvCacheDtype::Model,
             schedule: Schedule {
                 peak_lr: 2e-4,
                 ..Schedule::default()
