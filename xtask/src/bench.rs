@@ -345,28 +345,32 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
             let ps = prompts(b, ctx, 64);
             let rows: Vec<Vec<u32>> = ps.iter().map(|p| p.tokens.clone()).collect();
             let batch = Batch::from_rows(&rows, 0, Padding::Left, &dev)?;
-            // 8 warm-up steps, then 5 timed runs of 32; the median run counts (the two
-            // contexts are timed moments apart on a shared machine, so one slow run must not
-            // decide the ratio).
-            let (warm, steps, runs) = (8, 32, 5);
-            let mut kv = m.new_cache_in(b, ctx + warm + steps * runs, cache)?;
-            m.forward_cached(&mut kv, &batch.input_ids, &batch.position_ids, &batch.mask)?;
-            let mut slot = 0;
-            let mut decode = |n: usize| -> Result<f64> {
+            // Each run decodes 32 steps from a copy of the prefilled cache, so every timed step
+            // sees a context of ctx + 1 ..= ctx + 32; one warm-up run, then the median of 7
+            // (the two contexts are timed moments apart on a shared machine, so one slow run
+            // must not decide the ratio).
+            let (steps, runs) = (32, 7);
+            let mut base = m.new_cache_in(b, ctx + steps, cache)?;
+            m.forward_cached(
+                &mut base,
+                &batch.input_ids,
+                &batch.position_ids,
+                &batch.mask,
+            )?;
+            let all: Vec<usize> = (0..b).collect();
+            let decode = || -> Result<f64> {
+                let mut kv = base.select_rows(&all)?;
                 let t0 = Instant::now();
-                for _ in 0..n {
+                for slot in 0..steps {
                     let ids = Tensor::from_vec(vec![(slot % 63 + 1) as u32; b], (b, 1), &dev)?;
                     let pos = Tensor::from_vec(vec![(ctx + slot) as u32; b], (b, 1), &dev)?;
                     m.forward_cached(&mut kv, &ids, &pos, &vec![1; b])?
                         .to_vec2::<f32>()?;
-                    slot += 1;
                 }
-                Ok(t0.elapsed().as_secs_f64() / (n * b) as f64)
+                Ok(t0.elapsed().as_secs_f64() / (steps * b) as f64)
             };
-            decode(warm)?;
-            let mut times = (0..runs)
-                .map(|_| decode(steps))
-                .collect::<Result<Vec<_>>>()?;
+            decode()?;
+            let mut times = (0..runs).map(|_| decode()).collect::<Result<Vec<_>>>()?;
             times.sort_by(f64::total_cmp);
             let per = times[runs / 2];
             per_token.push(per);
