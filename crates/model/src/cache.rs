@@ -6,7 +6,7 @@
 //! decode step is one batched forward. `select_rows` copies rows (a prompt's prefill into its G
 //! samples) or drops them (finished samples stop costing compute).
 
-use crate::decode_matmul::Transposed;
+use crate::decode_matmul::Packed;
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::{Arc, OnceLock};
 
@@ -21,9 +21,9 @@ pub struct KvCache {
     b: usize,
     capacity: usize,
     len: usize,
-    /// The CPU decode step's transposed projection weights, built on its first step through
-    /// this cache (a cache belongs to the weights it is filled with).
-    pub(crate) transposed: OnceLock<Arc<Transposed>>,
+    /// The CPU decode step's projection weights packed into panels, built on its first step
+    /// through this cache (a cache belongs to the weights it is filled with).
+    pub(crate) packed: OnceLock<Arc<Packed>>,
 }
 
 impl KvCache {
@@ -44,7 +44,7 @@ impl KvCache {
             b,
             capacity,
             len: 0,
-            transposed: OnceLock::new(),
+            packed: OnceLock::new(),
         })
     }
 
@@ -151,7 +151,7 @@ impl KvCache {
             b: rows.len(),
             capacity: self.capacity,
             len: self.len,
-            transposed: self.transposed.clone(),
+            packed: self.packed.clone(),
         })
     }
 }

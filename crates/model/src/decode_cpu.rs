@@ -7,12 +7,12 @@
 //! cache); each part runs every layer on its own (rows never interact in a forward), so a
 //! step is one fork-join with every layer's cache locked for it: projections
 //! (`decode_matmul`), norm / RoPE / SiLU loops (`decode_rows`), its rows' K/V written into the
-//! cache slot in place, attention over the unmasked slots (`decode_avx2`), over scratch
-//! reused between steps. Same math as `Qwen3::layer` (tested against it).
+//! cache slot in place, attention over the unmasked slots (`decode_avx512`, else
+//! `decode_avx2`), over scratch reused between steps. Same math as `Qwen3::layer` (tested against it).
 
 use crate::cache::KvCache;
 use crate::config::Config;
-use crate::decode_matmul::{matmul_wt, pack_panels, Transposed};
+use crate::decode_matmul::{matmul_wt, pack_panels, Packed};
 use crate::decode_rows::{self as rows, simd_dispatch, CacheRow, Kv};
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
 use half::f16;
@@ -396,12 +396,12 @@ pub(crate) fn step(
     // Small models' projections as outer products over weights packed once per cache, where
     // the CPU has the kernel: each row's sums then run in one order whatever the batch (a
     // sample's logits are bit-identical with more or fewer rows beside it).
-    let transposed = (small && crate::decode_matmul::available_512()).then(|| {
-        let t = cache.transposed.get_or_init(|| {
+    let packed = (small && crate::decode_matmul::available_512()).then(|| {
+        let t = cache.packed.get_or_init(|| {
             // The head (2) and each layer's projections.
             let is_proj =
                 |i: usize| i == 2 || i >= 3 && PROJECTIONS.contains(&((i - 3) % PER_LAYER.len()));
-            Arc::new(Transposed(
+            Arc::new(Packed(
                 weights
                     .iter()
                     .zip(&w)
@@ -416,7 +416,7 @@ pub(crate) fn step(
         Arc::clone(t)
     });
     let t: Vec<Option<&[f32]>> = (0..w.len())
-        .map(|i| transposed.as_ref().and_then(|tr| tr.0[i].as_deref()))
+        .map(|i| packed.as_ref().and_then(|tr| tr.0[i].as_deref()))
         .collect();
     // Scratch from the previous step of this thread when the shapes match: fresh buffers every
     // step cost more in page faults (the allocator hands them back to the OS) than the step.

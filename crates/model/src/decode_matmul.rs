@@ -223,12 +223,12 @@ const PANEL: usize = 32;
 /// The projection weights of a model in `pack_panels` layout, built once per KV cache (the
 /// weights cannot change while a cache filled with them is decoded through): entry i is
 /// weight i of the decode step's list, `None` for weights that are not projections.
-pub(crate) struct Transposed(pub(crate) Vec<Option<Vec<f32>>>);
+pub(crate) struct Packed(pub(crate) Vec<Option<Vec<f32>>>);
 
-impl std::fmt::Debug for Transposed {
+impl std::fmt::Debug for Packed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.0.iter().flatten().map(Vec::len).sum::<usize>();
-        write!(f, "Transposed({n} floats)")
+        write!(f, "Packed({n} floats)")
     }
 }
 
