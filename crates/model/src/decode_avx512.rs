@@ -72,21 +72,21 @@ unsafe fn load16<const H: bool>(base: *const u8, i: usize) -> __m512 {
 }
 
 /// Unscaled scores of slots t..t + 16/R for the R heads of q (R, D) against keys k (`len`
-/// slots of D elements, f16 when H): lane r · (16/R) + j = q_r·k_(t+j). Slots at or past
-/// `len` repeat slot len - 1 (the caller ignores their lanes).
+/// slots of D elements, f16 when H): lane r · (16/R) + j = q_r·k_(t+j). In a TAIL block, slots
+/// at or past `len` repeat slot len - 1 (the caller ignores their lanes).
 ///
 /// # Safety
 /// `k` must point to at least len · D elements.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-unsafe fn block_scores<const R: usize, const D: usize, const H: bool>(
+unsafe fn block_scores<const R: usize, const D: usize, const H: bool, const TAIL: bool>(
     q: &[f32],
     k: *const u8,
     t: usize,
     len: usize,
 ) -> __m512 {
     let s = 16 / R;
-    assert!(t < len && q.len() == R * D);
+    assert!(t < len && (TAIL || t + s <= len) && q.len() == R * D);
     let qp = q.as_ptr();
     let mut acc = [_mm512_setzero_ps(); 16]; // [r * s + j]
     for c in (0..D).step_by(16) {
@@ -96,7 +96,7 @@ unsafe fn block_scores<const R: usize, const D: usize, const H: bool>(
             qs[r] = unsafe { _mm512_loadu_ps(qp.add(r * D + c)) };
         }
         for j in 0..s {
-            let slot = (t + j).min(len - 1);
+            let slot = if TAIL { (t + j).min(len - 1) } else { t + j };
             // SAFETY: slot < len and c + 16 <= D, inside the caller's len · D elements.
             let kc = unsafe { load16::<H>(k, slot * D + c) };
             for r in 0..R {
@@ -194,10 +194,14 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
                 _mm_prefetch::<_MM_HINT_T0>(kp.wrapping_add(kb + x).cast());
             }
             // SAFETY: kp holds len · D elements (asserted).
-            let lanes = _mm512_mul_ps(
-                unsafe { block_scores::<R, D, H>(q, kp, t0 + b, len) },
-                _mm512_set1_ps(scale),
-            );
+            let raw = unsafe {
+                if t0 + b + s <= len {
+                    block_scores::<R, D, H, false>(q, kp, t0 + b, len)
+                } else {
+                    block_scores::<R, D, H, true>(q, kp, t0 + b, len)
+                }
+            };
+            let lanes = _mm512_mul_ps(raw, _mm512_set1_ps(scale));
             let mut tmp = [0f32; 16];
             // SAFETY: `tmp` holds 16 floats.
             unsafe { _mm512_storeu_ps(tmp.as_mut_ptr(), lanes) };
@@ -235,9 +239,10 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
             }
             let mut sum = _mm512_setzero_ps();
             let mv = _mm512_set1_ps(m[r]);
-            for x in (0..cn + 1).step_by(16) {
-                // Weights of the chunk's slots; 0 past them (and for a head with nothing
-                // unmasked yet: e^(s - max) is not defined there).
+            for x in (0..cn).step_by(16) {
+                // Weights of the chunk's slots; 0 past them up to the next 16 (and for a head
+                // with nothing unmasked yet: e^(s - max) is not defined there). So an odd
+                // chunk's slot cn, which its last pair reads, weighs 0.
                 let live = if m[r] == f32::NEG_INFINITY {
                     0
                 } else {
