@@ -325,11 +325,9 @@ fn tile<const R: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-/// Whether the AVX-512 matmuls can run here.
+/// Whether the AVX-512 matmuls can run here (they are compiled with AVX2 and FMA as well).
 pub(crate) fn available_512() -> bool {
-    crate::decode_avx2::available()
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
+    crate::decode_avx2::available() && crate::decode_avx512::available()
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

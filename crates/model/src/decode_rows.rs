@@ -286,7 +286,8 @@ pub(crate) fn attend_row(
         if fast && unsafe { group_attend_shape(wider, rep, qg, kg, vg, len, c.masked, og) } {
             continue;
         }
-        // An f16 cache reaches here only without the AVX-512 kernel: convert the group.
+        // An f16 cache reaches here when no one-pass kernel serves it (no AVX-512, or another
+        // shape): convert the group.
         let (kb, vb) = (kg.f32s(&mut kbuf), vg.f32s(&mut vbuf));
         // Two passes: the scores of the group's query heads (rep, len), then the weighted sum.
         let (scores, inv) = scores.split_at_mut(rep * len); // and (rep) normalisers
