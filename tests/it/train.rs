@@ -9,7 +9,7 @@ use terse_train::config::LossAgg;
 use terse_train::loss::{agg_weights, PpoParams};
 use terse_train::RunConfig;
 
-fn repo(p: &str) -> PathBuf {
+pub(crate) fn repo(p: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
 }
 
@@ -82,7 +82,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
     }
 }
 
-fn small_config(dir: &Path, name: &str, steps: u64) -> RunConfig {
+pub(crate) fn small_config(dir: &Path, name: &str, steps: u64) -> RunConfig {
     let mut c = RunConfig::default();
     c.run.dir = dir.to_path_buf();
     c.run.name = name.into();
@@ -107,7 +107,7 @@ fn small_config(dir: &Path, name: &str, steps: u64) -> RunConfig {
 }
 
 /// metrics.jsonl without the wall-clock "time" objects.
-fn deterministic_metrics(run: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn deterministic_metrics(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .expect("metrics")
         .lines()

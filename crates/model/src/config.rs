@@ -50,6 +50,31 @@ fn opt_u32(v: &Value, key: &str) -> Result<Option<u32>> {
     }
 }
 
+/// An optional key: absent or null is `None`; present with the wrong type is an error (a
+/// string "1e-2" must not silently become the default).
+fn opt_typed<'a, T>(
+    v: &'a Value,
+    key: &str,
+    what: &str,
+    get: impl Fn(&'a Value) -> Option<T>,
+) -> Result<Option<T>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => match get(x) {
+            Some(t) => Ok(Some(t)),
+            None => crate::fail!("config key `{key}` must be {what}, got {x}"),
+        },
+    }
+}
+
+fn opt_bool(v: &Value, key: &str) -> Result<Option<bool>> {
+    opt_typed(v, key, "true or false", Value::as_bool)
+}
+
+fn opt_str<'a>(v: &'a Value, key: &str) -> Result<Option<&'a str>> {
+    opt_typed(v, key, "a string", Value::as_str)
+}
+
 impl Config {
     /// Reads and validates `config.json`; errors name the file and the offending key.
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -67,12 +92,12 @@ impl Config {
         if !raw.is_object() {
             crate::fail!("config must be a JSON object");
         }
-        if let Some(mt) = raw.get("model_type").and_then(Value::as_str) {
+        if let Some(mt) = opt_str(&raw, "model_type")? {
             if mt != "qwen3" {
                 crate::fail!("model_type `{mt}` is not supported (only `qwen3`)");
             }
         }
-        if raw.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        if opt_bool(&raw, "use_sliding_window")? == Some(true) {
             crate::fail!("sliding-window attention (`use_sliding_window: true`) is not supported");
         }
         if let Some(types) = raw.get("layer_types").and_then(Value::as_array) {
@@ -80,10 +105,10 @@ impl Config {
                 crate::fail!("layer type {t} is not supported (only `full_attention`)");
             }
         }
-        if raw.get("attention_bias").and_then(Value::as_bool) == Some(true) {
+        if opt_bool(&raw, "attention_bias")? == Some(true) {
             crate::fail!("`attention_bias: true` is not supported");
         }
-        if let Some(act) = raw.get("hidden_act").and_then(Value::as_str) {
+        if let Some(act) = opt_str(&raw, "hidden_act")? {
             if act != "silu" {
                 crate::fail!("hidden_act `{act}` is not supported (only `silu`)");
             }
@@ -118,19 +143,17 @@ impl Config {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps: raw
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
+            rms_norm_eps: opt_typed(&raw, "rms_norm_eps", "a number", Value::as_f64)?
                 .unwrap_or(1e-6),
             rope_theta,
-            tie_word_embeddings: raw
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            max_position_embeddings: raw
-                .get("max_position_embeddings")
-                .and_then(Value::as_u64)
-                .unwrap_or(32768) as usize,
+            tie_word_embeddings: opt_bool(&raw, "tie_word_embeddings")?.unwrap_or(false),
+            max_position_embeddings: opt_typed(
+                &raw,
+                "max_position_embeddings",
+                "a non-negative integer",
+                Value::as_u64,
+            )?
+            .unwrap_or(32768) as usize,
             bos_token_id: opt_u32(&raw, "bos_token_id")?,
             eos_token_ids,
             pad_token_id: opt_u32(&raw, "pad_token_id")?,
@@ -274,7 +297,7 @@ fn rope_theta(raw: &Value) -> Result<f64> {
             }
         }
     }
-    if let Some(t) = raw.get("rope_theta").and_then(Value::as_f64) {
+    if let Some(t) = opt_typed(raw, "rope_theta", "a number", Value::as_f64)? {
         return Ok(t);
     }
     if let Some(t) = raw
@@ -294,6 +317,36 @@ mod tests {
     fn base() -> Value {
         json!({"vocab_size": 32, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4})
+    }
+
+    /// Issue 15 item 16: a present optional key of the wrong type is an error, not the default.
+    #[test]
+    fn item16_wrong_typed_optional_keys_are_errors() {
+        check_err(
+            json!({"rms_norm_eps": "1e-2"}),
+            "config key `rms_norm_eps` must be a number, got \"1e-2\"",
+        );
+        check_err(
+            json!({"max_position_embeddings": "512"}),
+            "`max_position_embeddings` must be a non-negative integer",
+        );
+        check_err(
+            json!({"tie_word_embeddings": "true"}),
+            "`tie_word_embeddings` must be true or false",
+        );
+        check_err(
+            json!({"rope_theta": "1e6"}),
+            "`rope_theta` must be a number",
+        );
+        check_err(
+            json!({"attention_bias": 0}),
+            "`attention_bias` must be true or false",
+        );
+        let mut v = base();
+        v["rms_norm_eps"] = json!(1e-2);
+        v["max_position_embeddings"] = json!(512);
+        let c = Config::from_json(v).expect("typed keys parse");
+        assert_eq!((c.rms_norm_eps, c.max_position_embeddings), (1e-2, 512));
     }
 
     fn check_err(patch: Value, expect: &str) {

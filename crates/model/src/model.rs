@@ -126,6 +126,23 @@ impl Qwen3 {
             .collect()
     }
 
+    /// The first weight (by HF key) holding a NaN or an infinity, if any: x·0 is NaN exactly
+    /// for those, so one reduction per tensor tells, on any device.
+    pub fn first_non_finite(&self) -> Result<Option<String>> {
+        for (k, v) in &self.vars {
+            let probe = v
+                .as_tensor()
+                .affine(0.0, 0.0)?
+                .to_dtype(DType::F32)?
+                .sum_all()?
+                .to_scalar::<f32>()?;
+            if !probe.is_finite() {
+                return Ok(Some(k.clone()));
+            }
+        }
+        Ok(None)
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
     }

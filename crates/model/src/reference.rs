@@ -52,11 +52,22 @@ fn floats(t: &Tensor) -> Result<Vec<f64>> {
     t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
 }
 
+/// The largest |a − b|: NaN when either side holds a NaN (`f64::max` would drop it and a NaN
+/// model would pass), infinite when the lengths differ.
 fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        })
 }
 
 /// Runs every check of the reference file against `model`.
@@ -144,4 +155,27 @@ pub fn check(model: &Qwen3, path: &Path) -> Result<Report> {
         greedy,
         reference_greedy,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 15 item 8: NaN anywhere fails the check (before: PASS with NaN logits).
+    #[test]
+    fn item8_nan_logits_fail_the_check() {
+        assert!(max_diff(&[1.0, f64::NAN, 2.0], &[1.0, 0.0, 2.0]).is_nan());
+        assert!(max_diff(&[1.0, 0.0], &[f64::NAN, 0.0]).is_nan());
+        assert_eq!(max_diff(&[1.0, 0.5], &[1.0, 0.0]), 0.5);
+        assert_eq!(max_diff(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+        let r = Report {
+            max_logit_diff: f64::NAN,
+            max_logprob_diff: 0.0,
+            max_step_logit_diff: 0.0,
+            greedy_match: true,
+            greedy: vec![],
+            reference_greedy: vec![],
+        };
+        assert!(!r.passes(1e-4));
+    }
 }

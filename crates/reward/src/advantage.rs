@@ -1,14 +1,19 @@
 //! Advantage estimators over shaped rewards (spec §0.3): GRPO (group mean/std), Dr.GRPO (mean
 //! only), RLOO (leave-one-out mean) and REINFORCE++ (token-weighted whitening over the batch).
-//! Unscorable samples get advantage 0 and do not enter any statistic.
+//! Unscorable samples get advantage 0 and do not enter any statistic. A group (or, for
+//! REINFORCE++, a batch) whose scorable rewards are all equal gets exactly 0 whatever `eps` is
+//! (spec §0.3): with `eps = 0` the float noise of the mean would otherwise be divided by the
+//! float noise of the std. A zero denominator gives 0, never NaN.
 
+use crate::shaper::RewardError;
 use crate::types::{mean, std, Group, Shaped};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "estimator", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Advantage {
-    /// (r − mean) / (std + ε); `std = false` skips the division. Singleton groups: mean 0, std 1.
+    /// (r − mean) / (std + ε); `std = false` skips the division. Singleton groups: mean 0 and
+    /// std 1 (verl), so r / (1 + ε), or r itself when `std = false`.
     Grpo { std: bool, ddof: usize, eps: f64 },
     /// r − mean (no std normalisation, Liu et al.).
     DrGrpo,
@@ -59,7 +64,10 @@ impl Advantage {
         Ok(())
     }
 
-    pub fn compute(&self, groups: &[Group], shaped: &Shaped) -> Advantages {
+    /// Advantages indexed like `groups`. Errors when `shaped` does not have one reward per
+    /// sample of every group (a custom shaper's output is checked here, not trusted).
+    pub fn compute(&self, groups: &[Group], shaped: &Shaped) -> Result<Advantages, RewardError> {
+        check_shape(groups, shaped)?;
         let mut zero_std_groups = 0;
         let mut values: Vec<Vec<f64>> = groups.iter().map(|g| vec![0.0; g.samples.len()]).collect();
         let scorable = |g: &Group, r: &[f64]| -> (Vec<usize>, Vec<f64>) {
@@ -72,22 +80,26 @@ impl Advantage {
         };
         for (k, (g, r)) in groups.iter().zip(&shaped.rewards).enumerate() {
             let (idx, rs) = scorable(g, r);
-            if rs.len() > 1 && rs.iter().all(|x| *x == rs[0]) {
+            let all_equal = rs.len() > 1 && rs.iter().all(|x| *x == rs[0]);
+            if all_equal {
                 zero_std_groups += 1;
             }
             let m = mean(&rs);
             let adv: Vec<f64> = match *self {
+                _ if all_equal && !matches!(self, Advantage::ReinforcePp { .. }) => {
+                    vec![0.0; rs.len()]
+                }
                 Advantage::Grpo {
                     std: use_std,
                     ddof,
                     eps,
                 } => {
                     if rs.len() == 1 {
-                        // verl: a singleton group has mean 0 and std 1.
-                        vec![rs[0] / (1.0 + eps)]
+                        // verl: a singleton group has mean 0 and std 1; no std, no division.
+                        vec![if use_std { rs[0] / (1.0 + eps) } else { rs[0] }]
                     } else if use_std {
                         let sd = std(&rs, ddof);
-                        rs.iter().map(|x| (x - m) / (sd + eps)).collect()
+                        rs.iter().map(|x| safe_div(x - m, sd + eps)).collect()
                     } else {
                         rs.iter().map(|x| x - m).collect()
                     }
@@ -110,6 +122,19 @@ impl Advantage {
         }
         if let Advantage::ReinforcePp { eps } = *self {
             // verl masked_whiten over tokens: each sample's return repeats on its L tokens.
+            let scored: Vec<f64> = groups
+                .iter()
+                .zip(&values)
+                .flat_map(|(g, v)| g.samples.iter().zip(v).filter(|(s, _)| s.scorable))
+                .map(|(_, x)| *x)
+                .collect();
+            if scored.iter().all(|x| *x == scored[0]) {
+                // One value over the whole batch: nothing to whiten.
+                return Ok(Advantages {
+                    values: groups.iter().map(|g| vec![0.0; g.samples.len()]).collect(),
+                    zero_std_groups,
+                });
+            }
             let (mut w, mut s1) = (0.0, 0.0);
             for (g, v) in groups.iter().zip(&values) {
                 for (s, x) in g.samples.iter().zip(v).filter(|(s, _)| s.scorable) {
@@ -129,16 +154,47 @@ impl Advantage {
             for (g, v) in groups.iter().zip(values.iter_mut()) {
                 for (s, x) in g.samples.iter().zip(v.iter_mut()) {
                     *x = if s.scorable {
-                        (*x - m) / (var + eps).sqrt()
+                        safe_div(*x - m, (var + eps).sqrt())
                     } else {
                         0.0
                     };
                 }
             }
         }
-        Advantages {
+        Ok(Advantages {
             values,
             zero_std_groups,
+        })
+    }
+}
+
+/// x / d, or 0 when d is 0 (an `eps = 0` group whose std underflows): never NaN.
+fn safe_div(x: f64, d: f64) -> f64 {
+    if d > 0.0 {
+        x / d
+    } else {
+        0.0
+    }
+}
+
+/// One reward per sample of every group, or an error naming the first mismatch.
+pub fn check_shape(groups: &[Group], shaped: &Shaped) -> Result<(), RewardError> {
+    if shaped.rewards.len() != groups.len() {
+        return Err(RewardError(format!(
+            "shaper returned rewards for {} groups, the batch has {}",
+            shaped.rewards.len(),
+            groups.len()
+        )));
+    }
+    for (g, r) in groups.iter().zip(&shaped.rewards) {
+        if r.len() != g.samples.len() {
+            return Err(RewardError(format!(
+                "shaper returned {} rewards for prompt {}, which has {} samples",
+                r.len(),
+                g.prompt_id,
+                g.samples.len()
+            )));
         }
     }
+    Ok(())
 }

@@ -104,7 +104,7 @@ impl CosFn {
     }
 
     pub fn reward(&self, len: usize, correct: bool) -> f64 {
-        if len + self.margin >= self.l_max {
+        if len.saturating_add(self.margin) >= self.l_max {
             return self.r_exceed;
         }
         let (t, big_t) = (len as f64, self.l_max as f64);

@@ -50,10 +50,24 @@ impl Default for GrpoLambda {
     }
 }
 
+/// Correct and stopped by EOS: GRPO-λ's and Arora's notion of a correct completion (a
+/// truncated completion is incorrect, reward 0, spec §3.2 and §6.3).
+pub fn finished_correct(s: &crate::SampleStat) -> bool {
+    s.correct && !s.truncated
+}
+
+/// The fraction of a group's samples that are [`finished_correct`] (0 for an empty group).
+fn finished_accuracy(g: &Group) -> f64 {
+    if g.samples.is_empty() {
+        return 0.0;
+    }
+    g.samples.iter().filter(|s| finished_correct(s)).count() as f64 / g.samples.len() as f64
+}
+
 /// Arora & Zanette's reward for one group: 1 − α·σ((L − M)/(S + 1e-7)) for correct completions
 /// with an EOS (M, S: mean and population std of those lengths), 0 otherwise.
 pub fn sigmoid_length_rewards(g: &Group, alpha: f64) -> Vec<f64> {
-    let ok = |s: &crate::SampleStat| s.correct && !s.truncated;
+    let ok = finished_correct;
     let lens: Vec<f64> = g
         .samples
         .iter()
@@ -95,24 +109,36 @@ impl GrpoLambda {
         Ok(())
     }
 
-    /// Indices of the groups in E: the top n_E by correctness ratio, among groups with p > 0.
-    pub fn selected(&self, groups: &[Group], ctx: &StepCtx) -> Vec<usize> {
-        let b = groups.len() as f64;
-        let n_e = match self.rounding {
-            Rounding::Round => (self.lambda * b + 0.5).floor(),
-            Rounding::Floor => (self.lambda * b).floor(),
-            Rounding::Ceil => (self.lambda * b - 1e-12).ceil(),
+    /// n_E: λ·B rounded as configured. λ·B is computed in floats (0.29 · 100 = 28.999…), so
+    /// every rounding first snaps a product within 1e-9 of a multiple of ½ onto it (the
+    /// boundaries of floor, ceil and half-up: 0.58 · 25 = 14.499… rounds to 15).
+    pub fn group_count(&self, b: usize) -> usize {
+        let x = self.lambda * b as f64;
+        let tol = 1e-9 * x.abs().max(1.0);
+        let half = (2.0 * x).round() / 2.0;
+        let snapped = if (x - half).abs() <= tol { half } else { x };
+        match self.rounding {
+            Rounding::Round => (snapped + 0.5).floor(),
+            Rounding::Floor => snapped.floor(),
+            Rounding::Ceil => snapped.ceil(),
         }
-        .clamp(0.0, b) as usize;
+        .clamp(0.0, b as f64) as usize
+    }
+
+    /// Indices of the groups in E: the top n_E by correctness ratio, among groups with p > 0.
+    /// A truncated completion counts as incorrect here too (spec §3.2).
+    pub fn selected(&self, groups: &[Group], ctx: &StepCtx) -> Vec<usize> {
+        let n_e = self.group_count(groups.len());
+        let p: Vec<f64> = groups.iter().map(finished_accuracy).collect();
         let mut order: Vec<usize> = (0..groups.len()).collect();
         if self.tie_break == TieBreak::Seeded {
             order.shuffle(&mut tie_rng(ctx, 0x6c61_6d62));
         }
         // Stable sort: equal ratios keep the (shuffled or index) order.
-        order.sort_by(|&a, &b| groups[b].accuracy().total_cmp(&groups[a].accuracy()));
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
         order
             .into_iter()
-            .filter(|&k| groups[k].accuracy() > 0.0)
+            .filter(|&k| p[k] > 0.0)
             .take(n_e)
             .collect()
     }
@@ -128,7 +154,7 @@ impl GrpoLambda {
                 } else {
                     g.samples
                         .iter()
-                        .map(|s| f64::from(u8::from(s.correct)))
+                        .map(|s| f64::from(u8::from(finished_correct(s))))
                         .collect()
                 }
             })

@@ -28,7 +28,7 @@
 //! let o = exact.score("thinking...\n42", "42");
 //! let groups = vec![Group::new(0, vec![SampleStat::new(100, o.correct, o.base_reward), SampleStat::new(300, true, 1.0)])];
 //! let shaped = mine.shape(&groups, &StepCtx::default()).unwrap();
-//! let adv = Advantage::default().compute(&groups, &shaped);
+//! let adv = Advantage::default().compute(&groups, &shaped).unwrap();
 //! assert!(adv.values[0][0] > adv.values[0][1]); // the shorter correct answer is preferred
 //! ```
 
@@ -44,7 +44,8 @@ pub mod types;
 
 pub use advantage::{Advantage, Advantages};
 pub use shaper::{
-    BuiltinShaper, LengthShaper, Method, Outcome, RewardConfig, RewardError, RewardFn, ShaperState,
+    shape_scorable, BuiltinShaper, LengthShaper, Method, Outcome, RewardConfig, RewardError,
+    RewardFn, ShaperState,
 };
 pub use types::{Group, SampleStat, Shaped, StepCtx};
 
@@ -52,5 +53,7 @@ pub use types::{Group, SampleStat, Shaped, StepCtx};
 mod edge_cases;
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod regressions;
 #[cfg(test)]
 mod tests;

@@ -113,8 +113,20 @@ impl RewardConfig {
         Ok(())
     }
 
-    /// Shapes a batch of groups. Stateful methods (Short-RL) update `state`.
+    /// Shapes a batch of groups. Stateful methods (Short-RL) update `state`. The config is
+    /// validated first (an invalid one is an error, never a silent no-op), and the method sees
+    /// only scorable samples (see [`shape_scorable`]).
     pub fn shape(
+        &self,
+        groups: &[Group],
+        ctx: &StepCtx,
+        state: &mut ShaperState,
+    ) -> Result<Shaped, RewardError> {
+        self.validate().map_err(RewardError)?;
+        shape_scorable(groups, |gs| self.shape_all(gs, ctx, state))
+    }
+
+    fn shape_all(
         &self,
         groups: &[Group],
         ctx: &StepCtx,
@@ -165,6 +177,52 @@ impl RewardConfig {
         }
         Ok(out)
     }
+}
+
+/// Runs a shaper on the batch with every unscorable sample removed, and puts the rewards back
+/// in place (0 for an unscorable sample, whose advantage is 0 anyway).
+///
+/// An unscorable completion carries no information (spec §0.3 gives it no advantage), so it
+/// must not move anyone else's reward either: its length does not enter a group's mean or
+/// range (Kimi, Efficient, CARE, ...), its "wrong" verdict does not lower a group's or the
+/// batch's accuracy (Short-RL's gate, GRPO-λ's ranking, ALP, DAST). A group left empty is
+/// passed as an empty group. The shaper's output is checked: one reward per sample it saw.
+pub fn shape_scorable(
+    groups: &[Group],
+    shape: impl FnOnce(&[Group]) -> Result<Shaped, RewardError>,
+) -> Result<Shaped, RewardError> {
+    if groups.iter().all(|g| g.samples.iter().all(|s| s.scorable)) {
+        let out = shape(groups)?;
+        crate::advantage::check_shape(groups, &out)?;
+        return Ok(out);
+    }
+    let kept: Vec<Group> = groups
+        .iter()
+        .map(|g| Group {
+            samples: g.samples.iter().filter(|s| s.scorable).copied().collect(),
+            ..g.clone()
+        })
+        .collect();
+    let mut out = shape(&kept)?;
+    crate::advantage::check_shape(&kept, &out)?;
+    out.rewards = groups
+        .iter()
+        .zip(&out.rewards)
+        .map(|(g, r)| {
+            let mut it = r.iter();
+            g.samples
+                .iter()
+                .map(|s| {
+                    if s.scorable {
+                        it.next().copied().unwrap_or(0.0)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    Ok(out)
 }
 
 /// What the trainer calls to shape rewards. The built-in methods implement it through

@@ -194,7 +194,9 @@ fn advantages() {
         ..Default::default()
     };
     let g3 = group(&[1, 2, 3], &[true, true, true]);
-    let a = Advantage::default().compute(std::slice::from_ref(&g3), &shaped(vec![1.0, 2.0, 3.0]));
+    let a = Advantage::default()
+        .compute(std::slice::from_ref(&g3), &shaped(vec![1.0, 2.0, 3.0]))
+        .expect("valid batch");
     check(
         &a.values[0],
         &[-1.0 / (1.0 + 1e-6), 0.0, 1.0 / (1.0 + 1e-6)],
@@ -204,39 +206,48 @@ fn advantages() {
         ddof: 0,
         eps: 0.0,
     }
-    .compute(std::slice::from_ref(&g3), &shaped(vec![1.0, 2.0, 3.0]));
+    .compute(std::slice::from_ref(&g3), &shaped(vec![1.0, 2.0, 3.0]))
+    .expect("valid batch");
     check(&pop.values[0], &[-(1.5f64).sqrt(), 0.0, (1.5f64).sqrt()]);
     check(
         &Advantage::DrGrpo
             .compute(std::slice::from_ref(&g3), &shaped(vec![1.0, 2.0, 3.0]))
+            .expect("valid batch")
             .values[0],
         &[-1.0, 0.0, 1.0],
     );
     check(
         &Advantage::Rloo
             .compute(std::slice::from_ref(&g3), &shaped(vec![1.0, 2.0, 3.0]))
+            .expect("valid batch")
             .values[0],
         &[-1.5, 0.0, 1.5],
     );
     // Zero-variance group: advantage 0, counted.
-    let z = Advantage::default().compute(std::slice::from_ref(&g3), &shaped(vec![2.0, 2.0, 2.0]));
+    let z = Advantage::default()
+        .compute(std::slice::from_ref(&g3), &shaped(vec![2.0, 2.0, 2.0]))
+        .expect("valid batch");
     assert_eq!((z.values[0].clone(), z.zero_std_groups), (vec![0.0; 3], 1));
     // Singleton group (verl): mean 0, std 1.
     check(
         &Advantage::default()
             .compute(&[group(&[4], &[true])], &shaped(vec![0.5]))
+            .expect("valid batch")
             .values[0],
         &[0.5 / (1.0 + 1e-6)],
     );
     // Unscorable samples get 0 and stay out of the statistics.
     let mut gu = g3.clone();
     gu.samples[2].scorable = false;
-    let u = Advantage::DrGrpo.compute(&[gu], &shaped(vec![1.0, 3.0, 100.0]));
+    let u = Advantage::DrGrpo
+        .compute(&[gu], &shaped(vec![1.0, 3.0, 100.0]))
+        .expect("valid batch");
     check(&u.values[0], &[-1.0, 1.0, 0.0]);
     // REINFORCE++: token-weighted whitening has token-weighted mean 0 and unit variance.
     let g = group(&[1, 3], &[true, false]);
     let r = Advantage::ReinforcePp { eps: 0.0 }
-        .compute(std::slice::from_ref(&g), &shaped(vec![1.0, 0.0]));
+        .compute(std::slice::from_ref(&g), &shaped(vec![1.0, 0.0]))
+        .expect("valid batch");
     let (a0, a1) = (r.values[0][0], r.values[0][1]);
     assert!((a0 + 3.0 * a1).abs() < 1e-12);
     assert!(((a0 * a0 + 3.0 * a1 * a1) / 3.0 - 1.0).abs() < 1e-12);

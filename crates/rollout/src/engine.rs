@@ -158,6 +158,16 @@ pub fn generate(
     if prompts.is_empty() || g == 0 {
         return Ok(vec![]);
     }
+    // Positions past the model's context were never trained (and RoPE tables may end there):
+    // a prompt must leave room for one token, and every row stops at the limit.
+    let limit = model.config.max_position_embeddings;
+    if let Some(p) = prompts.iter().find(|p| p.tokens.len() >= limit) {
+        return Err(candle_core::Error::Msg(format!(
+            "prompt {} has {} tokens: no room for a completion within the model's max_position_embeddings ({limit})",
+            p.id,
+            p.tokens.len()
+        )));
+    }
     let dev = model.device().clone();
     let rows_in: Vec<Vec<u32>> = prompts.iter().map(|p| p.tokens.clone()).collect();
     let prefill = Batch::from_rows(&rows_in, params.pad_id, Padding::Left, &dev)?;
@@ -246,11 +256,15 @@ pub fn generate(
             } {
                 row.out.finish = Finish::Stop;
                 row.done = true;
-            } else if row.out.tokens.len() >= params.max_new_tokens {
+            } else if row.out.tokens.len() >= params.max_new_tokens || row.pos as usize + 1 >= limit
+            {
+                // row.pos + 1 tokens in the sequence now: the context is full.
                 row.out.finish = Finish::Length;
                 row.done = true;
             } else if let Some(se) = &params.step_exit {
+                let probe_len = 1 + se.induction_ids.len() + se.max_ans_tokens + se.close_ids.len();
                 if row.out.judge_count < se.max_judge_steps
+                    && row.pos as usize + probe_len < limit
                     && se.trigger_at_end(&text_now()).is_some()
                 {
                     row.out.judge_count += 1;

@@ -1,6 +1,7 @@
 //! Knights & Knaves (Logic-RL): a seeded puzzle generator for 2..8 people whose statements use
 //! the Logic-RL statement types, a brute-force solver that keeps only puzzles with exactly one
-//! solution, the Logic-RL text format, and the Logic-RL scorer exactly as spec §1.1.
+//! solution, the Logic-RL text format, and the Logic-RL scorer exactly as Logic-RL's kk.py
+//! (spec §1.1; a completion without an assistant marker scores as kk.py scores it, −1 or −3).
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -247,15 +248,19 @@ pub fn score(solution_str: &str, ground_truth: &str) -> KkScore {
         correct: answer_score > 0.0,
         reason,
     };
-    // Spec §1.1: without an assistant marker the format check fails.
-    if !has_assistant {
-        return done(-1.0, -2.0, "format: no assistant marker");
-    }
+    // Without an assistant marker Logic-RL's kk.py checks the format on the whole text and has
+    // no answer: −3 for bad tags, but −1 for well-formed ones (spec §1.1 says "the format
+    // check will fail", which holds only when the prompt carries a <think> of its own).
     if !fmt_ok {
         return done(-1.0, -2.0, "format: tags missing, repeated or out of order");
     }
     let Some(answer) = answer.filter(|a| !a.is_empty()) else {
-        return done(1.0, -2.0, "answer: empty");
+        let why = if has_assistant {
+            "answer: empty"
+        } else {
+            "answer: no assistant marker, so no answer"
+        };
+        return done(1.0, -2.0, why);
     };
     let lower = answer.to_lowercase();
     if lower.matches("knight").count() + lower.matches("knave").count() != truth.len() {
@@ -342,7 +347,7 @@ mod tests {
             &response("Zoey is a knight, Oliver is a knave, both knights?"),
             -1.0,
         );
-        // Format wrong: no answer tag, repeated tag, wrong order, no assistant marker: −3.
+        // Format wrong: no answer tag, repeated tag, wrong order: −3.
         check(
             "<|im_start|>assistant\n<think> x </think> Zoey is a knight",
             -3.0,
@@ -353,8 +358,14 @@ mod tests {
             -3.0,
         );
         check("<|im_start|>assistant\n<answer>(1) Zoey is a knight (2) Oliver is a knave</answer><think> x </think>", -3.0);
+        // No assistant marker (issue 21 item 4): as kk.py, the format is checked on the whole
+        // text and there is no answer: well-formed tags give −1, malformed ones −3.
         check(
             "<think> x </think><answer>(1) Zoey is a knight\n(2) Oliver is a knave</answer>",
+            -1.0,
+        );
+        check(
+            "<think> x </think><think><answer>(1) Zoey is a knight</answer>",
             -3.0,
         );
         // "Assistant:" marker (base template) works too; the last answer block counts.

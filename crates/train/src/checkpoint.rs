@@ -1,7 +1,9 @@
 //! Run checkpoints: `step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
 //! state.json, written into a temporary directory that is renamed into place, DONE last; resume
 //! takes the newest directory with DONE; keep-last-N pruning (step 0, the GRPO start and KL
-//! reference, is always kept).
+//! reference, is always kept). Every file and the directory are fsynced before DONE is
+//! written, and DONE and the rename are fsynced too: after a power loss a checkpoint marked DONE
+//! has all its files on disk.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -36,9 +38,14 @@ pub fn save_checkpoint(
     let extra = |tmp: &Path| -> Result<()> {
         std::fs::write(tmp.join("optimizer.safetensors"), opt.to_safetensors()?)
             .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)?;
-        std::fs::write(tmp.join("DONE"), b"")?;
-        Ok(())
+        std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        // Everything on disk before the marker that says so.
+        sync_tree(tmp)?;
+        std::fs::write(tmp.join("DONE"), b"")
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        sync_path(&tmp.join("DONE"))?;
+        sync_path(tmp)
     };
     save_model_dir(&run_dir.join(step_name(step)), model, model_src, extra)
 }
@@ -70,7 +77,36 @@ pub fn save_model_dir(
         std::fs::remove_dir_all(dir).with_context(|| format!("replacing {}", dir.display()))?;
     }
     std::fs::rename(&tmp, dir).with_context(|| format!("renaming {} into place", tmp.display()))?;
+    if let Some(parent) = dir.parent() {
+        sync_path(parent)?;
+    }
     Ok(dir.to_path_buf())
+}
+
+/// fsync of one file or directory (a directory's entries: creations and renames).
+pub fn sync_path(p: &Path) -> Result<()> {
+    std::fs::File::open(p)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing {}", p.display()))
+}
+
+/// fsync of every file directly in `dir`, then of `dir` itself.
+fn sync_tree(dir: &Path) -> Result<()> {
+    for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let p = e?.path();
+        if p.is_file() {
+            sync_path(&p)?;
+        }
+    }
+    sync_path(dir)
+}
+
+/// Where a stopped run can restart: the newest complete checkpoint, named for error messages.
+pub fn last_good(run_dir: &Path) -> String {
+    match complete_steps(run_dir).ok().and_then(|mut s| s.pop()) {
+        Some((_, p)) => format!("the last good checkpoint is {}", p.display()),
+        None => format!("{} holds no complete checkpoint", run_dir.display()),
+    }
 }
 
 fn complete_steps(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {

@@ -324,6 +324,12 @@ impl RunConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
+        // Every float key, wherever it sits: NaN compares false, so `nan` would silently switch
+        // a limit off (`clip_high`, `dual_clip`, `log_ratio_clamp`, ...).
+        let tree = toml::Value::try_from(self).context("serialising the config")?;
+        if let Some((key, v)) = non_finite(&tree, "") {
+            bail!("{key} must be a finite number, got {v}");
+        }
         let g = &self.grpo;
         if g.group_size < 2 {
             bail!("grpo.group_size must be >= 2, got {}", g.group_size);
@@ -379,6 +385,9 @@ impl RunConfig {
             .validate()
             .map_err(|e| anyhow::anyhow!("reward.{e}"))?;
         self.advantage.validate().map_err(anyhow::Error::msg)?;
+        self.optim
+            .validate()
+            .map_err(|e| anyhow::anyhow!("optim.{}", e.to_string().trim_start_matches("adamw.")))?;
         let max_level = match self.data.task.as_str() {
             "testbed" => terse_tasks::testbed::MAX_LEVEL,
             "kk" | "math" => 8,
@@ -412,6 +421,15 @@ impl RunConfig {
                 self.model.init
             );
         }
+        // per_level sizes the generated held-out set (a dataset's eval file has its own size).
+        let generated_eval =
+            self.data.task == "testbed" || (self.data.task == "kk" && self.data.eval.is_none());
+        if generated_eval && self.eval.per_level == 0 {
+            bail!("eval.per_level (--per-level) must be > 0 for generated problems, got 0");
+        }
+        if self.eval.samples == 0 {
+            bail!("eval.samples (--samples) must be > 0, got 0");
+        }
         if !["auto", "never"].contains(&self.run.resume.as_str()) {
             bail!(
                 "run.resume must be `auto` or `never`, got `{}`",
@@ -419,5 +437,25 @@ impl RunConfig {
             );
         }
         Ok(())
+    }
+}
+
+/// The dotted key of the first non-finite float under `v`, with its value.
+fn non_finite(v: &toml::Value, path: &str) -> Option<(String, f64)> {
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match v {
+        toml::Value::Float(x) if !x.is_finite() => Some((path.to_string(), *x)),
+        toml::Value::Table(t) => t.iter().find_map(|(k, x)| non_finite(x, &join(k))),
+        toml::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| non_finite(x, &format!("{path}[{i}]"))),
+        _ => None,
     }
 }

@@ -27,6 +27,7 @@ pub mod collect;
 pub mod config;
 pub mod data;
 pub mod eval;
+pub mod lock;
 pub mod loss;
 pub mod metrics;
 pub mod plot;

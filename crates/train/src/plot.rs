@@ -18,6 +18,10 @@ fn register_font() {
 /// One curve: (step, value) pairs.
 pub type Series = Vec<(f64, f64)>;
 
+/// The largest |value| an axis takes: beyond it plotters' tick search does not end (a reward of
+/// 1e308 hung `xtask plot` at 100 % CPU) and no curve is readable anyway.
+pub const MAX_PLOTTABLE: f64 = 1e15;
+
 /// Draws `series` (name, points) into `path` as a line chart (up to 16 distinguishable series).
 pub fn line_chart(
     path: &Path,
@@ -27,7 +31,33 @@ pub fn line_chart(
     series: &[(String, Series)],
 ) -> Result<()> {
     register_font();
+    // NaN and infinities have no place on an axis; they are left out of the curves.
+    let series: Vec<(String, Series)> = series
+        .iter()
+        .map(|(n, s)| {
+            let s = s
+                .iter()
+                .copied()
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .collect();
+            (n.clone(), s)
+        })
+        .collect();
     let pts: Vec<&(f64, f64)> = series.iter().flat_map(|(_, s)| s).collect();
+    if let Some((n, p)) = series.iter().find_map(|(n, s)| {
+        Some((
+            n,
+            s.iter()
+                .find(|p| p.0.abs().max(p.1.abs()) > MAX_PLOTTABLE)?,
+        ))
+    }) {
+        anyhow::bail!(
+            "{}: `{n}` has the point ({}, {}), beyond the plottable ±{MAX_PLOTTABLE:e}",
+            path.display(),
+            p.0,
+            p.1
+        );
+    }
     let (x0, x1) = pts
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
@@ -85,9 +115,16 @@ pub fn line_chart(
     Ok(())
 }
 
-/// length.png, accuracy.png, reward.png and gamma_l.png from a run's metrics.jsonl.
+/// length.png, accuracy.png, reward.png and gamma_l.png from a run's metrics.jsonl. A file
+/// with no GRPO line is an error saying so (nothing would be drawn).
 pub fn plot_run(metrics: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
     let lines = crate::metrics::read_grpo(metrics)?;
+    if lines.is_empty() {
+        anyhow::bail!(
+            "{}: no GRPO lines (\"phase\": \"grpo\"), nothing to plot",
+            metrics.display()
+        );
+    }
     let col = |k: &str| -> Series {
         lines
             .iter()

@@ -8,7 +8,7 @@ use crate::config::RunConfig;
 use crate::data;
 use crate::eval::{evaluate, EvalReport};
 
-use crate::metrics::MetricsWriter;
+use crate::metrics::{MetricsWriter, Start};
 use crate::sft::{progress_bar, sft};
 use crate::task::Task;
 use crate::update::{policy_update, sequences};
@@ -81,11 +81,22 @@ pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
 
 /// Runs with any shaper: research code passes its own `LengthShaper` (a closure works).
 /// A `BuiltinShaper`'s state is restored from and saved into checkpoints.
+///
+/// Everything that can fail on the user's input (config, dataset, tokenizer, checkpoint,
+/// optimizer state, shaper state, reference model) is loaded and checked before the run
+/// directory's files are touched: a refused or failed start loses nothing.
 pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<RunSummary> {
     cfg.validate()?;
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
     // resolves into a step count saved with the run.
-    let task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
+    let mut task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
+    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let dir = cfg.run.dir.join(&cfg.run.name);
+    let _lock = crate::lock::RunLock::create_and_acquire(&dir)?;
+    let tok = load_tokenizer(&cfg.model.path)?;
+    let max_pos = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?
+        .max_position_embeddings;
+    task.check_context(&cfg.data, |p| Ok(encode(&tok, p)?.len()), max_pos)?;
     let mut resolved_cfg = cfg.clone();
     if let Some(e) = cfg.grpo.data_epochs {
         let rows = task.train_rows() as f64;
@@ -93,17 +104,6 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
         resolved_cfg.grpo.data_epochs = None;
     }
     let cfg = &resolved_cfg;
-    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
-    let dir = cfg.run.dir.join(&cfg.run.name);
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
-    let probe = dir.join(".write-test");
-    std::fs::write(&probe, b"")
-        .with_context(|| format!("run directory {} is not writable", dir.display()))?;
-    std::fs::remove_file(&probe).ok();
-    let resolved = toml::to_string_pretty(cfg).context("serialising the resolved config")?;
-    terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
-    let tok = load_tokenizer(&cfg.model.path)?;
 
     // Resume from the newest complete checkpoint, or start from the configured model.
     let resume = if cfg.run.resume == "auto" {
@@ -114,48 +114,63 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     if resume.is_none() && cfg.run.resume == "never" && dir.join("metrics.jsonl").exists() {
         bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
     }
-    let (model, start, opt_bytes) = match &resume {
+    let (model, start, resumed_opt, reference) = match &resume {
         Some((ckpt, state)) => {
             tracing::info!("resuming from {}", ckpt.display());
-            shaper.restore(&state.shaper);
+            shaper
+                .restore(&state.shaper)
+                .with_context(|| format!("{}/state.json: shaper state", ckpt.display()))?;
             let m = Qwen3::load(ckpt, &dev, dtype)?;
-            let bytes = std::fs::read(ckpt.join("optimizer.safetensors"))
-                .with_context(|| format!("reading {}", ckpt.display()))?;
-            (m, state.step, Some(bytes))
+            check_weights(&m, ckpt)?;
+            let opt_path = ckpt.join("optimizer.safetensors");
+            let bytes = std::fs::read(&opt_path)
+                .with_context(|| format!("reading {}", opt_path.display()))?;
+            let opt = AdamW::from_safetensors(cfg.optim.clone(), m.vars(), &bytes)
+                .with_context(|| opt_path.display().to_string())?;
+            let reference = load_reference(cfg, &dir, &dev, dtype)?;
+            (m, state.step, Some(opt), reference)
         }
-        None => (init_model(cfg, &dev, dtype)?, 0, None),
+        None => {
+            let m = init_model(cfg, &dev, dtype)?;
+            check_weights(&m, &cfg.model.path)?;
+            (m, 0, None, None)
+        }
     };
-    let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"), start)?;
+
+    // Loaded and checked: from here on the run directory is written.
+    let probe = dir.join(".write-test");
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("run directory {} is not writable", dir.display()))?;
+    std::fs::remove_file(&probe).ok();
+    let resolved = toml::to_string_pretty(cfg).context("serialising the resolved config")?;
+    terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
+    let (mut metrics, kept_evals) = MetricsWriter::open(
+        &dir.join("metrics.jsonl"),
+        match resume {
+            Some(_) => Start::Resumed {
+                start,
+                steps: cfg.grpo.steps,
+                eval_every: cfg.eval.every,
+            },
+            None => Start::Fresh,
+        },
+    )?;
 
     if resume.is_none() && cfg.sft.steps > 0 {
         sft(cfg, &model, &tok, &mut metrics)?;
     }
-    if resume.is_none() {
-        save_checkpoint(
-            &dir,
-            0,
-            &model,
-            &AdamW::new(cfg.optim.clone(), model.vars())?,
-            &TrainState {
+    let (mut opt, reference) = match resumed_opt {
+        Some(opt) => (opt, reference),
+        None => {
+            let opt = AdamW::new(cfg.optim.clone(), model.vars())?;
+            let state = TrainState {
                 step: 0,
                 shaper: shaper.state(),
                 data_cursor: Some(0),
-            },
-            &cfg.model.path,
-        )?;
-    }
-    let mut opt = match opt_bytes {
-        Some(b) => AdamW::from_safetensors(cfg.optim.clone(), model.vars(), &b)?,
-        None => AdamW::new(cfg.optim.clone(), model.vars())?,
-    };
-    let reference = if cfg.grpo.kl_coef > 0.0 {
-        Some(Qwen3::load(
-            &dir.join(crate::checkpoint::step_name(0)),
-            &dev,
-            dtype,
-        )?)
-    } else {
-        None
+            };
+            save_checkpoint(&dir, 0, &model, &opt, &state, &cfg.model.path)?;
+            (opt, load_reference(cfg, &dir, &dev, dtype)?)
+        }
     };
     let before = if start == 0 {
         let e = evaluate(cfg, &task, &model, &tok)?;
@@ -164,6 +179,14 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     } else {
         None
     };
+    // A stop between the checkpoint of `start` and its evaluation line: write it now, as the
+    // run that did not stop did.
+    if crate::metrics::mid_run_eval(start, cfg.grpo.steps, cfg.eval.every)
+        && !kept_evals.contains(&start)
+    {
+        let e = evaluate(cfg, &task, &model, &tok)?;
+        metrics.write(&eval_line(start, &e))?;
+    }
 
     let g = &cfg.grpo;
     let gen = rollout_params(cfg, &model, &tok)?;
@@ -183,13 +206,11 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
 
         // Shape and advantages.
         let t1 = Instant::now();
-        let shaped = shaper.shape(
-            groups,
-            &StepCtx {
-                step,
-                seed: cfg.run.seed,
-            },
-        )?;
+        let ctx = StepCtx {
+            step,
+            seed: cfg.run.seed,
+        };
+        let shaped = terse_reward::shape_scorable(groups, |gs| shaper.shape(gs, &ctx))?;
         if let Some((k, i)) = shaped
             .rewards
             .iter()
@@ -197,13 +218,13 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             .find_map(|(k, r)| r.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
         {
             bail!(
-                "step {step}: non-finite shaped reward {} (prompt {}, sample {i}); stopped before updating. The last good checkpoint is in {}",
+                "step {step}: non-finite shaped reward {} (prompt {}, sample {i}); stopped before updating; {}",
                 shaped.rewards[k][i],
                 groups[k].prompt_id,
-                dir.display()
+                crate::checkpoint::last_good(&dir)
             );
         }
-        let adv = cfg.advantage.compute(groups, &shaped);
+        let adv = cfg.advantage.compute(groups, &shaped)?;
         let t_score = t1.elapsed().as_secs_f64();
 
         // Policy update: PPO epochs x mini-batches, each micro-batched with its global
@@ -283,7 +304,7 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
             )?;
             prune(&dir, cfg.checkpoint.keep_last)?;
         }
-        if cfg.eval.every > 0 && done % cfg.eval.every == 0 && done != g.steps {
+        if crate::metrics::mid_run_eval(done, g.steps, cfg.eval.every) {
             let e = evaluate(cfg, &task, &model, &tok)?;
             metrics.write(&eval_line(done, &e))?;
         }
@@ -291,7 +312,10 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     bar.finish_and_clear();
     let after = evaluate(cfg, &task, &model, &tok)?;
     metrics.write(&eval_line(g.steps, &after))?;
-    crate::plot::plot_run(&dir.join("metrics.jsonl"), &dir)?;
+    // The run is done and its metrics are on disk: a plot that cannot be drawn is a warning.
+    if let Err(e) = crate::plot::plot_run(&dir.join("metrics.jsonl"), &dir) {
+        tracing::warn!("{e:#}");
+    }
     let grpo = crate::metrics::read_grpo(&dir.join("metrics.jsonl"))?;
     let col = |k: &str| -> Vec<f64> { grpo.iter().filter_map(|l| l[k].as_f64()).collect() };
     let (lens, rewards) = (col("len_mean"), col("reward"));
@@ -307,6 +331,33 @@ pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<R
     })
 }
 
+/// The KL reference (step 0's weights) when `grpo.kl_coef > 0`.
+fn load_reference(
+    cfg: &RunConfig,
+    dir: &Path,
+    dev: &candle_core::Device,
+    dtype: candle_core::DType,
+) -> Result<Option<Qwen3>> {
+    if cfg.grpo.kl_coef <= 0.0 {
+        return Ok(None);
+    }
+    let path = dir.join(crate::checkpoint::step_name(0));
+    let m = Qwen3::load(&path, dev, dtype)
+        .with_context(|| format!("loading the KL reference {}", path.display()))?;
+    Ok(Some(m))
+}
+
+/// Starting weights with a NaN or an infinity are an error naming where they came from.
+fn check_weights(model: &Qwen3, source: &Path) -> Result<()> {
+    if let Some(name) = model.first_non_finite()? {
+        bail!(
+            "the weights loaded from {} hold non-finite values (first: {name})",
+            source.display()
+        );
+    }
+    Ok(())
+}
+
 fn eval_line(step: u64, e: &EvalReport) -> serde_json::Value {
     json!({"phase": "eval", "step": step, "accuracy": e.accuracy, "len_mean": e.len_mean, "by_level": e.by_level})
 }
@@ -316,7 +367,11 @@ pub trait ShaperWithState: LengthShaper {
     fn state(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
-    fn restore(&mut self, _state: &serde_json::Value) {}
+    /// Restores what `state` saved; an error (a state that does not deserialise) stops the
+    /// resume, since continuing with a default state would break "resume equals not stopping".
+    fn restore(&mut self, _state: &serde_json::Value) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<F: FnMut(&[Group], &StepCtx) -> terse_reward::Shaped> ShaperWithState for F {}
@@ -325,9 +380,9 @@ impl ShaperWithState for BuiltinShaper {
     fn state(&self) -> serde_json::Value {
         serde_json::to_value(self.state).unwrap_or_default()
     }
-    fn restore(&mut self, state: &serde_json::Value) {
-        if let Ok(s) = serde_json::from_value(state.clone()) {
-            self.state = s;
-        }
+    fn restore(&mut self, state: &serde_json::Value) -> Result<()> {
+        self.state = serde_json::from_value(state.clone())
+            .map_err(|e| anyhow::anyhow!("not a built-in shaper state: {e}"))?;
+        Ok(())
     }
 }

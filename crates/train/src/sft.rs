@@ -9,7 +9,7 @@ use crate::data;
 use crate::loss::agg_weights;
 use crate::metrics::MetricsWriter;
 use crate::run::{encode, init_model, load_tokenizer};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde_json::json;
 use std::path::PathBuf;
 use terse_model::Qwen3;
@@ -26,11 +26,11 @@ pub fn sft_only(cfg: &RunConfig) -> Result<PathBuf> {
     }
     let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
     let dir = cfg.run.dir.join(&cfg.run.name);
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+    let _lock = crate::lock::RunLock::create_and_acquire(&dir)?;
     let tok = load_tokenizer(&cfg.model.path)?;
     let model = init_model(cfg, &dev, dtype)?;
-    let mut metrics = MetricsWriter::open(&dir.join("sft_metrics.jsonl"), 0)?;
+    let (mut metrics, _) =
+        MetricsWriter::open(&dir.join("sft_metrics.jsonl"), crate::metrics::Start::Fresh)?;
     sft(cfg, &model, &tok, &mut metrics)?;
     save_model_dir(&dir.join("sft"), &model, &cfg.model.path, |_| Ok(()))
 }

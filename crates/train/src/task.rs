@@ -17,6 +17,8 @@ pub struct Item {
     pub answer: String,
     /// Difficulty level (testbed chain length, K&K people, a dataset's level column; 0 = none).
     pub level: usize,
+    /// The dataset row it came from (None for generated items), for error messages.
+    pub row: Option<usize>,
 }
 
 /// A completion's verdict, in the reward crate's terms.
@@ -143,6 +145,7 @@ impl Task {
                     prompt: p.prompt(),
                     answer: p.answer().to_string(),
                     level,
+                    row: None,
                 }
             }
             _ => {
@@ -152,6 +155,7 @@ impl Task {
                         .map_err(|e| anyhow::anyhow!("data.template: {e}"))?,
                     answer: p.solution_text(),
                     level,
+                    row: None,
                 }
             }
         })
@@ -211,9 +215,9 @@ impl Task {
                     format_ok: format > 0.0,
                 }
             }
-            // GRPO-λ's and CARE's plain 0/1 correctness of the last \boxed{} answer.
+            // GRPO-λ's and CARE's plain 0/1 correctness of the final \boxed{} answer(s).
             Scorer::MathBoxed => {
-                let boxed = math::extract_boxed(completion);
+                let boxed = math::extract_final_boxed(completion);
                 let correct = boxed
                     .as_deref()
                     .is_some_and(|a| math::equivalent(a, &item.answer));
@@ -224,6 +228,49 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// Dataset prompts that leave no room for a completion in the model's context (`max_pos`
+    /// positions) are an error naming the file and row, or with `data.skip_bad_rows` dropped
+    /// with a warning. Generated prompts are short by construction. Returns the rows dropped.
+    pub fn check_context(
+        &mut self,
+        data: &DataSection,
+        count_tokens: impl Fn(&str) -> Result<usize>,
+        max_pos: usize,
+    ) -> Result<usize> {
+        let mut dropped = 0;
+        for (items, file) in [(&mut self.train, &data.train), (&mut self.eval, &data.eval)] {
+            let file = file
+                .as_ref()
+                .map_or("dataset".into(), |p| p.display().to_string());
+            let mut keep = Vec::with_capacity(items.len());
+            let before = dropped;
+            for it in items.drain(..) {
+                let n = count_tokens(&it.prompt)?;
+                if n < max_pos {
+                    keep.push(it);
+                    continue;
+                }
+                if !data.skip_bad_rows {
+                    bail!(
+                        "{file} row {}: the prompt has {n} tokens, no room for a completion within the model's max_position_embeddings ({max_pos}); shorten it or set data.skip_bad_rows = true",
+                        it.row.unwrap_or_default()
+                    );
+                }
+                dropped += 1;
+            }
+            if keep.is_empty() && dropped > before {
+                bail!("{file}: every prompt is longer than the model's max_position_embeddings ({max_pos})");
+            }
+            *items = keep;
+        }
+        if dropped > 0 {
+            tracing::warn!(
+                "skipped {dropped} prompts longer than the model's max_position_embeddings ({max_pos})"
+            );
+        }
+        Ok(dropped)
     }
 
     /// Rows of the training dataset (0 for generated tasks).
@@ -299,6 +346,7 @@ fn load(path: &Path, data: &DataSection, chat: Option<&ChatTemplate>) -> Result<
                 prompt,
                 answer: r.answer,
                 level,
+                row: Some(r.index),
             })
         })
         .collect()

@@ -89,10 +89,10 @@ pub fn policy_update(
             let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
             if !st.loss.is_finite() || !grad_norm.is_finite() {
                 bail!(
-                    "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating. The last good checkpoint is in {}",
+                    "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating; {}",
                     if st.loss.is_finite() { "gradient" } else { "loss" },
                     st.loss,
-                    run_dir.display()
+                    crate::checkpoint::last_good(run_dir)
                 );
             }
             opt.step(model.vars(), &grads, lr)?;

@@ -1,0 +1,297 @@
+//! Math answers, the expression half of the parser: sums, products (implicit ones too: `2x`,
+//! `2\\pi`, `(2)(3)`), signs, powers, factorials, and the atoms — numbers (mixed numbers,
+//! `3 million`), variables, `\\frac`/`\\sqrt[n]` with TeX's one-token arguments, π, ∞,
+//! functions, `|x|`. The item half (lists, sets, brackets, relations, units) is parse.rs.
+
+use super::expr::{int, literal, Expr};
+use super::lex::Tok;
+use super::parse::{P, R};
+use super::words::{noun, FUNCS, GREEK, MULTIPLIERS, TEXT_UNITS, UNITS};
+
+impl P {
+    pub(super) fn expr(&mut self) -> R<Expr> {
+        self.enter()?;
+        let e = self.sum();
+        self.depth -= 1;
+        e
+    }
+
+    fn sum(&mut self) -> R<Expr> {
+        let mut v = if self.eat_cmd("pm") {
+            Expr::PlusMinus(Box::new(int(0)), Box::new(self.term()?), false)
+        } else if self.eat_cmd("mp") {
+            Expr::PlusMinus(Box::new(int(0)), Box::new(self.term()?), true)
+        } else {
+            self.term()?
+        };
+        loop {
+            if self.eat_op('+') {
+                v = Expr::Add(Box::new(v), Box::new(self.term()?));
+            } else if self.eat_op('-') {
+                v = Expr::Sub(Box::new(v), Box::new(self.term()?));
+            } else if self.eat_cmd("pm") {
+                v = Expr::PlusMinus(Box::new(v), Box::new(self.term()?), false);
+            } else if self.eat_cmd("mp") {
+                v = Expr::PlusMinus(Box::new(v), Box::new(self.term()?), true);
+            } else {
+                return Some(v);
+            }
+        }
+    }
+
+    /// Whether the next token can start a factor of an implicit product (`2x`, `2\pi`, `(2)(3)`).
+    fn starts_factor(&self) -> bool {
+        match self.peek() {
+            Some(Tok::Op('(')) => true,
+            Some(Tok::Word { w, text }) => {
+                !(["or", "and"].contains(&w.as_str())
+                    || UNITS.contains(&w.as_str())
+                    || (*text && TEXT_UNITS.contains(&w.as_str()))
+                    || noun(w, *text)
+                    || MULTIPLIERS.iter().any(|(m, _)| m == w))
+            }
+            Some(Tok::Cmd(c)) => {
+                !["le", "ge", "ne", "pm", "mp", "cup", "in", "emptyset"].contains(&c.as_str())
+            }
+            Some(Tok::Num { .. }) => false,
+            _ => false,
+        }
+    }
+
+    fn term(&mut self) -> R<Expr> {
+        let mut v = self.unary()?;
+        loop {
+            if self.eat_op('*') {
+                v = Expr::Mul(Box::new(v), Box::new(self.unary()?));
+            } else if self.eat_op('/') {
+                v = Expr::Div(Box::new(v), Box::new(self.unary()?));
+            } else if self.starts_factor() {
+                v = Expr::Mul(Box::new(v), Box::new(self.power()?));
+            } else {
+                return Some(v);
+            }
+        }
+    }
+
+    fn unary(&mut self) -> R<Expr> {
+        let mut neg = false;
+        loop {
+            if self.eat_op('-') {
+                neg = !neg;
+            } else if !self.eat_op('+') {
+                break;
+            }
+        }
+        let v = self.power()?;
+        Some(if neg { Expr::Neg(Box::new(v)) } else { v })
+    }
+
+    fn power(&mut self) -> R<Expr> {
+        let mut base = self.postfix()?;
+        if self.eat_op('^') {
+            self.enter()?;
+            let e = if self.peek() == Some(&Tok::Op('{')) {
+                self.group()?
+            } else if self.eat_op('-') {
+                Expr::Neg(Box::new(self.single()?))
+            } else {
+                self.single()?
+            };
+            self.depth -= 1;
+            base = Expr::Pow(Box::new(base), Box::new(e));
+            while self.eat_op('!') {
+                base = Expr::Fact(Box::new(base));
+            }
+        }
+        Some(base)
+    }
+
+    fn postfix(&mut self) -> R<Expr> {
+        let mut v = self.atom()?;
+        while self.peek() == Some(&Tok::Op('!')) && self.peek_at(1) != Some(&Tok::Op('=')) {
+            self.i += 1;
+            v = Expr::Fact(Box::new(v));
+        }
+        Some(v)
+    }
+
+    /// `{ expr }`.
+    fn group(&mut self) -> R<Expr> {
+        self.eat_op('{').then_some(())?;
+        let v = self.expr()?;
+        self.eat_op('}').then_some(v)
+    }
+
+    /// A TeX argument: a braced group or one token (`\frac12` is 1/2, `\sqrt 2`).
+    fn arg(&mut self) -> R<Expr> {
+        match self.peek()? {
+            Tok::Op('{') => self.group(),
+            Tok::Num {
+                digits,
+                decimals: None,
+                exp: 0,
+            } if digits.len() > 1 => {
+                // One digit is the argument; the rest stays for what follows.
+                let (d, rest) = digits.split_at(1);
+                let (d, rest) = (d.to_string(), rest.to_string());
+                self.t[self.i] = Tok::Num {
+                    digits: rest,
+                    decimals: None,
+                    exp: 0,
+                };
+                Some(num(&d, None, 0)?)
+            }
+            _ => self.single(),
+        }
+    }
+
+    /// One number, letter or command value, no operators.
+    fn single(&mut self) -> R<Expr> {
+        match self.peek()?.clone() {
+            Tok::Num {
+                digits,
+                decimals,
+                exp,
+            } => {
+                self.i += 1;
+                num(&digits, decimals, exp)
+            }
+            Tok::Word { w, .. } if w.chars().count() == 1 => {
+                self.i += 1;
+                Some(Expr::Var(w))
+            }
+            Tok::Cmd(_) | Tok::Op('{') => self.atom(),
+            _ => None,
+        }
+    }
+
+    fn atom(&mut self) -> R<Expr> {
+        self.enter()?;
+        let v = self.atom_inner();
+        self.depth -= 1;
+        v
+    }
+
+    fn atom_inner(&mut self) -> R<Expr> {
+        let tok = self.peek()?.clone();
+        match tok {
+            Tok::Op('(') | Tok::Op('[') => {
+                let close = if tok == Tok::Op('(') { ')' } else { ']' };
+                self.i += 1;
+                let v = self.expr()?;
+                self.eat_op(close).then_some(v)
+            }
+            Tok::Op('{') => self.group(),
+            Tok::Op('|') => {
+                self.i += 1;
+                let v = self.expr()?;
+                self.eat_op('|')
+                    .then(|| Expr::Func("abs".into(), Box::new(v)))
+            }
+            Tok::Num {
+                digits,
+                decimals,
+                exp,
+            } => {
+                self.i += 1;
+                let mut v = num(&digits, decimals, exp)?;
+                // A mixed number: an integer directly followed by a fraction of integers.
+                if decimals.is_none()
+                    && exp == 0
+                    && matches!(self.peek(), Some(Tok::Cmd(c)) if c == "frac")
+                {
+                    let save = self.i;
+                    self.i += 1;
+                    match (self.arg(), self.arg()) {
+                        (
+                            Some(a @ Expr::Num { decimals: None, .. }),
+                            Some(b @ Expr::Num { decimals: None, .. }),
+                        ) => {
+                            v = Expr::Add(
+                                Box::new(v),
+                                Box::new(Expr::Div(Box::new(a), Box::new(b))),
+                            );
+                        }
+                        _ => self.i = save,
+                    }
+                }
+                // "3 million".
+                if let Some(Tok::Word { w, .. }) = self.peek() {
+                    if let Some((_, p)) = MULTIPLIERS.iter().find(|(m, _)| m == w) {
+                        self.i += 1;
+                        v = Expr::Mul(Box::new(v), Box::new(num("1", None, *p as i32)?));
+                    }
+                }
+                Some(v)
+            }
+            Tok::Word { w, .. } => {
+                self.i += 1;
+                match w.as_str() {
+                    "pi" => Some(Expr::Pi),
+                    "infinity" | "inf" => Some(Expr::Inf),
+                    "sqrt" => Some(Expr::Root(Box::new(int(2)), Box::new(self.arg()?))),
+                    f if FUNCS.contains(&f) => self.func(f),
+                    _ if w.chars().count() == 1 => Some(Expr::Var(w)),
+                    // Several letters in an expression: a product of variables ("xy").
+                    _ if w.len() <= 3 && !UNITS.contains(&w.as_str()) => {
+                        let mut it = w.chars().map(|c| Expr::Var(c.to_string()));
+                        let first = it.next()?;
+                        Some(it.fold(first, |a, b| Expr::Mul(Box::new(a), Box::new(b))))
+                    }
+                    _ => None,
+                }
+            }
+            Tok::Cmd(c) => {
+                self.i += 1;
+                match c.as_str() {
+                    "frac" | "over" => {
+                        let (a, b) = (self.arg()?, self.arg()?);
+                        Some(Expr::Div(Box::new(a), Box::new(b)))
+                    }
+                    "sqrt" => {
+                        let index = if self.eat_op('[') {
+                            let n = self.expr()?;
+                            self.eat_op(']').then_some(n)?
+                        } else {
+                            int(2)
+                        };
+                        Some(Expr::Root(Box::new(index), Box::new(self.arg()?)))
+                    }
+                    "pi" => Some(Expr::Pi),
+                    "infty" => Some(Expr::Inf),
+                    "log" if self.peek() == Some(&Tok::Op('_')) => {
+                        self.i += 1;
+                        let base = self.arg()?;
+                        let x = self.func_arg()?;
+                        Some(Expr::Log(Box::new(base), Box::new(x)))
+                    }
+                    f if FUNCS.contains(&f) => self.func(f),
+                    g if GREEK.contains(&g) => Some(Expr::Var(format!("\\{g}"))),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// A function's argument: `\sin x`, `\sin(x)`, `\sin{x}`, `\sin^2 x` is not supported.
+    fn func_arg(&mut self) -> R<Expr> {
+        match self.peek()? {
+            Tok::Op('(') | Tok::Op('{') => self.atom(),
+            _ => self.power(),
+        }
+    }
+
+    fn func(&mut self, name: &str) -> R<Expr> {
+        let x = self.func_arg()?;
+        Some(Expr::Func(name.to_string(), Box::new(x)))
+    }
+}
+
+/// A number literal as an expression; the written decimals are kept only without an exponent.
+fn num(digits: &str, decimals: Option<usize>, exp: i32) -> R<Expr> {
+    Some(Expr::Num {
+        value: literal(digits, decimals, exp)?,
+        decimals: if exp == 0 { decimals } else { None },
+    })
+}

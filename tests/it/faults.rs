@@ -1,0 +1,271 @@
+//! The fault campaign's defects in runs, checkpoints and files (issue 15, items 7–17), each a
+//! test named by its item: run lock, failed resumes that lose nothing, resumed metrics equal to
+//! uninterrupted ones, context limits, plots of hostile numbers, non-finite settings and
+//! weights, and zero-sized evaluations.
+
+use crate::train::{deterministic_metrics, repo, small_config};
+use candle_core::{DType, Device};
+use std::path::Path;
+use terse_model::Qwen3;
+use terse_rollout::{generate, Finish, GenParams, Prompt, SamplingParams};
+use terse_train::RunConfig;
+
+fn err(r: anyhow::Result<terse_train::RunSummary>) -> String {
+    let e = format!("{:#}", r.expect_err("must fail"));
+    assert_eq!(e.lines().count(), 1, "not one line: {e}");
+    e
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let p = e.expect("entry").path();
+        let dest = to.join(p.file_name().expect("name"));
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).expect("copy");
+        }
+    }
+}
+
+/// Keeps the first `n` lines of a run's metrics.jsonl (a stop right after they were written).
+fn cut_metrics(run: &Path, keep: impl Fn(&serde_json::Value) -> bool) {
+    let path = run.join("metrics.jsonl");
+    let text: String = std::fs::read_to_string(&path)
+        .expect("metrics")
+        .lines()
+        .take_while(|l| keep(&serde_json::from_str(l).expect("json")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, text).expect("cut");
+}
+
+#[test]
+fn item7_a_second_process_stops_at_once_naming_the_holder() {
+    let root = crate::scratch("fault-lock");
+    let c = small_config(&root, "busy", 1);
+    let dir = root.join("busy");
+    std::fs::create_dir_all(&dir).expect("dir");
+    // This process is alive, so a lock in its name is held.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    std::fs::write(dir.join("LOCK"), format!("{} {host}", std::process::id())).expect("lock");
+    let e = err(terse_train::train(&c));
+    assert!(e.contains("in use by pid") && e.contains(&host), "{e}");
+    assert!(
+        !dir.join("config.toml").exists(),
+        "the refused run wrote config.toml"
+    );
+}
+
+#[test]
+fn item9_and_10_failed_resumes_lose_nothing_and_resumes_equal_not_stopping() {
+    let root = crate::scratch("fault-resume");
+    let mut straight_cfg = small_config(&root, "straight", 4);
+    straight_cfg.eval.every = 2;
+    let straight = terse_train::train(&straight_cfg).expect("straight");
+    let want = deterministic_metrics(&straight.dir);
+    assert_eq!(want.iter().filter(|v| v["phase"] == "eval").count(), 3);
+    let run_as = |name: &str| {
+        let mut c = straight_cfg.clone();
+        c.run.name = name.into();
+        c
+    };
+
+    // Item 10a: a stop after step_000002 was saved and before its evaluation line.
+    let a = root.join("cut-eval");
+    copy_dir(&straight.dir, &a);
+    std::fs::remove_dir_all(a.join("step_000004")).expect("rm");
+    cut_metrics(&a, |v| !(v["phase"] == "eval" && v["step"] == 2));
+    terse_train::train(&run_as("cut-eval")).expect("resume");
+    assert_eq!(
+        deterministic_metrics(&a),
+        want,
+        "eval line at the resume step"
+    );
+
+    // Item 10b: a stop after step_000000 and before step_000001: the SFT lines survive.
+    let b = root.join("cut-sft");
+    copy_dir(&straight.dir, &b);
+    for s in ["step_000002", "step_000004"] {
+        std::fs::remove_dir_all(b.join(s)).expect("rm");
+    }
+    cut_metrics(&b, |v| v["phase"] == "sft");
+    terse_train::train(&run_as("cut-sft")).expect("resume");
+    assert_eq!(
+        deterministic_metrics(&b),
+        want,
+        "SFT lines after a stop at step 0"
+    );
+
+    // Item 9: a corrupt optimizer file is an error, and metrics.jsonl and config.toml are
+    // untouched (the finished run keeps its final eval line).
+    let c = root.join("corrupt");
+    copy_dir(&straight.dir, &c);
+    std::fs::write(c.join("step_000004/optimizer.safetensors"), b"garbage").expect("corrupt");
+    let before = (
+        std::fs::read(c.join("metrics.jsonl")).expect("m"),
+        std::fs::read(c.join("config.toml")).expect("c"),
+    );
+    let mut longer = run_as("corrupt");
+    longer.grpo.steps = 6;
+    let e = err(terse_train::train(&longer));
+    assert!(e.contains("optimizer.safetensors"), "{e}");
+    let after = (
+        std::fs::read(c.join("metrics.jsonl")).expect("m"),
+        std::fs::read(c.join("config.toml")).expect("c"),
+    );
+    assert!(before == after, "a failed resume changed the run directory");
+    // A refused run (resume = never over an existing run) leaves config.toml alone too.
+    let mut never = run_as("corrupt");
+    never.run.resume = "never".into();
+    never.run.seed = 77;
+    assert!(err(terse_train::train(&never)).contains("already has metrics.jsonl"));
+    assert_eq!(std::fs::read(c.join("config.toml")).expect("c"), before.1);
+}
+
+#[test]
+fn item12_prompts_longer_than_the_context_are_errors_and_generation_stops_at_it() {
+    // Dataset prompts: an error naming the row, or skipped with skip_bad_rows.
+    let root = crate::scratch("fault-context");
+    let data = root.join("long.jsonl");
+    let long = "word ".repeat(40);
+    std::fs::write(
+        &data,
+        format!(
+            "{{\"question\": \"short one\", \"answer\": \"1\"}}\n{{\"question\": \"{long}\", \"answer\": \"2\"}}\n"
+        ),
+    )
+    .expect("data");
+    let mut d = RunConfig::default().data;
+    d.task = "math".into();
+    d.train = Some(data.clone());
+    d.columns.prompt = "question".into();
+    d.math_scorer = "boxed".into();
+    let words = |p: &str| Ok(p.split_whitespace().count());
+    let mut t = terse_train::task::Task::new(&d, &repo("models/testbed"), 0).expect("task");
+    let e = format!(
+        "{:#}",
+        t.check_context(&d, words, 16).expect_err("too long")
+    );
+    assert!(
+        e.contains("long.jsonl row 2") && e.contains("40 tokens"),
+        "{e}"
+    );
+    d.skip_bad_rows = true;
+    let mut t = terse_train::task::Task::new(&d, &repo("models/testbed"), 0).expect("task");
+    assert_eq!(t.check_context(&d, words, 16).expect("skip"), 1);
+    assert_eq!(t.train_rows(), 1);
+
+    // The sampler: a prompt without room is an error; rows stop at the model's limit.
+    let mut m = Qwen3::load(&crate::fixture("testbed-sft"), &Device::Cpu, DType::F32).expect("m");
+    m.config.max_position_embeddings = 12;
+    let p = GenParams {
+        sampling: SamplingParams::default(),
+        max_new_tokens: 64,
+        eos_ids: vec![],
+        stop_strings: vec![],
+        pad_id: 0,
+        step_exit: None,
+        kv_cache: Default::default(),
+    };
+    let no_text = |_: &[u32]| String::new();
+    let prompt = |n: usize| Prompt {
+        id: 0,
+        tokens: (0..n).map(|i| 5 + (i % 10) as u32).collect(),
+    };
+    let e = generate(&m, &[prompt(12)], 2, &p, 1, &no_text).expect_err("no room");
+    assert!(
+        e.to_string().contains("max_position_embeddings (12)"),
+        "{e}"
+    );
+    for s in generate(&m, &[prompt(5)], 2, &p, 1, &no_text).expect("gen") {
+        assert_eq!((s.tokens.len(), s.finish), (7, Finish::Length));
+    }
+}
+
+#[test]
+fn item13_plots_of_huge_or_missing_numbers_end_with_an_error() {
+    let root = crate::scratch("fault-plot");
+    let m = root.join("metrics.jsonl");
+    std::fs::write(
+        &m,
+        "{\"phase\":\"grpo\",\"step\":0,\"reward\":1e308}\n{\"phase\":\"grpo\",\"step\":1,\"reward\":-1e308}\n",
+    )
+    .expect("m");
+    let e = terse_train::plot::plot_run(&m, &root).expect_err("huge");
+    assert!(format!("{e:#}").contains("beyond the plottable"), "{e:#}");
+    std::fs::write(&m, "").expect("empty");
+    let e = terse_train::plot::plot_run(&m, &root).expect_err("empty");
+    assert!(format!("{e:#}").contains("no GRPO lines"), "{e:#}");
+    std::fs::write(&m, "{\"phase\":\"sft\",\"step\":0,\"loss\":1.0}\n").expect("sft only");
+    assert!(terse_train::plot::plot_run(&m, &root).is_err());
+}
+
+#[test]
+fn item14_every_float_key_rejects_non_finite_values() {
+    for (toml, key) in [
+        ("[grpo]\nclip_high = nan\n", "grpo.clip_high"),
+        ("[grpo]\ndual_clip = nan\n", "grpo.dual_clip"),
+        ("[grpo]\nlog_ratio_clamp = nan\n", "grpo.log_ratio_clamp"),
+        ("[grpo]\ngrad_clip = inf\n", "grpo.grad_clip"),
+        ("[grpo.sampling]\ntop_p = nan\n", "grpo.sampling.top_p"),
+        ("[data]\nrecheck_prob = -inf\n", "data.recheck_prob"),
+    ] {
+        let e = RunConfig::from_toml(toml, Path::new("f.toml")).expect_err(key);
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains(key) && msg.contains("must be a finite number"),
+            "{key}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn item15_non_finite_weights_are_refused_and_the_stop_names_the_checkpoint() {
+    let root = crate::scratch("fault-nan");
+    let bad = root.join("nan-model");
+    let m = Qwen3::load(&crate::fixture("testbed-sft"), &Device::Cpu, DType::F32).expect("m");
+    let w = &m.vars()["model.norm.weight"];
+    let mut v = w.as_tensor().to_vec1::<f32>().expect("v");
+    v[3] = f32::NAN;
+    w.set(&candle_core::Tensor::new(v, &Device::Cpu).expect("t"))
+        .expect("set");
+    assert_eq!(
+        m.first_non_finite().expect("probe").as_deref(),
+        Some("model.norm.weight")
+    );
+    m.save(&bad, &Default::default()).expect("save");
+    std::fs::copy(
+        crate::fixture("testbed-sft").join("tokenizer.json"),
+        bad.join("tokenizer.json"),
+    )
+    .expect("tok");
+    let mut c = small_config(&root, "nan", 1);
+    c.model.path = bad.clone();
+    c.model.init = "checkpoint".into();
+    c.sft.steps = 0;
+    let e = err(terse_train::train(&c));
+    assert!(
+        e.contains(&bad.display().to_string()) && e.contains("model.norm.weight"),
+        "{e}"
+    );
+    assert!(!root.join("nan/step_000000").exists());
+    // The stop message names the newest complete checkpoint, not the run directory.
+    let ok = terse_train::train(&small_config(&root, "ok", 2)).expect("run");
+    let msg = terse_train::checkpoint::last_good(&ok.dir);
+    assert!(msg.ends_with("step_000002"), "{msg}");
+}
+
+#[test]
+fn item17_zero_sized_evaluations_are_errors() {
+    for (toml, flag) in [
+        ("[eval]\nper_level = 0\n", "eval.per_level"),
+        ("[eval]\nsamples = 0\n", "eval.samples"),
+    ] {
+        let e = RunConfig::from_toml(toml, Path::new("e.toml")).expect_err(flag);
+        assert!(format!("{e:#}").contains(flag), "{e:#}");
+    }
+}
