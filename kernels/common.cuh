@@ -1,5 +1,19 @@
 // Shared by the kernels: f32 <-> storage-type conversions (float, bf16). Math is always f32.
 #pragma once
+// Launch geometry: passed by crates/model/build.rs from crates/model/src/kernel_checks.rs, the
+// constants the Rust launches use too, so the two sides cannot disagree.
+#ifndef TERSE_RMSNORM_BLOCK
+#error "TERSE_RMSNORM_BLOCK is passed by crates/model/build.rs"
+#endif
+#ifndef TERSE_LOGPROB_BLOCK
+#error "TERSE_LOGPROB_BLOCK is passed by crates/model/build.rs"
+#endif
+#ifndef TERSE_DECODE_WARPS
+#error "TERSE_DECODE_WARPS is passed by crates/model/build.rs"
+#endif
+#ifndef TERSE_DECODE_MAX_HEAD_DIM
+#error "TERSE_DECODE_MAX_HEAD_DIM is passed by crates/model/build.rs"
+#endif
 #include <cuda_bf16.h>
 #include <stdint.h>
 

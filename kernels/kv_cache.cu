@@ -21,8 +21,8 @@ __device__ void kv_write(const T* src, T* cache, int b, int hkv, int cap, int d,
 // One block of 32 * WARPS threads per (b, hq): each warp walks a strided subset of the slots
 // with an online softmax (running max and sum, f32), then the warps' partial states merge.
 // D <= 256 (Qwen3 uses 128): each lane keeps D / 32 output accumulators.
-#define WARPS 4
-#define MAXD 256
+#define WARPS TERSE_DECODE_WARPS
+#define MAXD TERSE_DECODE_MAX_HEAD_DIM
 template <typename T>
 __device__ void decode_attention(const T* q, const T* kc, const T* vc, const uint8_t* valid,
                                  T* out, int hq, int hkv, int cap, int len, int d, float scale) {

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <math.h>
 
-#define BLOCK 512
+#define BLOCK TERSE_LOGPROB_BLOCK
 
 struct Stat {
     float m;  // running max

@@ -5,7 +5,7 @@
 // for the backward; dw (cols) f32, accumulated across rows with atomicAdd (zero it first).
 #include "common.cuh"
 
-#define BLOCK 256
+#define BLOCK TERSE_RMSNORM_BLOCK
 
 // Sum over the block; every thread gets the result.
 __device__ float block_sum(float v) {

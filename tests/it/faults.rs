@@ -120,7 +120,7 @@ fn item9_and_10_failed_resumes_lose_nothing_and_resumes_equal_not_stopping() {
     assert!(before == after, "a failed resume changed the run directory");
     // A refused run (resume = never over an existing run) leaves config.toml alone too.
     let mut never = run_as("corrupt");
-    never.run.resume = "never".into();
+    never.run.resume = terse_train::config::Resume::Never;
     never.run.seed = 77;
     assert!(err(terse_train::train(&never)).contains("already has metrics.jsonl"));
     assert_eq!(std::fs::read(c.join("config.toml")).expect("c"), before.1);
@@ -140,10 +140,10 @@ fn item12_prompts_longer_than_the_context_are_errors_and_generation_stops_at_it(
     )
     .expect("data");
     let mut d = RunConfig::default().data;
-    d.task = "math".into();
+    d.task = terse_train::config::TaskKind::Math;
     d.train = Some(data.clone());
     d.columns.prompt = "question".into();
-    d.math_scorer = "boxed".into();
+    d.math_scorer = terse_train::config::MathScorer::Boxed;
     let words = |p: &str| Ok(p.split_whitespace().count());
     let mut t = terse_train::task::Task::new(&d, &repo("models/testbed"), 0).expect("task");
     let e = format!(
@@ -245,7 +245,7 @@ fn item15_non_finite_weights_are_refused_and_the_stop_names_the_checkpoint() {
     .expect("tok");
     let mut c = small_config(&root, "nan", 1);
     c.model.path = bad.clone();
-    c.model.init = "checkpoint".into();
+    c.model.init = terse_train::config::Init::Checkpoint;
     c.sft.steps = 0;
     let e = err(terse_train::train(&c));
     assert!(

@@ -2,6 +2,7 @@
 //! checkpoint round trips and bad-input errors, KV-cache parity.
 
 mod checkpoint;
+mod examples;
 mod faults;
 mod golden;
 mod gpu;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use terse_reward::{Advantage, Method};
-use terse_train::config::{KlEstimator, LossAgg};
+use terse_train::config::{Init, KlEstimator, LossAgg, MathScorer, TaskKind};
 use terse_train::RunConfig;
 
 fn load(name: &str) -> RunConfig {
@@ -19,11 +19,7 @@ fn load(name: &str) -> RunConfig {
     );
     let train = c.data.train.as_ref().expect("a training dataset");
     assert!(train.starts_with("data"), "{name}: data path {train:?}");
-    assert_eq!(
-        (c.model.init.as_str(), c.sft.steps),
-        ("checkpoint", 0),
-        "{name}"
-    );
+    assert_eq!((c.model.init, c.sft.steps), (Init::Checkpoint, 0), "{name}");
     c
 }
 
@@ -49,7 +45,7 @@ fn short_rl_configs_match_table_3() {
     check_grpo("logic-rl", &c, (8, 8, 4096, 0.7, 1e-6, 0.001));
     assert_eq!(c.grpo.data_epochs, Some(3.0));
     assert!(matches!(c.advantage, Advantage::ReinforcePp { .. }));
-    assert_eq!(c.data.task, "kk");
+    assert_eq!(c.data.task, TaskKind::Kk);
     match &c.reward.shaper {
         Method::ShortRl(s) => {
             assert_eq!((s.tau_len, s.tau_acc), (200.0, 0.05));
@@ -67,8 +63,8 @@ fn short_rl_configs_match_table_3() {
     );
     assert!(matches!(c.advantage, Advantage::Grpo { std: true, .. }));
     assert_eq!(
-        (c.data.task.as_str(), c.data.math_scorer.as_str()),
-        ("math", "short_rl")
+        (c.data.task, c.data.math_scorer),
+        (TaskKind::Math, MathScorer::ShortRl)
     );
     match &c.reward.shaper {
         Method::ShortRl(s) => assert_eq!((s.tau_len, s.tau_acc), (100.0, 0.05)),
@@ -91,7 +87,7 @@ fn grpo_lambda_config_matches_the_paper() {
         "one update per 128 x 16 batch"
     );
     assert!(c.model.path.ends_with("Qwen3-8B"));
-    assert_eq!(c.data.math_scorer, "boxed");
+    assert_eq!(c.data.math_scorer, MathScorer::Boxed);
     match &c.reward.shaper {
         Method::GrpoLambda(s) => assert_eq!((s.lambda, s.alpha), (0.2, 0.2)),
         m => panic!("grpo-λ: {m:?}"),
@@ -133,7 +129,7 @@ fn step_grpo_config_matches_section_4_1() {
     check_grpo("step-grpo", &c, (512, 5, 16384, 1.0, 1e-6, 0.01));
     assert_eq!(c.grpo.sampling.top_p, 0.99);
     assert_eq!(c.grpo.kl_estimator, KlEstimator::K3);
-    assert_eq!(c.data.math_scorer, "easyr1");
+    assert_eq!(c.data.math_scorer, MathScorer::EasyR1);
     assert!(c.model.path.ends_with("Qwen3-8B"));
     let se = c
         .grpo

@@ -209,9 +209,9 @@ fn twenty_grpo_steps_from_the_sft_checkpoint_raise_the_reward_deterministically(
     let mut c = RunConfig::default();
     c.run.dir = root.clone();
     c.run.name = "e2e".into();
-    c.run.resume = "never".into();
+    c.run.resume = terse_train::config::Resume::Never;
     c.model.path = crate::fixture("testbed-sft");
-    c.model.init = "checkpoint".into();
+    c.model.init = terse_train::config::Init::Checkpoint;
     c.data.levels = vec![3, 4, 5, 6];
     c.sft.steps = 0;
     c.grpo.steps = 20;

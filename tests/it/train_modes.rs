@@ -12,7 +12,7 @@ fn from_sft(dir: &Path, name: &str, steps: u64) -> RunConfig {
     c.run.dir = dir.to_path_buf();
     c.run.name = name.into();
     c.model.path = crate::fixture("testbed-sft");
-    c.model.init = "checkpoint".into();
+    c.model.init = terse_train::config::Init::Checkpoint;
     c.sft.steps = 0;
     c.grpo.steps = steps;
     c.grpo.prompts_per_step = 4;
@@ -24,8 +24,8 @@ fn from_sft(dir: &Path, name: &str, steps: u64) -> RunConfig {
     c
 }
 
-fn grpo_lines(run: &Path) -> Vec<serde_json::Value> {
-    terse_train::metrics::read_grpo(&run.join("metrics.jsonl")).expect("metrics")
+fn grpo_lines(run: &Path) -> Vec<terse_train::StepReport> {
+    terse_train::report::read_steps(&run.join("metrics.jsonl")).expect("metrics")
 }
 
 #[test]
@@ -51,19 +51,11 @@ fn step_grpo_truncated_rollout_runs_from_the_config() {
     c.grpo.step_exit = extra.grpo.step_exit;
     let s = terse_train::train(&c).expect("train");
     let lines = grpo_lines(&s.dir);
-    let exits: f64 = lines
-        .iter()
-        .map(|l| l["early_exit"].as_f64().expect("early_exit"))
-        .sum();
-    let judges: f64 = lines
-        .iter()
-        .map(|l| l["judge_mean"].as_f64().expect("judge"))
-        .sum();
+    let exits: f64 = lines.iter().map(|l| l.early_exit).sum();
+    let judges: f64 = lines.iter().map(|l| l.judge_mean).sum();
     // The SFT model re-checks with "Wait" after easy chains, where a trial answer is confident.
     assert!(exits > 0.0 && judges > 0.0, "no early exits: {lines:?}");
-    assert!(lines
-        .iter()
-        .all(|l| l["entropy"].as_f64().expect("entropy") > 0.0));
+    assert!(lines.iter().all(|l| l.entropy > 0.0));
 
     // Without the induction text the config is rejected with the key named.
     let bad = "[grpo.step_exit]\ntriggers = [\"Wait\"]\n";
@@ -85,29 +77,25 @@ fn dynamic_sampling_drops_all_equal_groups_and_resumes_exactly() {
     terse_train::train(&cfg("resumed", 2)).expect("first half");
     let resumed = terse_train::train(&cfg("resumed", 4)).expect("second half");
     let (a, b) = (grpo_lines(&straight.dir), grpo_lines(&resumed.dir));
-    let strip = |v: &[serde_json::Value]| -> Vec<serde_json::Value> {
+    let strip = |v: &[terse_train::StepReport]| -> Vec<terse_train::StepReport> {
         v.iter()
-            .map(|l| {
-                let mut l = l.clone();
-                l.as_object_mut().map(|o| o.remove("time"));
-                l
+            .map(|l| terse_train::StepReport {
+                time: Default::default(),
+                ..l.clone()
             })
             .collect()
     };
     assert_eq!(strip(&a), strip(&b), "resume changed the data stream");
-    let dropped: u64 = a
-        .iter()
-        .map(|l| l["dropped_groups"].as_u64().expect("d"))
-        .sum();
-    let rounds: u64 = a.iter().map(|l| l["rounds"].as_u64().expect("r")).sum();
+    let dropped: usize = a.iter().map(|l| l.dropped_groups).sum();
+    let rounds: usize = a.iter().map(|l| l.rounds).sum();
     assert!(
         dropped > 0 && rounds > 4,
         "dropped {dropped}, rounds {rounds}"
     );
     // Kept groups are informative unless a step ran out of rounds.
     for l in &a {
-        if l["rounds"].as_u64() < Some(4) {
-            assert_eq!(l["zero_std_groups"].as_f64(), Some(0.0), "{l}");
+        if l.rounds < 4 {
+            assert_eq!(l.zero_std_groups, 0.0, "{l:?}");
         }
     }
 }
@@ -147,13 +135,13 @@ fn sft_alone_writes_a_model_a_grpo_run_starts_from() {
     let root = crate::scratch("modes-sft");
     let mut c = from_sft(&root, "warm", 1);
     c.model.path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/testbed");
-    c.model.init = "random".into();
+    c.model.init = terse_train::config::Init::Random;
     c.sft.steps = 3;
     c.sft.batch_size = 4;
     let out = terse_train::sft_only(&c).expect("sft");
     assert_eq!(out, root.join("warm/sft"));
-    let lines = terse_train::metrics::read_phase(&root.join("warm/sft_metrics.jsonl"), "sft")
-        .expect("sft metrics");
+    let lines =
+        terse_train::report::read_sft(&root.join("warm/sft_metrics.jsonl")).expect("sft metrics");
     assert_eq!(lines.len(), 3);
     let mut g = from_sft(&root, "grpo", 1);
     g.model.path = out;
@@ -167,7 +155,7 @@ fn dataset_tasks_load_score_and_fail_in_one_line() {
     let model = crate::fixture("testbed-sft");
 
     // Generated K&K with Logic-RL's prompt: the reference solution scores as correct.
-    d.task = "kk".into();
+    d.task = terse_train::config::TaskKind::Kk;
     d.levels = vec![3];
     d.template = "logic_rl_qwen_instruct".into();
     let t = Task::new(&d, &model, 7).expect("kk");
@@ -186,7 +174,7 @@ fn dataset_tasks_load_score_and_fail_in_one_line() {
     )
     .expect("write");
     let mut m = terse_train::config::DataSection {
-        task: "math".into(),
+        task: terse_train::config::TaskKind::Math,
         train: Some(f.clone()),
         eval: Some(f.clone()),
         level_column: Some("level".into()),
@@ -226,11 +214,9 @@ fn mini_batches_and_epochs_give_one_update_each() {
     c.grpo.schedule.peak_lr = 1e-2;
     let s = terse_train::train(&c).expect("train");
     let l = &grpo_lines(&s.dir)[0];
-    assert_eq!(l["updates"].as_u64(), Some(4), "{l}");
+    assert_eq!(l.updates, 4, "{l:?}");
     // Later updates see a changed policy, so some ratios leave the clip range at this lr.
-    let clipped =
-        l["clip_frac_low"].as_f64().expect("low") + l["clip_frac_high"].as_f64().expect("high");
-    assert!(clipped > 0.0, "{l}");
+    assert!(l.clip_frac_low + l.clip_frac_high > 0.0, "{l:?}");
     let e = RunConfig::from_toml("[grpo]\nmini_batch_prompts = 0\n", Path::new("m.toml"))
         .expect_err("zero");
     assert!(format!("{e:#}").contains("mini_batch_prompts"), "{e:#}");

@@ -63,7 +63,7 @@ fn run_eval(a: &Args, model_dir: &Path) -> Result<EvalReport> {
         }
     };
     cfg.model.path = model_dir.to_path_buf();
-    cfg.model.init = "checkpoint".into();
+    cfg.model.init = terse_train::config::Init::Checkpoint;
     cfg.sft.steps = 0;
     cfg.validate()?;
     let task = terse_train::task::Task::new(&cfg.data, model_dir, cfg.run.seed)?;

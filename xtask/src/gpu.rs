@@ -15,9 +15,10 @@ fn toolchain_env(dir: &Path) -> Result<Vec<(String, String)>> {
         "set -e; exports=\"$(bash scripts/cuda-toolchain.sh '{}')\"; eval \"$exports\"; env -0",
         dir.display()
     );
-    let out = Command::new("bash")
-        .args(["-c", &script])
-        .output()
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", &script]);
+    // The first run downloads ~650 MB of wheels; a stalled download must not hang forever.
+    let out = crate::process::output_with_timeout(cmd, std::time::Duration::from_secs(1800))
         .context("running scripts/cuda-toolchain.sh (run from the repository root)")?;
     if !out.status.success() {
         bail!(
@@ -102,6 +103,14 @@ pub fn build_gpu(dir: Option<PathBuf>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The parity groups gpu-check runs, in order.
+pub fn list_groups() -> Result<ExitCode> {
+    for (i, (name, _)) in terse_model::parity::groups().iter().enumerate() {
+        println!("{:>2}. {name}", i + 1);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 #[cfg(not(feature = "cuda"))]
 pub fn gpu_check(_out: &Path) -> Result<ExitCode> {
     bail!("gpu-check needs a build with `--features cuda` (cargo xtask build-gpu)")
@@ -112,30 +121,88 @@ pub fn gpu_check(out: &Path) -> Result<ExitCode> {
     use serde_json::{json, Value};
     let (dev, _) = terse_model::device::select("cuda")?;
     let mut report = serde_json::Map::new();
-    let checks = terse_model::parity::check(&dev)?;
-    let mut ok = true;
-    let rows: Vec<Value> = checks
-        .iter()
-        .map(|(name, d, tol)| {
-            ok &= d <= tol;
-            println!(
-                "parity {name}: max diff {d:.2e} (tolerance {tol:.0e}) {}",
-                if d <= tol { "ok" } else { "FAIL" }
+    let write = |report: &serde_json::Map<String, Value>| -> Result<()> {
+        let text = serde_json::to_string_pretty(&Value::Object(report.clone()))?;
+        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
+    };
+    // Parity group by group; the report is rewritten after each, so a crash or a timeout
+    // leaves every finished row on disk. The first failing row stops the run.
+    let mut rows: Vec<Value> = vec![];
+    for (group, run) in terse_model::parity::groups() {
+        println!("parity group {group} ...");
+        let result = run(&dev);
+        let failed = match result {
+            Ok(got) => {
+                let mut failed = None;
+                for r in got {
+                    println!(
+                        "parity {}: max diff {:.2e} (tolerance {:.0e}) {}",
+                        r.name,
+                        r.max_diff,
+                        r.tolerance,
+                        if r.ok() { "ok" } else { "FAIL" }
+                    );
+                    rows.push(json!({"group": group, "op": r.name, "max_diff": r.max_diff,
+                        "tolerance": r.tolerance, "ok": r.ok()}));
+                    if !r.ok() && failed.is_none() {
+                        failed = Some(r.name.clone());
+                    }
+                }
+                failed
+            }
+            Err(e) => {
+                rows.push(json!({"group": group, "error": format!("{e}")}));
+                Some(format!("{group}: {e}"))
+            }
+        };
+        report.insert("parity".into(), Value::Array(rows.clone()));
+        write(&report)?;
+        if let Some(name) = failed {
+            report.insert("stopped_at".into(), json!(name));
+            write(&report)?;
+            println!("{}", serde_json::to_string(&Value::Object(report))?);
+            bail!(
+                "gpu-check: parity row `{name}` failed; the rows so far are in {}",
+                out.display()
             );
-            json!({"op": name, "max_diff": d, "tolerance": tol, "ok": d <= tol})
-        })
-        .collect();
-    report.insert("parity".into(), Value::Array(rows));
+        }
+    }
     report.insert("decode".into(), crate::gpu_bench::decode(&dev)?);
+    write(&report)?;
     report.insert("hf_generate".into(), crate::gpu_bench::hf_generate());
+    write(&report)?;
     report.insert("fwd_bwd".into(), crate::gpu_bench::fwd_bwd(&dev)?);
+    write(&report)?;
     report.insert("logprob".into(), crate::gpu_bench::logprob(&dev)?);
-    let text = serde_json::to_string_pretty(&Value::Object(report.clone()))?;
-    std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+    write(&report)?;
     println!("{}", serde_json::to_string(&Value::Object(report))?);
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the GPU binary here, then prints the one `device` call that runs gpu-check on a lent
+/// machine (and the retry with synchronous launches), so a session with a device spends its
+/// minutes running, not preparing.
+pub fn gpu_session(dir: Option<PathBuf>, timeout_s: u64) -> Result<ExitCode> {
+    build_gpu(dir)?;
+    let call = |retry: bool| {
+        serde_json::json!({
+            "command": format!(
+                "bash scripts/gpu-check.sh --timeout {}{}",
+                timeout_s.saturating_sub(60),
+                if retry { " --retry" } else { "" }
+            ),
+            "carry": ["target/gpu/xtask.xz"],
+            "timeout_s": timeout_s,
+        })
+    };
+    println!(
+        "device run (first try):\n{}",
+        serde_json::to_string_pretty(&call(false))?
+    );
+    println!(
+        "device run (retry after a kernel fault: CUDA_LAUNCH_BLOCKING=1 names the launch):\n{}",
+        serde_json::to_string_pretty(&call(true))?
+    );
+    println!("then give the machine back; the report is $OUT/gpu-check.json");
+    Ok(ExitCode::SUCCESS)
 }

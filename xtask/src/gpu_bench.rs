@@ -91,9 +91,17 @@ pub fn hf_generate() -> Value {
             "python3".into()
         }
     });
-    let out = std::process::Command::new(&python)
-        .args(["scripts/bench_hf_generate.py", "--gpu", "1", "64", "256"])
-        .output();
+    // From the repository root (where gpu-check runs), with a limit: a hung import or a
+    // missing GPU stack must not eat the device session.
+    let script = std::env::current_dir()
+        .unwrap_or_default()
+        .join("scripts/bench_hf_generate.py");
+    if !script.is_file() {
+        return json!({"error": format!("{} not found (run from the repository root)", script.display())});
+    }
+    let mut cmd = std::process::Command::new(&python);
+    cmd.arg(&script).args(["--gpu", "1", "64", "256"]);
+    let out = crate::process::output_with_timeout(cmd, std::time::Duration::from_secs(120));
     match out {
         Ok(o) if o.status.success() => {
             let text = String::from_utf8_lossy(&o.stdout);

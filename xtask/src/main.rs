@@ -8,6 +8,8 @@ mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_bench;
 mod mem;
+mod methods;
+mod process;
 mod repro;
 mod summary;
 
@@ -57,11 +59,24 @@ enum Cmd {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
-    /// On a GPU machine: parity of every CUDA kernel against its CPU reference, then decode,
-    /// training and log-prob benchmarks and HF generate; writes one JSON report.
+    /// Build the GPU binary (as build-gpu) and print the exact `device` run that executes
+    /// gpu-check on a lent machine (scripts/gpu-check.sh), with its retry.
+    GpuSession {
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// The device run's wall-clock limit; gpu-check itself gets 60 s less.
+        #[arg(long, default_value_t = 420)]
+        timeout_s: u64,
+    },
+    /// On a GPU machine: parity of every CUDA kernel against its CPU reference (f32, bf16, a
+    /// whole model), stopping at the first failing row, then decode, training and log-prob
+    /// benchmarks and HF generate; writes one JSON report, rewritten after each part.
     GpuCheck {
         #[arg(long, default_value = "gpu-check.json")]
         out: std::path::PathBuf,
+        /// Print the parity groups in the order they run, and stop (needs no GPU).
+        #[arg(long)]
+        list: bool,
     },
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
@@ -97,7 +112,9 @@ fn main() -> ExitCode {
         Cmd::Repro(args) => repro::run(&args),
         Cmd::CudaToolchain { dir } => gpu::cuda_toolchain(dir),
         Cmd::BuildGpu { dir } => gpu::build_gpu(dir),
-        Cmd::GpuCheck { out } => gpu::gpu_check(&out),
+        Cmd::GpuCheck { list: true, .. } => gpu::list_groups(),
+        Cmd::GpuCheck { out, .. } => gpu::gpu_check(&out),
+        Cmd::GpuSession { dir, timeout_s } => gpu::gpu_session(dir, timeout_s),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
         Cmd::MakeTestbed { out } => make_testbed(&out),

@@ -2,13 +2,12 @@
 //! writes docs/results.md (a table in the shape of Short-RL's Table 1, mean ± sd over seeds) and
 //! the length / accuracy curves. Deterministic: the same runs give the same bytes.
 
-use crate::repro::METHODS;
+use crate::methods::METHODS;
 use anyhow::{Context, Result};
-use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use terse_train::metrics::read_phase;
 use terse_train::plot::{line_chart, Series};
+use terse_train::report::{read_evals, read_steps, EvalLine};
 
 /// pass@1 by level, the mean over levels, and eval tokens.
 type Eval = (Vec<(usize, f64)>, f64, f64);
@@ -30,44 +29,41 @@ struct RunResult {
     acc_curve: Vec<f64>,
 }
 
-fn levels_of(v: &Value) -> Vec<(usize, f64)> {
-    v["by_level"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|l| {
-                    (
-                        l["level"].as_u64().unwrap_or(0) as usize,
-                        l["pass1"].as_f64().unwrap_or(f64::NAN),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+fn levels_of(e: &EvalLine) -> Vec<(usize, f64)> {
+    e.report
+        .by_level
+        .iter()
+        .map(|l| (l.level, l.pass1))
+        .collect()
 }
 
 fn read_run(dir: &Path) -> Result<RunResult> {
     let path = dir.join("metrics.jsonl");
-    let grpo = read_phase(&path, "grpo")?;
-    let evals = read_phase(&path, "eval")?;
+    let grpo = read_steps(&path)?;
+    let evals = read_evals(&path)?;
     let last = evals
         .last()
         .with_context(|| format!("{} has no evaluation", path.display()))?;
-    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    let len_curve: Vec<f64> = grpo.iter().map(|l| f(l, "len_mean")).collect();
-    let gammas: Vec<f64> = grpo.iter().filter_map(|l| l["gamma_l"].as_f64()).collect();
+    let len_curve: Vec<f64> = grpo
+        .iter()
+        .map(|l| l.len_mean.unwrap_or(f64::NAN))
+        .collect();
+    let gammas: Vec<f64> = grpo
+        .iter()
+        .filter_map(|l| l.diagnostic("gamma_l"))
+        .collect();
     Ok(RunResult {
         by_level: levels_of(last),
-        acc: f(last, "accuracy"),
-        eval_tokens: f(last, "len_mean"),
+        acc: last.report.accuracy,
+        eval_tokens: last.report.len_mean,
         start: evals
             .iter()
-            .find(|e| e["step"] == 0)
-            .map(|e| (levels_of(e), f(e, "accuracy"), f(e, "len_mean"))),
+            .find(|e| e.step == 0)
+            .map(|e| (levels_of(e), e.report.accuracy, e.report.len_mean)),
         len_avg: terse_reward::metrics::averaged_by_steps(&len_curve).0,
         len_last: len_curve.last().copied().unwrap_or(f64::NAN),
         gamma: (!gammas.is_empty()).then(|| gammas.iter().sum::<f64>() / gammas.len() as f64),
-        acc_curve: grpo.iter().map(|l| f(l, "accuracy")).collect(),
+        acc_curve: grpo.iter().map(|l| l.accuracy).collect(),
         len_curve,
     })
 }

@@ -2,8 +2,11 @@
 //! kernel, on the CPU they run its reference in [`crate::kernels`] (f32), so the same call works
 //! everywhere and `cargo xtask gpu-check` can compare the two. Training-path ops (RMSNorm, RoPE)
 //! carry their backward; the log-prob epilogue and the decode attention are forward-only (the
-//! epilogue's backward is its own op, as the chunked log-prob needs it).
+//! epilogue's backward is its own op, as the chunked log-prob needs it). Every op checks its
+//! shapes (and log-prob targets their bounds) through kernel_checks.rs before it runs, and an
+//! empty input returns at once: nothing is launched that could read past a buffer.
 
+use crate::kernel_checks as check;
 use crate::kernels as cpu;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
 
@@ -23,34 +26,68 @@ fn u32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]> {
 
 /// y = RMSNorm(x) * w over the last dim; x (.., C), w (C).
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    check::rmsnorm(x.dims(), w.dims())?;
+    if x.elem_count() == 0 {
+        return Ok(x.clone());
+    }
     x.apply_op2(w, RmsNorm { eps })
 }
 
 /// Rotate-half RoPE; x (B, H, T, D), cos/sin (B, T, D/2).
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    check::rope(x.dims(), cos.dims(), sin.dims())?;
+    if x.elem_count() == 0 {
+        return Ok(x.clone());
+    }
     x.apply_op3(cos, sin, Rope { inverse: false })
 }
 
 /// Per row of logits (n, V) f32 and targets (n) u32: (n, 3) = [log p(target), log Z, entropy].
+/// The targets are read back to the host for the bounds check (N ids: small beside the logits).
 pub fn logprob_stats(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let (n, _) = check::logprob(logits.dims(), targets.dims(), &target_ids(targets)?)?;
+    if n == 0 {
+        return Tensor::zeros((0, 3), candle_core::DType::F32, logits.device());
+    }
     logits.apply_op2(targets, LogprobFwd)
+}
+
+fn target_ids(targets: &Tensor) -> Result<Vec<u32>> {
+    if targets.dtype() != candle_core::DType::U32 {
+        crate::fail!("logprob: targets must be u32, got {:?}", targets.dtype());
+    }
+    targets.flatten_all()?.to_vec1::<u32>()
 }
 
 /// g · (onehot(target) − softmax(logits)) for logits (n, V), targets (n) and `lse_g` (n, 2) =
 /// [log Z, g] per row.
 pub fn logprob_grad(logits: &Tensor, targets: &Tensor, lse_g: &Tensor) -> Result<Tensor> {
+    let ids = target_ids(targets)?;
+    check::logprob_grad(logits.dims(), targets.dims(), &ids, lse_g.dims())?;
+    if logits.elem_count() == 0 {
+        return Ok(logits.clone());
+    }
     logits.apply_op3(targets, lse_g, LogprobBwd)
 }
 
 /// Single-query attention for a decode step: q (B, Hq, D) over the first `len` slots of the
-/// (B, Hkv, C, D) caches, skipping slots whose `valid` (B · C) flag is 0 -> (B, Hq, D).
+/// (B, Hkv, C, D) caches, skipping slots whose `valid` (B · C, u8, on q's device) flag is 0
+/// -> (B, Hq, D). The flags are a tensor so a step uploads them once for all its layers.
 pub fn decode_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    valid: Vec<u8>,
+    valid: &Tensor,
     len: usize,
 ) -> Result<Tensor> {
+    check::decode_attention(q.dims(), k.dims(), v.dims(), valid.elem_count(), len)?;
+    if valid.dtype() != candle_core::DType::U8 || !valid.device().same_device(q.device()) {
+        crate::fail!("decode attention: the validity flags must be u8 on q's device");
+    }
+    if q.elem_count() == 0 {
+        return Ok(q.clone());
+    }
+    let valid = valid.flatten_all()?.contiguous()?;
     q.apply_op3(k, v, DecodeAttention { valid, len })
 }
 
@@ -310,7 +347,8 @@ impl CustomOp3 for LogprobBwd {
 }
 
 struct DecodeAttention {
-    valid: Vec<u8>,
+    /// (B · C) u8 flags, contiguous, on the op's device.
+    valid: Tensor,
     len: usize,
 }
 
@@ -330,11 +368,12 @@ impl CustomOp3 for DecodeAttention {
     ) -> Result<(CpuStorage, Shape)> {
         let (_, hq, d) = l1.shape().dims3()?;
         let (_, hkv, cap, _) = l2.shape().dims4()?;
+        let valid = self.valid.to_vec1::<u8>()?;
         let out = cpu::decode_attention(
             f32s(s1, l1, "q")?,
             f32s(s2, l2, "k cache")?,
             f32s(s3, l3, "v cache")?,
-            &self.valid,
+            &valid,
             [hq, hkv],
             cap,
             self.len,
@@ -353,12 +392,20 @@ impl CustomOp3 for DecodeAttention {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::decode_attention(s1, l1, s2, l2, s3, l3, &self.valid, self.len)
+        let (storage, layout) = self.valid.storage_and_layout();
+        let candle_core::Storage::Cuda(valid) = &*storage else {
+            crate::fail!("decode attention: the validity flags are not on the GPU");
+        };
+        crate::fused_cuda::decode_attention(s1, l1, s2, l2, s3, l3, (valid, layout), self.len)
     }
 }
 
 /// Writes src (B, Hkv, D) into slot `slot` of the cache (B, Hkv, C, D), in place.
 pub fn kv_write(cache: &Tensor, src: &Tensor, slot: usize) -> Result<()> {
+    check::kv_write(cache.dims(), src.dims(), slot)?;
+    if src.elem_count() == 0 {
+        return Ok(());
+    }
     cache.inplace_op2(src, &KvWrite { slot })
 }
 

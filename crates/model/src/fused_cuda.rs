@@ -4,6 +4,7 @@
 
 #![allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 
+use crate::kernel_checks::{DECODE_WARPS, LOGPROB_BLOCK, RMSNORM_BLOCK};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -73,7 +74,7 @@ fn rmsnorm_fwd_launch<T: CudaDType + DeviceRepr>(
         .arg(&cols_i)
         .arg(&eps);
     // SAFETY: argument types and counts match the kernel's signature.
-    unsafe { b.launch(grid(rows, 256)) }.w()?;
+    unsafe { b.launch(grid(rows, RMSNORM_BLOCK)) }.w()?;
     Ok((y, rstd))
 }
 
@@ -135,7 +136,7 @@ pub fn rmsnorm_bwd(
             .arg(&mut dw)
             .arg(&cols_i);
         // SAFETY: argument types and counts match the kernel's signature.
-        unsafe { b.launch(grid(rows, 256)) }.w()?;
+        unsafe { b.launch(grid(rows, RMSNORM_BLOCK)) }.w()?;
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
@@ -216,7 +217,7 @@ pub fn logprob_fwd(
     let mut b = f.builder();
     b.arg(&lv).arg(&tv).arg(&mut stats).arg(&v_i);
     // SAFETY: argument types and counts match the kernel's signature.
-    unsafe { b.launch(grid(n, 512)) }.w()?;
+    unsafe { b.launch(grid(n, LOGPROB_BLOCK)) }.w()?;
     Ok((
         CudaStorage::wrap_cuda_slice(stats, dev.clone()),
         Shape::from((n, 3)),
@@ -243,7 +244,7 @@ pub fn logprob_bwd(
     let mut b = f.builder();
     b.arg(&mut out).arg(&tv).arg(&lgv).arg(&v_i);
     // SAFETY: argument types and counts match the kernel's signature.
-    unsafe { b.launch(grid(n, 512)) }.w()?;
+    unsafe { b.launch(grid(n, LOGPROB_BLOCK)) }.w()?;
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
         ll.shape().clone(),
@@ -257,17 +258,9 @@ pub fn kv_write(
     ls: &Layout,
     slot: usize,
 ) -> Result<()> {
-    let (b, hkv, cap, d) = lc.shape().dims4()?;
-    if slot >= cap
-        || ls.shape().dims() != [b, hkv, d]
-        || !lc.is_contiguous()
-        || lc.start_offset() != 0
-    {
-        crate::fail!(
-            "kv write: slot {slot} / src {:?} do not fit cache {:?}",
-            ls.shape(),
-            lc.shape()
-        );
+    let [b, hkv, cap, d] = crate::kernel_checks::kv_write(lc.dims(), ls.dims(), slot)?;
+    if !lc.is_contiguous() || lc.start_offset() != 0 {
+        crate::fail!("kv write: the cache {:?} must be contiguous", lc.shape());
     }
     let dev = cache.device().clone();
     let sfx = suffix(cache.dtype(), "kv write")?;
@@ -303,25 +296,29 @@ pub fn decode_attention(
     lk: &Layout,
     v: &CudaStorage,
     lv: &Layout,
-    valid: &[u8],
+    (valid, lvalid): (&CudaStorage, &Layout),
     len: usize,
 ) -> Result<(CudaStorage, Shape)> {
     let dev: &CudaDevice = q.device();
     let (b, hq, d) = lq.shape().dims3()?;
     let (_, hkv, cap, _) = lk.shape().dims4()?;
-    if d > 256 || hq % hkv != 0 || valid.len() != b * cap {
-        crate::fail!("decode attention: head_dim {d} (max 256), heads {hq}/{hkv}, {} validity flags for {b} x {cap}", valid.len());
-    }
+    crate::kernel_checks::decode_attention(
+        lq.dims(),
+        lk.dims(),
+        lv.dims(),
+        lvalid.shape().elem_count(),
+        len,
+    )?;
     let sfx = suffix(q.dtype(), "decode attention")?;
     let f = dev.get_or_load_custom_func(
         &format!("decode_attention_{sfx}"),
         "terse_kv_cache",
         ptx::KV_CACHE,
     )?;
-    let valid_d = dev.clone_htod(valid)?;
+    let valid_d = view::<u8>(valid, lvalid, "validity flags")?;
     let ints = [hq as i32, hkv as i32, cap as i32, len as i32, d as i32];
     let scale = 1.0f32 / (d as f32).sqrt();
-    let cfg = grid(b * hq, 128);
+    let cfg = grid(b * hq, 32 * DECODE_WARPS);
     macro_rules! launch {
         ($t:ty) => {{
             let (qv, kv, vv) = (

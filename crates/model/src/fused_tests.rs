@@ -102,3 +102,71 @@ fn kv_write_fills_one_slot_in_place() {
         "slot out of range"
     );
 }
+
+/// Every parity group runs on the CPU (its "device" side on the CPU too) and passes; the row
+/// names gpu-check reports include the bf16 kernels and the whole-model rows.
+#[test]
+fn parity_groups_run_on_the_cpu() {
+    let rows = crate::parity::check(&Device::Cpu).expect("parity");
+    for r in &rows {
+        assert!(r.ok(), "{r:?}");
+    }
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    for want in [
+        "bf16 rmsnorm fwd",
+        "bf16 rope fwd",
+        "bf16 rope bwd",
+        "bf16 kv write + decode attention",
+        "model decode logits, kernels vs composite (16 steps)",
+        "training gradient norm bf16 vs f32 (relative)",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+}
+
+/// The bf16 tolerance gpu-check states: a correct bf16 kernel is the f32 reference on the
+/// bf16-rounded inputs with its output rounded to bf16; that is within the tolerance, and the
+/// rounded-input reference is near the f32 one (so the rows compare what matters).
+#[test]
+fn bf16_references_stay_within_the_stated_tolerance() {
+    let round = |t: &Tensor| {
+        t.to_dtype(DType::BF16)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .expect("round")
+    };
+    let (x, w) = (vals(&[16, 256], 1), vals(&[256], 2));
+    let exact = rms_norm(&x, &w, 1e-6).expect("f32");
+    let on_rounded = rms_norm(&round(&x), &round(&w), 1e-6).expect("rounded");
+    let kernel_like = round(&on_rounded);
+    let tol = crate::parity::bf16_tolerance(&on_rounded).expect("tol");
+    assert!(crate::parity::diff(&kernel_like, &on_rounded).expect("d") <= tol);
+    assert!(crate::parity::diff(&on_rounded, &exact).expect("d") <= 4.0 * tol);
+    // And a NaN anywhere fails a row.
+    let nan = Tensor::new(&[1.0f32, f32::NAN], &Device::Cpu).expect("t");
+    let one = Tensor::new(&[1.0f32, 1.0], &Device::Cpu).expect("t");
+    assert!(crate::parity::diff(&nan, &one).expect("d").is_nan());
+}
+
+/// The checks run through the public ops (the path a launch takes), and empty inputs return
+/// without running anything.
+#[test]
+fn ops_refuse_bad_shapes_and_pass_empty_inputs_through() {
+    let x = vals(&[2, 1, 3, 4], 1);
+    let table = vals(&[3, 2], 2); // (T, D/2): would be read out of bounds for row 1
+    let e = rope(&x, &table, &table)
+        .expect_err("2-d tables")
+        .to_string();
+    assert!(e.contains("rope: cos [3, 2]"), "{e}");
+    let logits = vals(&[2, 5], 3);
+    let t = Tensor::new(&[1u32, 5], &Device::Cpu).expect("t");
+    let e = logprob_stats(&logits, &t)
+        .expect_err("target 5 of 5")
+        .to_string();
+    assert!(e.contains("target 5 at row 1"), "{e}");
+    let empty = Tensor::zeros((0, 4), DType::F32, &Device::Cpu).expect("e");
+    let w = vals(&[4], 4);
+    assert_eq!(rms_norm(&empty, &w, 1e-6).expect("empty").dims(), [0, 4]);
+    let none = Tensor::zeros(0, DType::U32, &Device::Cpu).expect("t");
+    let z = Tensor::zeros((0, 5), DType::F32, &Device::Cpu).expect("z");
+    assert_eq!(logprob_stats(&z, &none).expect("empty").dims(), [0, 3]);
+}

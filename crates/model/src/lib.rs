@@ -35,6 +35,7 @@ pub mod device;
 pub mod fused;
 #[cfg(feature = "cuda")]
 mod fused_cuda;
+pub mod kernel_checks;
 pub mod kernels;
 pub mod logprob;
 pub mod model;

@@ -190,8 +190,8 @@ impl Qwen3 {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        bias: &Tensor,
-        cache: Option<(&Tensor, &Tensor, usize, &[u8], bool)>,
+        bias: Option<&Tensor>,
+        cache: Option<(&Tensor, &Tensor, usize, Option<&Tensor>)>,
         train: bool,
     ) -> Result<Tensor> {
         let c = &self.config;
@@ -231,19 +231,19 @@ impl Qwen3 {
         let k = rope(&k, cos, sin)?.contiguous()?;
         let (k, v) = match cache {
             None => (k, v),
-            Some((ck, cv, off, valid, true)) if t == 1 => {
+            Some((ck, cv, off, Some(valid))) if t == 1 => {
                 // One new slot: write it in place and attend over the valid slots only, with
-                // no bias tensor and no (B, Hq, 1, S) score matrix.
+                // no bias tensor and no (B, Hq, 1, S) score matrix. `valid` is on the device
+                // already: uploaded once per step, not once per layer.
                 fused::kv_write(ck, &k.squeeze(2)?, off)?;
                 fused::kv_write(cv, &v.squeeze(2)?, off)?;
-                let valid = valid.to_vec();
                 let attn = fused::decode_attention(&q.squeeze(2)?, ck, cv, valid, off + 1)?; // (B, Hq, hd)
                 let attn = attn.reshape((b, 1, hq * hd))?;
                 let x =
                     (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
                 return self.mlp_block(&p, x, train);
             }
-            Some((ck, cv, off, _, _)) => {
+            Some((ck, cv, off, _)) => {
                 // A cache in another dtype (f16) stores rounded K/V and hands them back
                 // converted.
                 let dt = k.dtype();
@@ -252,6 +252,9 @@ impl Qwen3 {
                 let (k, v) = (ck.narrow(2, 0, off + t)?, cv.narrow(2, 0, off + t)?); // (B, Hkv, S, hd)
                 (k.to_dtype(dt)?, v.to_dtype(dt)?)
             }
+        };
+        let Some(bias) = bias else {
+            crate::fail!("layer {l}: the composite attention needs the attention bias");
         };
         let attn = gqa_attention(&q, &k, &v, bias)?; // (B, Hq, T, hd)
         let attn = attn
@@ -299,7 +302,7 @@ impl Qwen3 {
         )?;
         let mut x = self.embed(&batch.input_ids, train)?;
         for l in 0..c.num_hidden_layers {
-            x = self.layer(l, &x, &cos, &sin, &bias, None, train)?;
+            x = self.layer(l, &x, &cos, &sin, Some(&bias), None, train)?;
         }
         rms_norm(&x, &self.w("model.norm.weight", train)?, c.rms_norm_eps)
     }
@@ -409,13 +412,33 @@ impl Qwen3 {
             let pos = positions.flatten_all()?.to_vec1::<u32>()?;
             return decode_cpu::step(c, &ws, cache, &ids, &pos, s);
         }
-        let bias = attention_bias(&cache.allowed(s), b, s, off + s, dt, &self.device)?;
+        // The kernels path needs the validity flags on the device (once per step) and no bias;
+        // the composite path the bias.
+        let kernels = path == DecodePath::Kernels && s == 1;
+        let valid_dev = if kernels {
+            let flags = cache.valid();
+            Some(Tensor::from_slice(flags, flags.len(), &self.device)?)
+        } else {
+            None
+        };
+        let bias = if kernels {
+            None
+        } else {
+            Some(attention_bias(
+                &cache.allowed(s),
+                b,
+                s,
+                off + s,
+                dt,
+                &self.device,
+            )?)
+        };
         let (cos, sin) = rope_tables(positions, c.head_dim, c.rope_theta, dt)?;
         let mut x = self.embed(ids, false)?;
         for l in 0..c.num_hidden_layers {
             let (k, v) = cache.layer(l);
-            let slots = Some((k, v, off, cache.valid(), path == DecodePath::Kernels));
-            x = self.layer(l, &x, &cos, &sin, &bias, slots, false)?;
+            let slots = Some((k, v, off, valid_dev.as_ref()));
+            x = self.layer(l, &x, &cos, &sin, bias.as_ref(), slots, false)?;
         }
         let last = x.narrow(1, s - 1, 1)?.squeeze(1)?; // (B, H)
         let h = rms_norm(&last, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;

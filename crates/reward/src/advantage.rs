@@ -5,8 +5,7 @@
 //! (spec §0.3): with `eps = 0` the float noise of the mean would otherwise be divided by the
 //! float noise of the std. A zero denominator gives 0, never NaN.
 
-use crate::shaper::RewardError;
-use crate::types::{mean, std, Group, Shaped};
+use crate::types::{mean, std, Group, RewardError, Shaped};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -163,6 +162,40 @@ impl Advantage {
         }
         Ok(Advantages {
             values,
+            zero_std_groups,
+        })
+    }
+}
+
+/// How shaped rewards become advantages: the built-in estimators ([`Advantage`], the TOML
+/// face) and research code's own (a closure `Fn(&[Group], &Shaped) -> Vec<Vec<f64>>` works;
+/// its output is checked to have one value per sample).
+pub trait AdvantageEstimator {
+    fn estimate(&self, groups: &[Group], shaped: &Shaped) -> Result<Advantages, RewardError>;
+}
+
+impl AdvantageEstimator for Advantage {
+    fn estimate(&self, groups: &[Group], shaped: &Shaped) -> Result<Advantages, RewardError> {
+        self.compute(groups, shaped)
+    }
+}
+
+impl<F: Fn(&[Group], &Shaped) -> Vec<Vec<f64>>> AdvantageEstimator for F {
+    fn estimate(&self, groups: &[Group], shaped: &Shaped) -> Result<Advantages, RewardError> {
+        check_shape(groups, shaped)?;
+        let values = self(groups, shaped);
+        let as_shaped = Shaped {
+            rewards: values,
+            ..Default::default()
+        };
+        check_shape(groups, &as_shaped)?;
+        let zero_std_groups = shaped
+            .rewards
+            .iter()
+            .filter(|r| r.len() > 1 && r.iter().all(|x| *x == r[0]))
+            .count();
+        Ok(Advantages {
+            values: as_shaped.rewards,
             zero_std_groups,
         })
     }

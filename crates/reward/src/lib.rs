@@ -42,7 +42,7 @@ pub mod short_rl;
 pub mod step_grpo;
 pub mod types;
 
-pub use advantage::{Advantage, Advantages};
+pub use advantage::{Advantage, AdvantageEstimator, Advantages};
 pub use shaper::{
     shape_scorable, BuiltinShaper, LengthShaper, Method, Outcome, RewardConfig, RewardError,
     RewardFn, ShaperState,

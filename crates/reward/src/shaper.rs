@@ -11,17 +11,7 @@ use crate::step_grpo::StepGrpo;
 use crate::types::{Group, Shaped, StepCtx};
 use serde::{Deserialize, Serialize};
 
-/// A shaping failure that is the caller's data, not a completion (e.g. L1 without a target).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RewardError(pub String);
-
-impl std::fmt::Display for RewardError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for RewardError {}
+pub use crate::types::RewardError;
 
 /// Every length-aware method terse implements; `method` is the tag.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -128,3 +128,15 @@ pub(crate) fn std(x: &[f64], ddof: usize) -> f64 {
 pub(crate) fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
+
+/// A shaping failure that is the caller's data, not a completion (e.g. L1 without a target).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RewardError(pub String);
+
+impl std::fmt::Display for RewardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RewardError {}

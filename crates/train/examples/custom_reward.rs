@@ -10,7 +10,7 @@ fn main() -> anyhow::Result<()> {
     let mut cfg = RunConfig::from_file("configs/repro.toml".as_ref())?;
     cfg.run.name = "custom-reward".into();
     cfg.run.dir = "runs".into();
-    cfg.run.resume = "auto".into();
+    cfg.run.resume = terse_train::config::Resume::Auto;
     cfg.grpo.steps = 20;
 
     // Correct answers earn 1 minus 0.005 per token beyond the group's shortest correct answer;

@@ -3,7 +3,7 @@
 //! sampling dropping all-equal groups and refilling. The loop in run.rs shapes and trains on it.
 
 use crate::config::RunConfig;
-use crate::run::encode;
+use crate::load::encode;
 use crate::task::{Item, Task};
 use anyhow::Result;
 use terse_model::Qwen3;

@@ -3,7 +3,7 @@
 
 use crate::config::RunConfig;
 use crate::data;
-use crate::run::encode;
+use crate::load::encode;
 use crate::task::Task;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};

@@ -89,8 +89,9 @@ impl MetricsWriter {
     }
 
     /// Appends one line in one write call and syncs it: a line is on disk or absent, never cut.
-    pub fn write(&mut self, line: &Value) -> Result<()> {
-        write_line(&mut self.file, line)
+    pub fn write(&mut self, line: &crate::report::MetricsLine) -> Result<()> {
+        let line = serde_json::to_value(line).context("serialising a metrics line")?;
+        write_line(&mut self.file, &line)
             .and_then(|()| self.file.sync_data())
             .with_context(|| format!("writing {}", self.path.display()))
     }
@@ -102,22 +103,6 @@ fn write_line(w: &mut impl Write, line: &Value) -> std::io::Result<()> {
     let mut text = line.to_string();
     text.push('\n');
     w.write_all(text.as_bytes())
-}
-
-/// The GRPO lines of a metrics file.
-pub fn read_grpo(path: &Path) -> Result<Vec<Value>> {
-    read_phase(path, "grpo")
-}
-
-/// The lines of one phase ("sft", "grpo", "eval") of a metrics file.
-pub fn read_phase(path: &Path, phase: &str) -> Result<Vec<Value>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["phase"] == phase)
-        .collect())
 }
 
 #[cfg(test)]

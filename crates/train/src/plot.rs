@@ -1,6 +1,7 @@
 //! PNG curves of a run's metrics.jsonl (length, accuracy, reward, γ_ℓ against step), written
 //! into the run directory with plotters; the font ships with the crate (DejaVu Sans).
 
+use crate::report::StepReport;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -115,48 +116,62 @@ pub fn line_chart(
     Ok(())
 }
 
+/// A curve of the GRPO steps: its name and how to read it off a step's record (a typed field,
+/// so a misspelt metric does not compile).
+type Column = (&'static str, fn(&StepReport) -> Option<f64>);
+
 /// length.png, accuracy.png, reward.png and gamma_l.png from a run's metrics.jsonl. A file
 /// with no GRPO line is an error saying so (nothing would be drawn).
 pub fn plot_run(metrics: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
-    let lines = crate::metrics::read_grpo(metrics)?;
-    if lines.is_empty() {
+    let steps = crate::report::read_steps(metrics)?;
+    if steps.is_empty() {
         anyhow::bail!(
             "{}: no GRPO lines (\"phase\": \"grpo\"), nothing to plot",
             metrics.display()
         );
     }
-    let col = |k: &str| -> Series {
-        lines
-            .iter()
-            .filter_map(|l| Some((l["step"].as_f64()?, l[k].as_f64()?)))
-            .collect()
-    };
-    let mut out = vec![];
-    for (file, title, y, keys) in [
+    let charts: [(&str, &str, &str, Vec<Column>); 4] = [
         (
             "length.png",
             "Mean completion length",
             "tokens",
-            vec!["len_mean", "len_correct", "len_incorrect"],
+            vec![
+                ("len_mean", |s| s.len_mean),
+                ("len_correct", |s| s.len_correct),
+                ("len_incorrect", |s| s.len_incorrect),
+            ],
         ),
         (
             "accuracy.png",
             "Rollout accuracy",
             "accuracy",
-            vec!["accuracy"],
+            vec![("accuracy", |s| Some(s.accuracy))],
         ),
-        ("reward.png", "Mean shaped reward", "reward", vec!["reward"]),
+        (
+            "reward.png",
+            "Mean shaped reward",
+            "reward",
+            vec![("reward", |s| Some(s.reward))],
+        ),
         (
             "gamma_l.png",
             "Length control rate γ_ℓ (−1: gate off)",
             "γ_ℓ",
-            vec!["gamma_l"],
+            vec![("gamma_l", |s| s.diagnostic("gamma_l"))],
         ),
-    ] {
-        let series: Vec<(String, Series)> = keys
+    ];
+    let mut out = vec![];
+    for (file, title, y, columns) in charts {
+        let series: Vec<(String, Series)> = columns
             .iter()
-            .map(|k| (k.to_string(), col(k)))
-            .filter(|(_, s)| !s.is_empty())
+            .map(|(name, get)| {
+                let pts = steps
+                    .iter()
+                    .filter_map(|s| Some((s.step as f64, get(s)?)))
+                    .collect();
+                (name.to_string(), pts)
+            })
+            .filter(|(_, s): &(String, Series)| !s.is_empty())
             .collect();
         if series.is_empty() {
             continue;

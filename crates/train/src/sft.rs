@@ -6,11 +6,12 @@ use crate::batches::{gradients, Objective, Seq};
 use crate::checkpoint::save_model_dir;
 use crate::config::RunConfig;
 use crate::data;
+use crate::load::{encode, init_model, load_tokenizer};
 use crate::loss::agg_weights;
 use crate::metrics::MetricsWriter;
-use crate::run::{encode, init_model, load_tokenizer};
+use crate::observe::progress_bar;
+use crate::report::{MetricsLine, SftReport};
 use anyhow::{bail, Result};
-use serde_json::json;
 use std::path::PathBuf;
 use terse_model::Qwen3;
 use terse_optim::{clip_grad_norm, AdamW};
@@ -89,22 +90,15 @@ pub(crate) fn sft(
         }
         let lr = s.schedule.lr_at(step);
         opt.step(model.vars(), &grads, lr)?;
-        metrics.write(
-            &json!({"phase": "sft", "step": step, "loss": st.loss, "grad_norm": norm, "lr": lr}),
-        )?;
+        metrics.write(&MetricsLine::Sft(SftReport {
+            step,
+            loss: st.loss,
+            grad_norm: norm,
+            lr,
+        }))?;
         bar.set_message(format!("loss {:.3}", st.loss));
         bar.inc(1);
     }
     bar.finish_and_clear();
     Ok(())
-}
-
-pub(crate) fn progress_bar(phase: &str, len: u64, pos: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(len);
-    let template = format!("{phase} {{bar:30}} {{pos}}/{{len}} {{elapsed}} {{msg}}");
-    if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
-        bar.set_style(style);
-    }
-    bar.set_position(pos);
-    bar
 }

@@ -2,10 +2,12 @@
 //! (`Item`s, keyed by a data cursor) and a scorer for completions. Sits between the config and
 //! the rollout: run.rs asks for items, the sampler completes them, `Task::score` judges them.
 
-use crate::config::DataSection;
+use crate::config::{DataSection, MathScorer, TaskKind};
 use crate::data;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
+use std::sync::Arc;
+use terse_reward::RewardFn;
 use terse_tasks::dataset::{self, PromptText};
 use terse_tasks::template::{render_plain, ChatTemplate, Message};
 use terse_tasks::{kk, math, testbed};
@@ -29,13 +31,34 @@ pub struct Score {
     pub format_ok: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Clone)]
 enum Scorer {
     Testbed,
     Kk,
     MathShortRl,
     MathEasyR1,
     MathBoxed,
+    /// Research code's verifier (`Task::custom`): completion + reference -> `Outcome`.
+    Custom(Arc<dyn RewardFn>),
+}
+
+impl Scorer {
+    fn is(&self, other: &Scorer) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+impl std::fmt::Debug for Scorer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scorer::Custom(_) => f.write_str("Custom"),
+            Scorer::Testbed => f.write_str("Testbed"),
+            Scorer::Kk => f.write_str("Kk"),
+            Scorer::MathShortRl => f.write_str("MathShortRl"),
+            Scorer::MathEasyR1 => f.write_str("MathEasyR1"),
+            Scorer::MathBoxed => f.write_str("MathBoxed"),
+        }
+    }
 }
 
 /// The task of a run, with any dataset already loaded.
@@ -52,28 +75,46 @@ pub struct Task {
 }
 
 impl Task {
+    /// A task of research code's own: training and evaluation items (prompt, reference
+    /// answer, level) and any verifier, a closure `Fn(&str, &str) -> Outcome` included. The
+    /// outcome's `correct`, `base_reward` and `format_ok` feed the shapers as the built-in
+    /// scorers' do. Evaluation groups `eval` by level.
+    pub fn custom(
+        train: Vec<Item>,
+        eval: Vec<Item>,
+        verifier: impl RewardFn + 'static,
+    ) -> Result<Self> {
+        if train.is_empty() {
+            bail!("Task::custom: no training items");
+        }
+        Ok(Task {
+            scorer: Scorer::Custom(Arc::new(verifier)),
+            levels: vec![],
+            train,
+            eval,
+            kk_template: String::new(),
+            seed: 0,
+        })
+    }
+
     /// Builds the task of `data`; datasets are loaded now, so a missing file fails before training.
     pub fn new(data: &DataSection, model_dir: &Path, seed: u64) -> Result<Self> {
-        let scorer = match (data.task.as_str(), data.math_scorer.as_str()) {
-            ("testbed", _) => Scorer::Testbed,
-            ("kk", _) => Scorer::Kk,
-            ("math", "short_rl") => Scorer::MathShortRl,
-            ("math", "easyr1") => Scorer::MathEasyR1,
-            ("math", "boxed") => Scorer::MathBoxed,
-            ("math", s) => {
-                bail!("data.math_scorer must be `short_rl`, `easyr1` or `boxed`, got `{s}`")
-            }
-            (t, _) => bail!("data.task must be `testbed`, `kk` or `math`, got `{t}`"),
+        let scorer = match (data.task, data.math_scorer) {
+            (TaskKind::Testbed, _) => Scorer::Testbed,
+            (TaskKind::Kk, _) => Scorer::Kk,
+            (TaskKind::Math, MathScorer::ShortRl) => Scorer::MathShortRl,
+            (TaskKind::Math, MathScorer::EasyR1) => Scorer::MathEasyR1,
+            (TaskKind::Math, MathScorer::Boxed) => Scorer::MathBoxed,
         };
         let mut task = Task {
-            scorer,
+            scorer: scorer.clone(),
             levels: data.levels.clone(),
             train: vec![],
             eval: vec![],
             kk_template: text_template(&data.template).to_string(),
             seed,
         };
-        if scorer == Scorer::Testbed {
+        if scorer.is(&Scorer::Testbed) {
             return Ok(task);
         }
         let chat = if data.template == "chat" {
@@ -87,13 +128,16 @@ impl Task {
         } else {
             None
         };
-        if scorer == Scorer::Kk && data.template == "chat" && data.train.is_none() {
+        if scorer.is(&Scorer::Kk) && data.template == "chat" && data.train.is_none() {
             bail!("data.template: generated K&K puzzles need a text template with `{{prompt}}`");
         }
         match &data.train {
             Some(path) => task.train = load(path, data, chat.as_ref())?,
-            None if scorer == Scorer::Kk => {}
-            None => bail!("data.train: the `{}` task needs a dataset file", data.task),
+            None if scorer.is(&Scorer::Kk) => {}
+            None => bail!(
+                "data.train: the `{:?}` task needs a dataset file",
+                data.task
+            ),
         }
         if let Some(path) = &data.eval {
             task.eval = load(path, data, chat.as_ref())?;
@@ -112,7 +156,8 @@ impl Task {
     /// The evaluation items by level: `per_level` held-out problems for each generated level, or
     /// the eval dataset grouped by its level column (all of it under level 0 when it has none).
     pub fn eval_items(&self, per_level: usize) -> Result<Vec<(usize, Vec<Item>)>> {
-        if self.scorer == Scorer::Testbed || (self.scorer == Scorer::Kk && self.eval.is_empty()) {
+        if self.scorer.is(&Scorer::Testbed) || (self.scorer.is(&Scorer::Kk) && self.eval.is_empty())
+        {
             return self
                 .levels
                 .iter()
@@ -164,7 +209,7 @@ impl Task {
     /// Scores `completion` (the text after the prompt). An unparsable completion is a zero (or
     /// the scorer's format penalty) with `format_ok = false`, never an error.
     pub fn score(&self, item: &Item, completion: &str) -> Score {
-        match self.scorer {
+        match &self.scorer {
             Scorer::Testbed => {
                 let v = item
                     .answer
@@ -213,6 +258,14 @@ impl Task {
                     correct: acc > 0.0,
                     base_reward: overall,
                     format_ok: format > 0.0,
+                }
+            }
+            Scorer::Custom(f) => {
+                let o = f.score(completion, &item.answer);
+                Score {
+                    correct: o.correct,
+                    base_reward: o.base_reward,
+                    format_ok: o.format_ok,
                 }
             }
             // GRPO-λ's and CARE's plain 0/1 correctness of the final \boxed{} answer(s).
@@ -280,7 +333,7 @@ impl Task {
 
     /// Whether SFT teacher traces exist for this task (only the testbed has a teacher).
     pub fn has_teacher(&self) -> bool {
-        self.scorer == Scorer::Testbed
+        self.scorer.is(&Scorer::Testbed)
     }
 }
 

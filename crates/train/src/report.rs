@@ -1,0 +1,173 @@
+//! The typed records of a run: one [`MetricsLine`] per line of metrics.jsonl (an SFT step, a
+//! GRPO step's [`StepReport`], an evaluation), written by the trainer and read back by the
+//! plots, the repro summary and research code through the same types, so a misspelt metric is
+//! a compile error, not an empty curve. The JSON keys are the field names; a shaper's
+//! diagnostics (`gamma_l`, `acc`, ...) sit beside them, flattened.
+
+use crate::eval::EvalReport;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One line of metrics.jsonl, tagged by `"phase"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum MetricsLine {
+    Sft(SftReport),
+    Grpo(Box<StepReport>),
+    Eval(EvalLine),
+}
+
+/// One SFT warm-up step.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SftReport {
+    pub step: u64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+}
+
+/// Wall-clock figures of a GRPO step: the only part of a line that differs between runs.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Timing {
+    pub rollout_s: f64,
+    pub score_s: f64,
+    pub logprob_s: f64,
+    pub update_s: f64,
+    pub tokens_per_s: f64,
+}
+
+/// What one GRPO step did: rollout statistics, the update's figures, the shaper's diagnostics.
+/// Keys a line lacks read as their defaults (files written by tools that record a subset).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepReport {
+    pub step: u64,
+    /// Mean shaped reward over the step's samples.
+    pub reward: f64,
+    /// Fraction of samples the verifier judged correct / well formatted.
+    pub accuracy: f64,
+    pub format_ok: f64,
+    /// Completion lengths in tokens (None when the step had no sample of the kind).
+    pub len_mean: Option<f64>,
+    pub len_min: Option<usize>,
+    pub len_max: Option<usize>,
+    pub len_correct: Option<f64>,
+    pub len_incorrect: Option<f64>,
+    pub truncated: Option<f64>,
+    /// Fraction of groups whose rewards were all equal (no signal).
+    pub zero_std_groups: f64,
+    pub clip_frac_low: f64,
+    pub clip_frac_high: f64,
+    pub kl: f64,
+    /// Mean |sampler − trainer| log-prob per token (0 with an exact KV cache).
+    pub logp_gap: f64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub updates: usize,
+    pub lr: f64,
+    /// Mean semantic step count (1 + trigger words).
+    pub steps_mean: f64,
+    pub entropy: f64,
+    /// Step-GRPO: probes per sample, and the fraction of samples that exited early.
+    pub judge_mean: f64,
+    pub early_exit: f64,
+    /// Dynamic sampling: rollout rounds and groups dropped for equal rewards.
+    pub rounds: usize,
+    pub dropped_groups: usize,
+    pub time: Timing,
+    /// The shaper's per-batch diagnostics (`gamma_l`, `acc`, `acc_max`, `gate_on`, ...).
+    #[serde(flatten)]
+    pub diagnostics: BTreeMap<String, f64>,
+}
+
+impl StepReport {
+    /// A diagnostic of the shaper, when it reported one this step.
+    pub fn diagnostic(&self, name: &str) -> Option<f64> {
+        self.diagnostics.get(name).copied()
+    }
+}
+
+/// An evaluation on the held-out set after `step` GRPO steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalLine {
+    pub step: u64,
+    #[serde(flatten)]
+    pub report: EvalReport,
+}
+
+/// Every line of a metrics file, in order. A line that is not a metrics record is an error
+/// naming the file and the line.
+pub fn read_metrics(path: &Path) -> Result<Vec<MetricsLine>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// The GRPO steps of a metrics file.
+pub fn read_steps(path: &Path) -> Result<Vec<StepReport>> {
+    Ok(read_metrics(path)?
+        .into_iter()
+        .filter_map(|l| match l {
+            MetricsLine::Grpo(s) => Some(*s),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The evaluations of a metrics file.
+pub fn read_evals(path: &Path) -> Result<Vec<EvalLine>> {
+    Ok(read_metrics(path)?
+        .into_iter()
+        .filter_map(|l| match l {
+            MetricsLine::Eval(e) => Some(e),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The SFT steps of a metrics file.
+pub fn read_sft(path: &Path) -> Result<Vec<SftReport>> {
+    Ok(read_metrics(path)?
+        .into_iter()
+        .filter_map(|l| match l {
+            MetricsLine::Sft(s) => Some(s),
+            _ => None,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed line round-trips and keeps the JSON keys the files have always had.
+    #[test]
+    fn a_step_line_round_trips_with_flat_diagnostics() {
+        let mut s = StepReport {
+            step: 3,
+            reward: 0.5,
+            len_mean: Some(12.5),
+            updates: 2,
+            ..Default::default()
+        };
+        s.diagnostics.insert("gamma_l".into(), 0.25);
+        let line = MetricsLine::Grpo(Box::new(s.clone()));
+        let v = serde_json::to_value(&line).expect("json");
+        assert_eq!(v["phase"], "grpo");
+        assert_eq!(v["gamma_l"], 0.25);
+        assert_eq!(v["len_min"], serde_json::Value::Null);
+        assert_eq!(v["time"]["rollout_s"], 0.0);
+        let back: MetricsLine = serde_json::from_value(v).expect("back");
+        assert_eq!(back, line);
+        assert_eq!(s.diagnostic("gamma_l"), Some(0.25));
+    }
+}

@@ -1,0 +1,161 @@
+//! How a run starts: validate the config, load the task, lock the run directory, load and
+//! check everything the run needs (tokenizer, prompts against the context, weights, optimizer
+//! and shaper state, KL reference), and only then write into the run directory. A refused or
+//! failed start loses nothing. Fresh runs get their SFT warm-up and step 0's checkpoint here.
+
+use crate::checkpoint::{latest_checkpoint, save_checkpoint, TrainState};
+use crate::config::{Resume, RunConfig};
+use crate::load::{encode, init_model, load_tokenizer};
+use crate::lock::RunLock;
+use crate::metrics::{MetricsWriter, Start};
+use crate::sft::sft;
+use crate::task::Task;
+use crate::trainer::{GrpoTrainer, ShaperWithState};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use terse_model::Qwen3;
+use terse_optim::AdamW;
+
+/// A started run: the trainer at its first step to run, the open metrics file, the lock.
+pub struct Started {
+    pub trainer: GrpoTrainer,
+    pub dir: PathBuf,
+    pub metrics: MetricsWriter,
+    /// Steps of the evaluation lines kept from before a resume.
+    pub kept_evals: Vec<u64>,
+    pub resumed: bool,
+    pub lock: RunLock,
+}
+
+/// Validates, locks, loads and (for a fresh run) warms up; see the module docs.
+pub fn start(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<Started> {
+    cfg.validate()?;
+    // The task first: a missing dataset fails before anything is written, and `data_epochs`
+    // resolves into a step count saved with the run.
+    let mut task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
+    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let dir = cfg.run.dir.join(&cfg.run.name);
+    let lock = RunLock::create_and_acquire(&dir)?;
+    let tok = load_tokenizer(&cfg.model.path)?;
+    let max_pos = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?
+        .max_position_embeddings;
+    task.check_context(&cfg.data, |p| Ok(encode(&tok, p)?.len()), max_pos)?;
+    let mut cfg = cfg.clone();
+    if let Some(e) = cfg.grpo.data_epochs {
+        let rows = task.train_rows() as f64;
+        cfg.grpo.steps = (e * rows / cfg.grpo.prompts_per_step as f64).ceil() as u64;
+        cfg.grpo.data_epochs = None;
+    }
+
+    // Resume from the newest complete checkpoint, or start from the configured model.
+    let resume = match cfg.run.resume {
+        Resume::Auto => latest_checkpoint(&dir)?,
+        Resume::Never => None,
+    };
+    if resume.is_none() && cfg.run.resume == Resume::Never && dir.join("metrics.jsonl").exists() {
+        bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
+    }
+    let loaded = match &resume {
+        Some((ckpt, state)) => {
+            tracing::info!("resuming from {}", ckpt.display());
+            shaper
+                .restore(&state.shaper)
+                .with_context(|| format!("{}/state.json: shaper state", ckpt.display()))?;
+            let m = Qwen3::load(ckpt, &dev, dtype)?;
+            check_weights(&m, ckpt)?;
+            let opt_path = ckpt.join("optimizer.safetensors");
+            let bytes = std::fs::read(&opt_path)
+                .with_context(|| format!("reading {}", opt_path.display()))?;
+            let opt = AdamW::from_safetensors(cfg.optim.clone(), m.vars(), &bytes)
+                .with_context(|| opt_path.display().to_string())?;
+            let reference = load_reference(&cfg, &dir, &dev, dtype)?;
+            let cursor = state
+                .data_cursor
+                .unwrap_or(state.step * cfg.grpo.prompts_per_step as u64);
+            Some((m, state.step, cursor, opt, reference))
+        }
+        None => None,
+    };
+    let fresh = match loaded {
+        Some(_) => None,
+        None => {
+            let m = init_model(&cfg, &dev, dtype)?;
+            check_weights(&m, &cfg.model.path)?;
+            Some(m)
+        }
+    };
+
+    // Loaded and checked: from here on the run directory is written.
+    let resolved = toml::to_string_pretty(&cfg).context("serialising the resolved config")?;
+    terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
+    let start = loaded.as_ref().map_or(0, |l| l.1);
+    let (mut metrics, kept_evals) = MetricsWriter::open(
+        &dir.join("metrics.jsonl"),
+        match loaded {
+            Some(_) => Start::Resumed {
+                start,
+                steps: cfg.grpo.steps,
+                eval_every: cfg.eval.every,
+            },
+            None => Start::Fresh,
+        },
+    )?;
+    let resumed = loaded.is_some();
+    let (policy, step, cursor, opt, reference) = match (loaded, fresh) {
+        (Some(l), _) => l,
+        (None, Some(m)) => {
+            if cfg.sft.steps > 0 {
+                sft(&cfg, &m, &tok, &mut metrics)?;
+            }
+            let opt = AdamW::new(cfg.optim.clone(), m.vars())?;
+            let state = TrainState {
+                step: 0,
+                shaper: shaper.state(),
+                data_cursor: Some(0),
+            };
+            save_checkpoint(&dir, 0, &m, &opt, &state, &cfg.model.path)?;
+            let reference = load_reference(&cfg, &dir, &dev, dtype)?;
+            (m, 0, 0, opt, reference)
+        }
+        (None, None) => bail!("internal: neither a checkpoint nor a fresh model"),
+    };
+    let mut trainer = GrpoTrainer::new(cfg, task, tok, policy, reference, opt)?;
+    trainer.step = step;
+    trainer.cursor = cursor;
+    trainer.run_dir = Some(dir.clone());
+    Ok(Started {
+        trainer,
+        dir,
+        metrics,
+        kept_evals,
+        resumed,
+        lock,
+    })
+}
+
+/// The KL reference (step 0's weights) when `grpo.kl_coef > 0`.
+fn load_reference(
+    cfg: &RunConfig,
+    dir: &Path,
+    dev: &candle_core::Device,
+    dtype: candle_core::DType,
+) -> Result<Option<Qwen3>> {
+    if cfg.grpo.kl_coef <= 0.0 {
+        return Ok(None);
+    }
+    let path = dir.join(crate::checkpoint::step_name(0));
+    let m = Qwen3::load(&path, dev, dtype)
+        .with_context(|| format!("loading the KL reference {}", path.display()))?;
+    Ok(Some(m))
+}
+
+/// Starting weights with a NaN or an infinity are an error naming where they came from.
+fn check_weights(model: &Qwen3, source: &Path) -> Result<()> {
+    if let Some(name) = model.first_non_finite()? {
+        bail!(
+            "the weights loaded from {} hold non-finite values (first: {name})",
+            source.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! The step-level GRPO trainer: [`GrpoTrainer::step`] = rollout -> score -> shape ->
+//! advantages -> PPO update, returning a typed [`StepReport`]; each piece is callable alone
+//! for research code that changes one of them. Holds the policy, the optional KL reference,
+//! AdamW, the task, the tokenizer and the data cursor; knows nothing of files (run.rs writes
+//! checkpoints and metrics around it).
+
+use crate::collect::{collect, rollout_params, Collected};
+use crate::config::RunConfig;
+use crate::report::{StepReport, Timing};
+use crate::task::Task;
+use crate::update::{policy_update, sequences, UpdateStats};
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::time::Instant;
+use terse_model::Qwen3;
+use terse_optim::AdamW;
+use terse_reward::{
+    metrics::length_stats, AdvantageEstimator, Advantages, BuiltinShaper, Group, LengthShaper,
+    Shaped, StepCtx,
+};
+use terse_rollout::{Finish, GenParams};
+
+/// Everything one GRPO step needs besides the shaper.
+pub struct GrpoTrainer {
+    pub cfg: RunConfig,
+    pub task: Task,
+    pub tok: tokenizers::Tokenizer,
+    pub policy: Qwen3,
+    /// The KL reference (None when `grpo.kl_coef` is 0).
+    pub reference: Option<Qwen3>,
+    pub opt: AdamW,
+    /// The rollout's sampling settings (Step-GRPO's texts tokenized).
+    pub gen: GenParams,
+    /// The next GRPO step and the next training item.
+    pub step: u64,
+    pub cursor: u64,
+    /// Where the newest checkpoint is looked for when a step stops on a non-finite value.
+    pub run_dir: Option<PathBuf>,
+    /// Research code's advantage estimator; None uses `cfg.advantage` (the TOML face).
+    pub estimator: Option<Box<dyn AdvantageEstimator>>,
+}
+
+/// One step's shaped rewards and advantages.
+#[derive(Debug, Clone)]
+pub struct Scored {
+    pub shaped: Shaped,
+    pub advantages: Advantages,
+}
+
+impl GrpoTrainer {
+    /// A trainer at step 0 from a validated config and loaded parts.
+    pub fn new(
+        cfg: RunConfig,
+        task: Task,
+        tok: tokenizers::Tokenizer,
+        policy: Qwen3,
+        reference: Option<Qwen3>,
+        opt: AdamW,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let gen = rollout_params(&cfg, &policy, &tok)?;
+        Ok(Self {
+            cfg,
+            task,
+            tok,
+            policy,
+            reference,
+            opt,
+            gen,
+            step: 0,
+            cursor: 0,
+            run_dir: None,
+            estimator: None,
+        })
+    }
+
+    /// Rollout and scoring of this step: G samples for each prompt from the data cursor, their
+    /// verdicts and lengths as `Group`s (dynamic sampling refills within). Does not move the
+    /// cursor; `step` does.
+    pub fn rollout(&self) -> Result<Collected> {
+        collect(
+            &self.cfg,
+            &self.task,
+            &self.policy,
+            &self.tok,
+            &self.gen,
+            self.step,
+            self.cursor,
+        )
+    }
+
+    /// Shaped rewards (any shaper; unscorable samples are invisible to it) and advantages.
+    /// A non-finite shaped reward stops here, before any update.
+    pub fn score(&self, c: &Collected, shaper: &mut dyn ShaperWithState) -> Result<Scored> {
+        let ctx = StepCtx {
+            step: self.step,
+            seed: self.cfg.run.seed,
+        };
+        let groups = &c.groups;
+        let shaped = terse_reward::shape_scorable(groups, |gs| shaper.shape(gs, &ctx))?;
+        if let Some((k, i)) = shaped
+            .rewards
+            .iter()
+            .enumerate()
+            .find_map(|(k, r)| r.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
+        {
+            bail!(
+                "step {}: non-finite shaped reward {} (prompt {}, sample {i}); stopped before updating; {}",
+                self.step,
+                shaped.rewards[k][i],
+                groups[k].prompt_id,
+                self.last_good()
+            );
+        }
+        let advantages = match &self.estimator {
+            Some(e) => e.estimate(groups, &shaped)?,
+            None => self.cfg.advantage.compute(groups, &shaped)?,
+        };
+        Ok(Scored { shaped, advantages })
+    }
+
+    /// The policy update: PPO epochs x mini-batches, each micro-batched with its global
+    /// aggregation weights, clipped, one AdamW step each, at this step's learning rate.
+    pub fn update(&mut self, c: &Collected, advantages: &Advantages) -> Result<UpdateStats> {
+        let g = &self.cfg.grpo;
+        let lr = g.schedule.lr_at(self.step);
+        let seqs = sequences(&c.prompts, &c.samples, &advantages.values, g.group_size);
+        let dir = self.run_dir.clone().unwrap_or_default();
+        policy_update(
+            g,
+            &self.policy,
+            self.reference.as_ref(),
+            &mut self.opt,
+            seqs,
+            lr,
+            self.step,
+            &dir,
+        )
+    }
+
+    fn last_good(&self) -> String {
+        match &self.run_dir {
+            Some(d) => crate::checkpoint::last_good(d),
+            None => "no run directory".into(),
+        }
+    }
+
+    /// One whole GRPO step; advances the step and the data cursor.
+    pub fn step(&mut self, shaper: &mut dyn ShaperWithState) -> Result<StepReport> {
+        let t0 = Instant::now();
+        let c = self.rollout()?;
+        let t_rollout = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let scored = self.score(&c, shaper)?;
+        let t_score = t1.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        let up = self.update(&c, &scored.advantages)?;
+        let t_update = t2.elapsed().as_secs_f64();
+        let timing = Timing {
+            rollout_s: t_rollout,
+            score_s: t_score,
+            logprob_s: up.logprob_s,
+            update_s: t_update - up.logprob_s,
+            tokens_per_s: c.generated_tokens as f64 / (t_rollout + t_update),
+        };
+        let report = self.report(&c, &scored, &up, timing);
+        self.cursor = c.cursor;
+        self.step += 1;
+        Ok(report)
+    }
+
+    /// The step's metrics from its pieces.
+    pub fn report(&self, c: &Collected, s: &Scored, up: &UpdateStats, time: Timing) -> StepReport {
+        let (samples, groups) = (&c.samples, &c.groups);
+        let st = &up.stats;
+        let ls = length_stats(groups);
+        let n = samples.len() as f64;
+        let all = || groups.iter().flat_map(|g| &g.samples);
+        let tokens = st.tokens.max(1) as f64;
+        let entropy_tokens: usize = samples.iter().map(|s| s.entropy_tokens).sum();
+        StepReport {
+            step: self.step,
+            reward: s.shaped.rewards.iter().flatten().sum::<f64>() / n,
+            accuracy: all().filter(|s| s.correct).count() as f64 / n,
+            format_ok: all().filter(|s| s.format_ok).count() as f64 / n,
+            len_mean: ls.mean,
+            len_min: ls.min,
+            len_max: ls.max,
+            len_correct: ls.mean_correct,
+            len_incorrect: ls.mean_incorrect,
+            truncated: ls.truncated_frac,
+            zero_std_groups: s.advantages.zero_std_groups as f64 / groups.len() as f64,
+            clip_frac_low: st.clipped_low as f64 / tokens,
+            clip_frac_high: st.clipped_high as f64 / tokens,
+            kl: st.kl_sum / tokens,
+            logp_gap: up.logp_gap,
+            loss: up.loss,
+            grad_norm: up.grad_norm,
+            updates: up.updates,
+            lr: self.cfg.grpo.schedule.lr_at(self.step),
+            steps_mean: all().map(|s| s.steps as f64).sum::<f64>() / n,
+            entropy: samples.iter().map(|s| s.entropy_sum).sum::<f64>()
+                / entropy_tokens.max(1) as f64,
+            judge_mean: samples.iter().map(|s| s.judge_count as f64).sum::<f64>() / n,
+            early_exit: samples
+                .iter()
+                .filter(|s| s.finish == Finish::EarlyExit)
+                .count() as f64
+                / n,
+            rounds: c.rounds,
+            dropped_groups: c.dropped,
+            time,
+            diagnostics: s.shaped.diagnostics.clone(),
+        }
+    }
+}
+
+/// A shaper whose state (if any) the trainer checkpoints.
+pub trait ShaperWithState: LengthShaper {
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    /// Restores what `state` saved; an error (a state that does not deserialise) stops the
+    /// resume, since continuing with a default state would break "resume equals not stopping".
+    fn restore(&mut self, _state: &serde_json::Value) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<F: FnMut(&[Group], &StepCtx) -> Shaped> ShaperWithState for F {}
+
+impl ShaperWithState for BuiltinShaper {
+    fn state(&self) -> serde_json::Value {
+        serde_json::to_value(self.state).unwrap_or_default()
+    }
+    fn restore(&mut self, state: &serde_json::Value) -> Result<()> {
+        self.state = serde_json::from_value(state.clone())
+            .map_err(|e| anyhow::anyhow!("not a built-in shaper state: {e}"))?;
+        Ok(())
+    }
+}
