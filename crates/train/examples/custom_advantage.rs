@@ -4,11 +4,9 @@
 //! `cargo run --release -p terse-train --example custom_advantage [MODEL_DIR]`
 
 use std::path::Path;
-use terse_model::Qwen3;
-use terse_optim::AdamW;
 use terse_reward::{BuiltinShaper, Group, Shaped};
 use terse_train::config::Init;
-use terse_train::{task::Task, GrpoTrainer, RunConfig, StepReport};
+use terse_train::{GrpoTrainer, RunConfig, StepReport};
 
 /// Per group: (rank − mean rank) / (G − 1) · 2, ranks by shaped reward.
 pub fn ranks(groups: &[Group], shaped: &Shaped) -> Vec<Vec<f64>> {
@@ -32,12 +30,7 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     let mut cfg = RunConfig::default();
     (cfg.model.path, cfg.model.init, cfg.sft.steps) = (model.to_path_buf(), Init::Checkpoint, 0);
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let (dev, dtype) = terse_model::device::select("cpu")?;
-    let policy = Qwen3::load(model, &dev, dtype)?;
-    let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
-    let task = Task::new(&cfg.data, model, cfg.run.seed)?;
-    let tok = terse_train::run::load_tokenizer(model)?;
-    let mut trainer = GrpoTrainer::new(cfg.clone(), task, tok, policy, None, opt)?;
+    let mut trainer = GrpoTrainer::from_config(cfg.clone(), None)?;
     trainer.estimator = Some(Box::new(ranks));
     let mut shaper = BuiltinShaper {
         config: cfg.reward.clone(),

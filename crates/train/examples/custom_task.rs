@@ -5,8 +5,6 @@
 //! `cargo run --release -p terse-train --example custom_task [MODEL_DIR]`
 
 use std::path::Path;
-use terse_model::Qwen3;
-use terse_optim::AdamW;
 use terse_reward::{BuiltinShaper, Outcome};
 use terse_tasks::testbed::Problem;
 use terse_train::config::Init;
@@ -45,11 +43,7 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     let mut cfg = RunConfig::default();
     (cfg.model.path, cfg.model.init, cfg.sft.steps) = (model.to_path_buf(), Init::Checkpoint, 0);
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let (dev, dtype) = terse_model::device::select("cpu")?;
-    let policy = Qwen3::load(model, &dev, dtype)?;
-    let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
-    let tok = terse_train::run::load_tokenizer(model)?;
-    let mut trainer = GrpoTrainer::new(cfg.clone(), task, tok, policy, None, opt)?;
+    let mut trainer = GrpoTrainer::from_config(cfg.clone(), Some(task))?;
     let mut shaper = BuiltinShaper {
         config: cfg.reward.clone(),
         state: Default::default(),

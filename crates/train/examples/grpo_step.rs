@@ -4,11 +4,9 @@
 //! `cargo run --release -p terse-train --example grpo_step [MODEL_DIR]`
 
 use std::path::Path;
-use terse_model::Qwen3;
-use terse_optim::AdamW;
 use terse_reward::{Group, Shaped, StepCtx};
 use terse_train::config::Init;
-use terse_train::{task::Task, GrpoTrainer, RunConfig, StepReport};
+use terse_train::{GrpoTrainer, RunConfig, StepReport};
 
 pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     let mut cfg = RunConfig::default();
@@ -16,15 +14,11 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     cfg.model.init = Init::Checkpoint;
     cfg.sft.steps = 0;
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let (dev, dtype) = terse_model::device::select("cpu")?;
-    let policy = Qwen3::load(model, &dev, dtype)?;
-    let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
-    let task = Task::new(&cfg.data, model, cfg.run.seed)?;
-    let tok = terse_train::run::load_tokenizer(model)?;
-    let mut trainer = GrpoTrainer::new(cfg, task, tok, policy, None, opt)?;
+    let mut trainer = GrpoTrainer::from_config(cfg, None)?;
 
-    let collected = trainer.rollout()?; // G samples per prompt, scored by the task's verifier
-                                        // 1 per correct answer, minus 0.01 per token.
+    // G samples per prompt, scored by the task's verifier.
+    let collected = trainer.rollout()?;
+    // 1 per correct answer, minus 0.01 per token.
     let mut shaper = |groups: &[Group], _: &StepCtx| Shaped {
         rewards: groups
             .iter()

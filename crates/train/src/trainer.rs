@@ -74,6 +74,28 @@ impl GrpoTrainer {
         })
     }
 
+    /// A trainer from a config alone, for research code: the policy and tokenizer from
+    /// `model.path` (a checkpoint), a fresh AdamW, the same weights as the KL reference when
+    /// `grpo.kl_coef > 0`, and `task` (the config's own when None).
+    pub fn from_config(cfg: RunConfig, task: Option<Task>) -> Result<Self> {
+        cfg.validate()?;
+        let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+        let path = cfg.model.path.clone();
+        let policy = Qwen3::load(&path, &dev, dtype)?;
+        let reference = if cfg.grpo.kl_coef > 0.0 {
+            Some(Qwen3::load(&path, &dev, dtype)?)
+        } else {
+            None
+        };
+        let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
+        let task = match task {
+            Some(t) => t,
+            None => Task::new(&cfg.data, &path, cfg.run.seed)?,
+        };
+        let tok = crate::load::load_tokenizer(&path)?;
+        Self::new(cfg, task, tok, policy, reference, opt)
+    }
+
     /// Rollout and scoring of this step: G samples for each prompt from the data cursor, their
     /// verdicts and lengths as `Group`s (dynamic sampling refills within). Does not move the
     /// cursor; `step` does.
