@@ -8,7 +8,7 @@ fn cuda_kernels_match_their_cpu_references() {
         Ok(_) => return println!("skipped: the CUDA device is not a GPU"),
         Err(e) => return println!("skipped: no CUDA device here ({e})"),
     };
-    let checks = terse_model::parity::check(&dev).expect("parity run");
+    let checks = terse_model::testing::parity::check(&dev).expect("parity run");
     for r in &checks {
         println!(
             "{}: max diff {:.2e} (tolerance {:.0e})",

@@ -105,7 +105,7 @@ pub fn build_gpu(dir: Option<PathBuf>) -> Result<ExitCode> {
 
 /// The parity groups gpu-check runs, in order.
 pub fn list_groups() -> Result<ExitCode> {
-    for (i, (name, _)) in terse_model::parity::groups().iter().enumerate() {
+    for (i, (name, _)) in terse_model::testing::parity::groups().iter().enumerate() {
         println!("{:>2}. {name}", i + 1);
     }
     Ok(ExitCode::SUCCESS)
@@ -128,7 +128,7 @@ pub fn gpu_check(out: &Path) -> Result<ExitCode> {
     // Parity group by group; the report is rewritten after each, so a crash or a timeout
     // leaves every finished row on disk. The first failing row stops the run.
     let mut rows: Vec<Value> = vec![];
-    for (group, run) in terse_model::parity::groups() {
+    for (group, run) in terse_model::testing::parity::groups() {
         println!("parity group {group} ...");
         let result = run(&dev);
         let failed = match result {

@@ -6,7 +6,7 @@
 //! decode step is one batched forward. `select_rows` copies rows (a prompt's prefill into its G
 //! samples) or drops them (finished samples stop costing compute).
 
-use crate::decode_matmul::Packed;
+use crate::decode::matmul::Packed;
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::{Arc, OnceLock};
 

@@ -107,7 +107,7 @@ fn kv_write_fills_one_slot_in_place() {
 /// names gpu-check reports include the bf16 kernels and the whole-model rows.
 #[test]
 fn parity_groups_run_on_the_cpu() {
-    let rows = crate::parity::check(&Device::Cpu).expect("parity");
+    let rows = crate::testing::parity::check(&Device::Cpu).expect("parity");
     for r in &rows {
         assert!(r.ok(), "{r:?}");
     }
@@ -138,13 +138,13 @@ fn bf16_references_stay_within_the_stated_tolerance() {
     let exact = rms_norm(&x, &w, 1e-6).expect("f32");
     let on_rounded = rms_norm(&round(&x), &round(&w), 1e-6).expect("rounded");
     let kernel_like = round(&on_rounded);
-    let tol = crate::parity::bf16_tolerance(&on_rounded).expect("tol");
-    assert!(crate::parity::diff(&kernel_like, &on_rounded).expect("d") <= tol);
-    assert!(crate::parity::diff(&on_rounded, &exact).expect("d") <= 4.0 * tol);
+    let tol = crate::testing::parity::bf16_tolerance(&on_rounded).expect("tol");
+    assert!(crate::testing::parity::diff(&kernel_like, &on_rounded).expect("d") <= tol);
+    assert!(crate::testing::parity::diff(&on_rounded, &exact).expect("d") <= 4.0 * tol);
     // And a NaN anywhere fails a row.
     let nan = Tensor::new(&[1.0f32, f32::NAN], &Device::Cpu).expect("t");
     let one = Tensor::new(&[1.0f32, 1.0], &Device::Cpu).expect("t");
-    assert!(crate::parity::diff(&nan, &one).expect("d").is_nan());
+    assert!(crate::testing::parity::diff(&nan, &one).expect("d").is_nan());
 }
 
 /// The checks run through the public ops (the path a launch takes), and empty inputs return

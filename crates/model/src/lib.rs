@@ -26,21 +26,17 @@ pub mod batch;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
-mod decode_avx2;
-mod decode_avx512;
-mod decode_cpu;
-mod decode_matmul;
-mod decode_rows;
+mod decode;
 pub mod device;
-pub mod fused;
+pub(crate) mod fused;
 #[cfg(feature = "cuda")]
 mod fused_cuda;
 pub mod kernel_checks;
-pub mod kernels;
+pub(crate) mod kernels;
 pub mod logprob;
 pub mod model;
 pub mod ops;
-pub mod parity;
+pub mod testing;
 pub mod reference;
 
 pub use batch::{Batch, Padding};

@@ -10,7 +10,7 @@ use crate::batch::Batch;
 use crate::cache::KvCache;
 use crate::checkpoint::{read_weights, write_checkpoint, SaveOptions};
 use crate::config::Config;
-use crate::decode_cpu;
+use crate::decode;
 use crate::fused;
 use crate::logprob;
 use crate::ops::{attention_bias, gqa_attention, rms_norm, rope, rope_tables};
@@ -377,7 +377,7 @@ impl Qwen3 {
         positions: &Tensor,
         valid: &[u8],
     ) -> Result<Tensor> {
-        let path = if decode_cpu::supported(&self.device, self.compute_dtype, cache.dtype()) {
+        let path = if decode::supported(&self.device, self.compute_dtype, cache.dtype()) {
             DecodePath::Cpu
         } else if ids.dim(1)? != 1 || cache.dtype() != self.compute_dtype {
             DecodePath::Composite
@@ -404,13 +404,13 @@ impl Qwen3 {
         let off = cache.len();
         cache.append_slots(valid, b, s)?;
         if path == DecodePath::Cpu {
-            let ws = decode_cpu::weight_names(c, self.head_name())
+            let ws = decode::weight_names(c, self.head_name())
                 .iter()
                 .map(|n| self.w(n, false))
                 .collect::<Result<Vec<_>>>()?;
             let ids = ids.flatten_all()?.to_vec1::<u32>()?;
             let pos = positions.flatten_all()?.to_vec1::<u32>()?;
-            return decode_cpu::step(c, &ws, cache, &ids, &pos, s);
+            return decode::step(c, &ws, cache, &ids, &pos, s);
         }
         // The kernels path needs the validity flags on the device (once per step) and no bias;
         // the composite path the bias.
@@ -449,7 +449,7 @@ impl Qwen3 {
 
 /// How `forward_cached` runs: candle's composite ops (any device, any slot count), the fused
 /// custom ops of `fused` for a one-slot step (on CUDA: the kernels of kernels/*.cu), or the CPU
-/// step of `decode_cpu` (f32 on the CPU: prefill and decode).
+/// step of `decode::cpu` (f32 on the CPU: prefill and decode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DecodePath {
     Composite,

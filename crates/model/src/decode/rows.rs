@@ -1,10 +1,12 @@
-//! Row-local kernels of the CPU decode step (`decode_cpu`): RMSNorm, RoPE, SiLU·up, a
+//! Row-local kernels of the CPU decode step (`decode::cpu`): RMSNorm, RoPE, SiLU·up, a
 //! vectorisable exp and the single-query attention of one row over its KV-cache block.
 //!
 //! Written as plain loops over fixed-width lane arrays so LLVM vectorises them, and run through
 //! `simd_dispatch!`, which compiles a caller for AVX2+FMA when the CPU has it (the crate itself
 //! is built for the x86-64 baseline, so without it these loops would be SSE2).
 #![allow(unsafe_code)] // the target-feature trampoline in `simd_dispatch!`
+
+use super::common::{exp, Kv};
 
 const LANES: usize = 8;
 
@@ -27,17 +29,12 @@ macro_rules! simd_dispatch {
                 fn wide($($a: $t),*) {
                     $body($($a),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512dq")
-                    && std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                let cpu = $crate::decode::features();
+                if cpu.avx512 && cpu.avx2_fma {
                     // SAFETY: the CPU has the features `wider` is compiled for (checked above).
                     return unsafe { wider($($a),*) };
                 }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                if cpu.avx2_fma {
                     // SAFETY: the CPU has the features `wide` is compiled for (checked above).
                     return unsafe { wide($($a),*) };
                 }
@@ -61,39 +58,6 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
     acc.iter().sum::<f32>() + tail
-}
-
-/// Cephes' e^x, shared by `exp` and the kernels' vector versions: ln 2 in two parts (the
-/// second added back), then the polynomial's coefficients, highest degree first.
-pub(crate) const EXP_LN2: (f32, f32) = (0.693_359_4, 2.121_944_4e-4);
-pub(crate) const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    5e-1,
-];
-
-/// e^x to ~2 ulp, branch-free so loops over it vectorise (Cephes' expf: x = n·ln2 + r,
-/// |r| ≤ ln2/2, degree-5 polynomial, scaled by 2^n through the exponent bits). Underflows to 0
-/// below -87.3 (so e^-inf = 0), saturates at 88.
-#[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
-    let x = x.clamp(-87.5, 88.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
-    let r = x - n * EXP_LN2.0 + n * EXP_LN2.1;
-    let mut p = EXP_POLY[0];
-    for c in &EXP_POLY[1..] {
-        p = p * r + c;
-    }
-    let y = p * r * r + r + 1.0;
-    let scaled = y * f32::from_bits(((n as i32 + 127).max(0) as u32) << 23);
-    if x <= -87.3 {
-        0.0
-    } else {
-        scaled
-    }
 }
 
 /// In place: each `w.len()`-wide chunk of x becomes RMSNorm(chunk) * w.
@@ -130,46 +94,6 @@ pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// Cache contents as stored: f32, or f16 (the opt-in half-size cache, read as f32).
-#[derive(Clone, Copy)]
-pub(crate) enum Kv<'a> {
-    F32(&'a [f32]),
-    F16(&'a [half::f16]),
-}
-
-impl<'a> Kv<'a> {
-    /// Elements start..start + n.
-    pub(crate) fn slice(self, start: usize, n: usize) -> Kv<'a> {
-        match self {
-            Kv::F32(x) => Kv::F32(&x[start..][..n]),
-            Kv::F16(x) => Kv::F16(&x[start..][..n]),
-        }
-    }
-
-    /// (first element, element count, f16?) for the kernels' raw loads.
-    pub(crate) fn raw(self) -> (*const u8, usize, bool) {
-        match self {
-            Kv::F32(x) => (x.as_ptr().cast(), x.len(), false),
-            Kv::F16(x) => (x.as_ptr().cast(), x.len(), true),
-        }
-    }
-
-    /// The contents as f32: borrowed when stored so, converted into `buf` otherwise.
-    fn f32s<'b>(self, buf: &'b mut Vec<f32>) -> &'b [f32]
-    where
-        'a: 'b,
-    {
-        match self {
-            Kv::F32(x) => x,
-            Kv::F16(x) => {
-                buf.clear();
-                buf.extend(x.iter().map(|h| h.to_f32()));
-                buf
-            }
-        }
-    }
-}
-
 /// One row's view of the cache for `attend_row`.
 #[derive(Clone, Copy)]
 pub(crate) struct CacheRow<'a> {
@@ -185,8 +109,8 @@ pub(crate) struct CacheRow<'a> {
     pub hkv: usize,
 }
 
-/// The one-pass attention of one KV group, `decode_avx512`'s kernel when `wider` else
-/// `decode_avx2`'s, for the shapes they are compiled for (R = `rep` in 1, 2, 4; D =
+/// The one-pass attention of one KV group, `avx512`'s kernel when `wider` else
+/// `avx2`'s, for the shapes they are compiled for (R = `rep` in 1, 2, 4; D =
 /// out.len() / rep in 32, 64, 128); false, doing nothing, for any other.
 ///
 /// # Safety
@@ -203,7 +127,7 @@ pub(crate) unsafe fn group_attend_shape(
     masked: &[u32],
     out: &mut [f32],
 ) -> bool {
-    use crate::{decode_avx2, decode_avx512};
+    use super::{avx2 as decode_avx2, avx512 as decode_avx512};
     macro_rules! shapes {
         ($(($r:literal, $d:literal)),*) => {
             match (rep, out.len() / rep.max(1), k, v) {
@@ -238,7 +162,7 @@ pub(crate) unsafe fn group_attend_shape(
 
 /// Single-query attention of one row: q (Hq, D) -> out (Hq, D) over the unmasked slots among
 /// the first `len`; a head with no such slot gives 0. `scores` is scratch. With AVX-512 (else
-/// AVX2) and a common shape, `decode_avx512::group_attend` (`decode_avx2::group_attend`) does
+/// AVX2) and a common shape, `avx512::group_attend` (`avx2::group_attend`) does
 /// each KV group in one pass over the cache;
 /// otherwise (and in `portable` mode, which tests use) two passes: the scores of the group's
 /// query heads, an exact max-subtracted softmax, then the weighted sum of V.
@@ -260,12 +184,10 @@ pub(crate) fn attend_row(
     };
     let scale = 1.0 / (d as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
-    let fast = !portable
-        && d.is_multiple_of(8)
-        && matches!(rep, 1 | 2 | 4)
-        && crate::decode_avx2::available();
+    let fast =
+        !portable && d.is_multiple_of(8) && matches!(rep, 1 | 2 | 4) && super::avx2::available();
     #[cfg(target_arch = "x86_64")]
-    let wider = fast && d.is_multiple_of(16) && crate::decode_avx512::available();
+    let wider = fast && d.is_multiple_of(16) && super::avx512::available();
     #[cfg(not(target_arch = "x86_64"))]
     let fast = {
         let _ = portable;
@@ -295,7 +217,7 @@ pub(crate) fn attend_row(
             // SAFETY: `fast` implies the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                use crate::decode_avx2::group_scores;
+                use super::avx2::group_scores;
                 match rep {
                     1 => group_scores::<1>(qg, kb, scale, scores),
                     2 => group_scores::<2>(qg, kb, scale, scores),
@@ -318,7 +240,7 @@ pub(crate) fn attend_row(
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                use crate::decode_avx2::group_weighted_sum;
+                use super::avx2::group_weighted_sum;
                 match rep {
                     1 => group_weighted_sum::<1>(scores, vb, og),
                     2 => group_weighted_sum::<2>(scores, vb, og),

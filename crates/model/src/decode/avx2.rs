@@ -1,6 +1,6 @@
 //! AVX2+FMA grouped-query attention of the CPU decode step over one row's cache, called by
-//! `decode_rows::attend_row` when the CPU has the features and the head size is a multiple of 8
-//! (and `decode_avx512` cannot serve: no AVX-512, or a head size not a multiple of 16).
+//! `rows::attend_row` when the CPU has the features and the head size is a multiple of 8
+//! (and `avx512` cannot serve: no AVX-512, or a head size not a multiple of 16).
 //!
 //! Intrinsics, because the auto-vectoriser got these loops wrong (it transposed keys into lanes
 //! for the scores and spilled the value accumulators). `group_attend` reads each cache line
@@ -131,7 +131,7 @@ pub(crate) unsafe fn group_weighted_sum<const R: usize>(p: &[f32], v: &[f32], ou
     }
 }
 
-/// e^x for 8 lanes (the Cephes polynomial of `decode_rows::exp`; 0 below -87.3).
+/// e^x for 8 lanes (the Cephes polynomial of `rows::exp`; 0 below -87.3).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn exp8(x: __m256) -> __m256 {
@@ -143,10 +143,10 @@ fn exp8(x: __m256) -> __m256 {
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let (c1, c2) = crate::decode_rows::EXP_LN2;
+    let (c1, c2) = super::common::EXP_LN2;
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(c1), x);
     let r = _mm256_fmadd_ps(n, _mm256_set1_ps(c2), r);
-    let poly = crate::decode_rows::EXP_POLY;
+    let poly = super::common::EXP_POLY;
     let mut p = _mm256_set1_ps(poly[0]);
     for c in &poly[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
@@ -213,7 +213,7 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
                 .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
             if bm > m[r] {
                 // The running max grows: rescale what has been accumulated (e^-inf = 0 at first).
-                let c = crate::decode_rows::exp(m[r] - bm);
+                let c = super::common::exp(m[r] - bm);
                 let cv = _mm256_set1_ps(c);
                 for a in acc[r].iter_mut().take(D / 8) {
                     *a = _mm256_mul_ps(*a, cv);
@@ -275,7 +275,7 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
 
 /// Whether the AVX2 kernels can run here.
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    super::features().avx2_fma
 }
 
 #[cfg(test)]

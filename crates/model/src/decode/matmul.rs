@@ -7,9 +7,9 @@
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
 
 #[cfg(target_arch = "x86_64")]
-use crate::decode_avx2::hsum8;
+use super::avx2::hsum8;
 #[cfg(target_arch = "x86_64")]
-use crate::decode_avx512::first;
+use super::avx512::first;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -46,7 +46,7 @@ pub(crate) fn matmul_wt(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if !par && k.is_multiple_of(8) && crate::decode_avx2::available() {
+    if !par && k.is_multiple_of(8) && super::avx2::available() {
         // SAFETY: the CPU has AVX2 and FMA (checked).
         unsafe { wt_avx2(x, w, out, m, k, n) };
         return;
@@ -327,7 +327,7 @@ fn tile<const R: usize>(
 #[cfg(target_arch = "x86_64")]
 /// Whether the AVX-512 matmuls can run here (they are compiled with AVX2 and FMA as well).
 pub(crate) fn available_512() -> bool {
-    crate::decode_avx2::available() && crate::decode_avx512::available()
+    super::avx2::available() && super::avx512::available()
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn matmul_matches_plain_loops() {
-        if !crate::decode_avx2::available() {
+        if !crate::decode::avx2::available() {
             eprintln!("skipped: this CPU lacks AVX2/FMA");
             return;
         }

@@ -5,16 +5,16 @@
 //! allocating ops per layer, an attention bias over the whole cache and a (B, Hq, 1, S) score
 //! matrix. This path splits the batch's rows into parts (one per thread when the weights fit in
 //! cache); each part runs every layer on its own (rows never interact in a forward), so a
-//! step is one fork-join with every layer's cache locked for it: projections
-//! (`decode_matmul`), norm / RoPE / SiLU loops (`decode_rows`), its rows' K/V written into the
-//! cache slot in place, attention over the unmasked slots (`decode_avx512`, else
-//! `decode_avx2`), over scratch reused between steps. Same math as `Qwen3::layer` (tested against it).
+//! step is one fork-join with every layer's cache locked for it: projections (`matmul`), norm /
+//! RoPE / SiLU loops (`rows`), K/V written into the cache slot in place, attention over the
+//! unmasked slots (`avx512`, else `avx2`), scratch reused. Same math as `Qwen3::layer` (tested).
 
+use super::common::Kv;
+use super::matmul::{matmul_wt, pack_panels, Packed};
+use super::rows::{self as rows, simd_dispatch, CacheRow};
 use crate::cache::KvCache;
 use crate::config::Config;
-use crate::decode_matmul::{matmul_wt, pack_panels, Packed};
-use crate::decode_rows::{self as rows, simd_dispatch, CacheRow, Kv};
-use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
+use candle_core::{CpuStorage, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
 use half::f16;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -141,7 +141,7 @@ fn with_all_mut<'h>(
 }
 
 /// Weight order in the locked list: embedding, final norm, head, then 11 per layer.
-const PER_LAYER: [&str; 11] = [
+pub(super) const PER_LAYER: [&str; 11] = [
     "input_layernorm.weight",
     "self_attn.q_proj.weight",
     "self_attn.k_proj.weight",
@@ -157,19 +157,6 @@ const PER_LAYER: [&str; 11] = [
 
 /// Indices in `PER_LAYER` of the projections (the rest are norms).
 const PROJECTIONS: [usize; 7] = [1, 2, 3, 6, 8, 9, 10];
-
-/// The HF names of the weights `step` reads, in the order it reads them.
-pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<String> {
-    let mut names = vec![
-        "model.embed_tokens.weight".to_string(),
-        "model.norm.weight".to_string(),
-        head.to_string(),
-    ];
-    for l in 0..c.num_hidden_layers {
-        names.extend(PER_LAYER.iter().map(|n| format!("model.layers.{l}.{n}")));
-    }
-    names
-}
 
 /// Dimensions of one decode step.
 struct Dims {
@@ -396,7 +383,7 @@ pub(crate) fn step(
     // Small models' projections as outer products over weights packed once per cache, where
     // the CPU has the kernel: each row's sums then run in one order whatever the batch (a
     // sample's logits are bit-identical with more or fewer rows beside it).
-    let packed = (small && crate::decode_matmul::available_512()).then(|| {
+    let packed = (small && super::matmul::available_512()).then(|| {
         let t = cache.packed.get_or_init(|| {
             // The head (2) and each layer's projections.
             let is_proj =
@@ -508,11 +495,6 @@ pub(crate) fn step(
     Tensor::from_vec(logits, (b, dm.vocab), &candle_core::Device::Cpu) // (B, V)
 }
 
-/// Whether `step` serves this model and cache: f32 weights on the CPU, an f32 or f16 cache.
-pub(crate) fn supported(device: &candle_core::Device, dtype: DType, cache: DType) -> bool {
-    device.is_cpu() && dtype == DType::F32 && matches!(cache, DType::F32 | DType::F16)
-}
-
 #[cfg(test)]
-#[path = "decode_cpu_tests.rs"]
+#[path = "cpu_tests.rs"]
 mod tests;

@@ -1,4 +1,4 @@
-//! Tests of the CPU decode step (`decode_cpu`): the three decode paths agree (with an f32 or
+//! Tests of the CPU decode step (`decode::cpu`): the three decode paths agree (with an f32 or
 //! an f16 cache), and a row's logits do not depend on the rows beside it.
 
 use crate::model::DecodePath;
@@ -73,7 +73,7 @@ fn paths_agree(rows: usize, head_dim: usize, kv: DType) -> Vec<Vec<Vec<f32>>> {
 
 #[test]
 fn a_rows_logits_do_not_depend_on_the_rows_beside_it() {
-    if !crate::decode_matmul::available_512() {
+    if !crate::decode::matmul::available_512() {
         eprintln!("skipped: the batch-invariant kernels need AVX-512");
         return;
     }

@@ -1,6 +1,6 @@
 //! AVX-512 grouped-query attention of the CPU decode step over one row's cache, called by
-//! `decode_rows::attend_row` first when the CPU has AVX-512F/DQ and the head size is a
-//! multiple of 16 (`decode_avx2` serves the rest).
+//! `rows::attend_row` first when the CPU has AVX-512F/DQ and the head size is a
+//! multiple of 16 (`avx2` serves the rest).
 //!
 //! One pass over a KV group's cache in chunks of `CHUNK` slots, for all R query heads of the
 //! group: the chunk's scores (16 dot products per horizontal-add tree), one max / rescale /
@@ -12,7 +12,7 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
 
-use crate::decode_rows::Kv;
+use super::common::Kv;
 use std::arch::x86_64::*;
 
 /// Slots per chunk: the chunk's K and V (CHUNK · D floats each) stay in L1 between the scores
@@ -21,8 +21,7 @@ const CHUNK: usize = 64;
 
 /// Whether the AVX-512 kernel can run here.
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
+    super::features().avx512
 }
 
 /// Lane i = the sum of a[i]'s 16 lanes (a transposing add tree: 30 shuffles, 15 adds).
@@ -107,7 +106,7 @@ unsafe fn block_scores<const R: usize, const D: usize, const H: bool, const TAIL
     hsum16(&acc)
 }
 
-/// e^x for 16 lanes (the Cephes polynomial of `decode_rows::exp`; 0 below -87.3).
+/// e^x for 16 lanes (the Cephes polynomial of `rows::exp`; 0 below -87.3).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn exp16(x: __m512) -> __m512 {
@@ -118,10 +117,10 @@ fn exp16(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
     );
-    let (c1, c2) = crate::decode_rows::EXP_LN2;
+    let (c1, c2) = super::common::EXP_LN2;
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c1), x);
     let r = _mm512_fmadd_ps(n, _mm512_set1_ps(c2), r);
-    let poly = crate::decode_rows::EXP_POLY;
+    let poly = super::common::EXP_POLY;
     let mut p = _mm512_set1_ps(poly[0]);
     for c in &poly[1..] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
@@ -227,7 +226,7 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
             let cm = _mm512_reduce_max_ps(mx);
             if cm > m[r] {
                 // The running max grows: rescale what has been accumulated (e^-inf = 0 at first).
-                let c = crate::decode_rows::exp(m[r] - cm);
+                let c = super::common::exp(m[r] - cm);
                 let cv = _mm512_set1_ps(c);
                 for set in acc.iter_mut() {
                     for a in set[r].iter_mut().take(nv) {
@@ -314,7 +313,8 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
 
 #[cfg(test)]
 mod tests {
-    use crate::decode_rows::{group_attend_shape, Kv};
+    use super::super::common::Kv;
+    use super::super::rows::group_attend_shape;
     use half::f16;
     /// Softmax over the unmasked slots of scale · q_r·k_t, weighted values: plain loops.
     fn reference(
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn group_attend_matches_plain_loops() {
-        if !super::available() || !crate::decode_avx2::available() {
+        if !super::available() || !crate::decode::avx2::available() {
             eprintln!("skipped: this CPU lacks AVX-512F/DQ");
             return;
         }

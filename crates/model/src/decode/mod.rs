@@ -1,0 +1,73 @@
+//! The CPU decode path of `Qwen3::forward_cached` (`DecodePath::Cpu`), one folder: `cpu.rs`
+//! (the step: projections, norms, RoPE, cache writes, attention, one fork-join per step),
+//! `rows.rs` (row-local loops compiled for AVX2/AVX-512 at run time, the attention dispatch),
+//! `avx2.rs` and `avx512.rs` (the grouped-query attention kernels), `matmul.rs` (the
+//! projections over packed weight panels), `common.rs` (e^x, the cache view). This file is
+//! the dispatcher: which models and caches the path takes, the weights it reads, and the one
+//! CPU-feature detection every kernel asks.
+
+use crate::config::Config;
+use candle_core::DType;
+use std::sync::OnceLock;
+
+mod avx2;
+mod avx512;
+mod common;
+mod cpu;
+pub(crate) mod matmul;
+mod rows;
+
+pub(crate) use cpu::step;
+
+/// The SIMD features the kernels need, detected once per process.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Features {
+    /// AVX2 and FMA: the `wide` loops, the AVX2 attention and projections.
+    pub avx2_fma: bool,
+    /// AVX-512F and DQ: the `wider` loops, the AVX-512 attention and packed projections.
+    pub avx512: bool,
+}
+
+pub(crate) fn features() -> Features {
+    static F: OnceLock<Features> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Features {
+                avx2_fma: std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma"),
+                avx512: std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512dq"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Features {
+                avx2_fma: false,
+                avx512: false,
+            }
+        }
+    })
+}
+
+/// Whether `step` serves this model and cache: f32 weights on the CPU, an f32 or f16 cache.
+pub(crate) fn supported(device: &candle_core::Device, dtype: DType, cache: DType) -> bool {
+    device.is_cpu() && dtype == DType::F32 && matches!(cache, DType::F32 | DType::F16)
+}
+
+/// The HF names of the weights `step` reads, in the order it reads them.
+pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<String> {
+    let mut names = vec![
+        "model.embed_tokens.weight".to_string(),
+        "model.norm.weight".to_string(),
+        head.to_string(),
+    ];
+    for l in 0..c.num_hidden_layers {
+        names.extend(
+            cpu::PER_LAYER
+                .iter()
+                .map(|n| format!("model.layers.{l}.{n}")),
+        );
+    }
+    names
+}
