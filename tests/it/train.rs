@@ -82,6 +82,50 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
     }
 }
 
+/// A policy loss of research code's own plugs into the gradients: PPO through the trait gives
+/// PPO's gradients exactly, and a plain REINFORCE closure (−A · log π, weighted) trains too.
+#[test]
+fn a_custom_policy_loss_plugs_into_the_gradients() {
+    use terse_train::loss::{LossInputs, LossStats};
+    let model = testbed_model(2);
+    let seqs: Vec<Seq> = (0..3usize)
+        .map(|i| {
+            let tokens: Vec<u32> = (0..6 + i).map(|j| (11 + (i + 2 * j) % 12) as u32).collect();
+            Seq {
+                prompt_len: 3,
+                loss_mask: vec![true; tokens.len() - 3],
+                old_logp: vec![-2.5; tokens.len() - 3],
+                ref_logp: None,
+                advantage: i as f32 - 1.0,
+                weight: 0.1,
+                tokens,
+            }
+        })
+        .collect();
+    let ppo = PpoParams::from(&terse_train::config::GrpoSection::default());
+    let (g_ppo, s_ppo) = gradients(&model, &seqs, Objective::Ppo(ppo), 64).expect("ppo");
+    let (g_dyn, s_dyn) = gradients(&model, &seqs, Objective::Policy(&ppo), 64).expect("dyn");
+    assert_eq!(s_ppo.loss, s_dyn.loss);
+    for (k, a) in &g_ppo {
+        assert_eq!(crate::max_abs_diff(a, &g_dyn[k]), 0.0, "{k}");
+    }
+    let reinforce = |x: &LossInputs| -> candle_core::Result<(candle_core::Tensor, LossStats)> {
+        let loss = ((x.advantage.neg()? * x.logp)? * x.weight)?.sum_all()?;
+        let stats = LossStats {
+            loss: f64::from(loss.to_scalar::<f32>()?),
+            tokens: x.logp.dim(0)?,
+            ..Default::default()
+        };
+        Ok((loss, stats))
+    };
+    let (g, s) = gradients(&model, &seqs, Objective::Policy(&reinforce), 64).expect("reinforce");
+    assert!(s.loss.is_finite() && s.tokens == 3 + 4 + 5, "{s:?}");
+    let differs = g
+        .iter()
+        .any(|(k, a)| crate::max_abs_diff(a, &g_ppo[k]) > 0.0);
+    assert!(differs, "REINFORCE gave PPO's gradients");
+}
+
 pub(crate) fn small_config(dir: &Path, name: &str, steps: u64) -> RunConfig {
     let mut c = RunConfig::default();
     c.run.dir = dir.to_path_buf();

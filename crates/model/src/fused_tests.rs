@@ -144,7 +144,9 @@ fn bf16_references_stay_within_the_stated_tolerance() {
     // And a NaN anywhere fails a row.
     let nan = Tensor::new(&[1.0f32, f32::NAN], &Device::Cpu).expect("t");
     let one = Tensor::new(&[1.0f32, 1.0], &Device::Cpu).expect("t");
-    assert!(crate::testing::parity::diff(&nan, &one).expect("d").is_nan());
+    assert!(crate::testing::parity::diff(&nan, &one)
+        .expect("d")
+        .is_nan());
 }
 
 /// The checks run through the public ops (the path a launch takes), and empty inputs return

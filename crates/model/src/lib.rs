@@ -36,8 +36,8 @@ pub(crate) mod kernels;
 pub mod logprob;
 pub mod model;
 pub mod ops;
-pub mod testing;
 pub mod reference;
+pub mod testing;
 
 pub use batch::{Batch, Padding};
 pub use cache::KvCache;

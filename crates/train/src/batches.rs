@@ -2,7 +2,7 @@
 //! whose completion tokens are scored with the fused log-prob path, a loss with global weights,
 //! backward, and gradient accumulation. The same function serves SFT and GRPO.
 
-use crate::loss::{ppo_loss, sft_loss, LossStats, PpoParams};
+use crate::loss::{sft_loss, LossInputs, LossStats, PolicyLoss, PpoParams};
 use candle_core::{Result, Tensor};
 use terse_model::{Batch, Padding, Qwen3};
 use terse_optim::{accumulate, collect_grads, Grads};
@@ -30,10 +30,12 @@ impl Seq {
 }
 
 /// What to optimise.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Objective {
+#[derive(Clone, Copy)]
+pub enum Objective<'a> {
     Sft,
     Ppo(PpoParams),
+    /// Any policy loss (research code's own), fed the same per-token inputs as PPO.
+    Policy(&'a dyn PolicyLoss),
 }
 
 /// Splits sequence indices into micro-batches whose padded size (rows x longest row) stays
@@ -96,6 +98,15 @@ pub fn logprobs(model: &Qwen3, seqs: &[Seq], budget: usize) -> Result<Vec<Vec<f3
     Ok(out)
 }
 
+/// The SFT objective's stand-in where a policy loss is named (never called).
+struct NoPolicy;
+
+impl PolicyLoss for NoPolicy {
+    fn loss(&self, _: &LossInputs) -> Result<(Tensor, LossStats)> {
+        candle_core::bail!("no policy loss for the SFT objective")
+    }
+}
+
 /// Loss and accumulated gradients over all sequences, micro-batch by micro-batch.
 pub fn gradients(
     model: &Qwen3,
@@ -128,18 +139,32 @@ pub fn gradients(
                 .collect()
         };
         let w = per_token(&|s| vec![s.weight; s.loss_tokens()])?;
-        let (loss, st) = match objective {
-            Objective::Sft => sft_loss(&logp, &w)?,
-            Objective::Ppo(p) => {
-                let old = per_token(&|s| masked(s, &s.old_logp))?;
-                let adv = per_token(&|s| vec![s.advantage; s.loss_tokens()])?;
-                let reference = if p.kl_coef > 0.0 {
-                    Some(per_token(&|s| s.ref_logp.clone().unwrap_or_default())?)
-                } else {
-                    None
-                };
-                ppo_loss(&logp, &old, &adv, &w, reference.as_ref(), &p)?
-            }
+        let policy: &dyn PolicyLoss = match &objective {
+            Objective::Sft => &NoPolicy,
+            Objective::Ppo(p) => p,
+            Objective::Policy(l) => *l,
+        };
+        let (loss, st) = if let Objective::Sft = objective {
+            sft_loss(&logp, &w)?
+        } else {
+            let old = per_token(&|s| masked(s, &s.old_logp))?;
+            let adv = per_token(&|s| vec![s.advantage; s.loss_tokens()])?;
+            let wants_ref = match &objective {
+                Objective::Ppo(p) => p.kl_coef > 0.0,
+                _ => group.iter().all(|s| s.ref_logp.is_some()),
+            };
+            let reference = if wants_ref {
+                Some(per_token(&|s| s.ref_logp.clone().unwrap_or_default())?)
+            } else {
+                None
+            };
+            policy.loss(&LossInputs {
+                logp: &logp,
+                old_logp: &old,
+                ref_logp: reference.as_ref(),
+                advantage: &adv,
+                weight: &w,
+            })?
         };
         accumulate(&mut grads, collect_grads(model.vars(), &loss.backward()?))?;
         total.loss += st.loss;

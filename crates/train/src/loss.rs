@@ -71,6 +71,38 @@ pub fn kl(logp: &Tensor, ref_logp: &Tensor, est: KlEstimator) -> Result<Tensor> 
     }
 }
 
+/// The per-token inputs of a policy loss over one micro-batch's N loss tokens.
+pub struct LossInputs<'a> {
+    /// log π(token) under the current policy, differentiable (N).
+    pub logp: &'a Tensor,
+    /// The sampler's log-probs (N), the reference model's when a KL term is on.
+    pub old_logp: &'a Tensor,
+    pub ref_logp: Option<&'a Tensor>,
+    /// Each token's sequence advantage (N) and aggregation weight (N; Σ over the mini-batch
+    /// of weight · per-token loss is the mini-batch loss, whatever the micro-batching).
+    pub advantage: &'a Tensor,
+    pub weight: &'a Tensor,
+}
+
+/// A policy loss: the micro-batch's weighted loss (a scalar to backpropagate) and its stats.
+/// `PpoParams` (the TOML face: clip, dual clip, KL) implements it; research code passes its own
+/// (a closure works) through `GrpoTrainer::policy_loss`.
+pub trait PolicyLoss: Send + Sync {
+    fn loss(&self, x: &LossInputs) -> Result<(Tensor, LossStats)>;
+}
+
+impl PolicyLoss for PpoParams {
+    fn loss(&self, x: &LossInputs) -> Result<(Tensor, LossStats)> {
+        ppo_loss(x.logp, x.old_logp, x.advantage, x.weight, x.ref_logp, self)
+    }
+}
+
+impl<F: Fn(&LossInputs) -> Result<(Tensor, LossStats)> + Send + Sync> PolicyLoss for F {
+    fn loss(&self, x: &LossInputs) -> Result<(Tensor, LossStats)> {
+        self(x)
+    }
+}
+
 /// Σ_t w_t (pg_t + β kl_t) for tokens with new log-probs `logp` (differentiable), sampler
 /// log-probs `old`, advantages `adv`, weights `w` and optional reference log-probs (all (N) f32).
 pub fn ppo_loss(

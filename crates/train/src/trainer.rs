@@ -6,6 +6,7 @@
 
 use crate::collect::{collect, rollout_params, Collected};
 use crate::config::RunConfig;
+use crate::loss::PolicyLoss;
 use crate::report::{StepReport, Timing};
 use crate::task::Task;
 use crate::update::{policy_update, sequences, UpdateStats};
@@ -38,6 +39,8 @@ pub struct GrpoTrainer {
     pub run_dir: Option<PathBuf>,
     /// Research code's advantage estimator; None uses `cfg.advantage` (the TOML face).
     pub estimator: Option<Box<dyn AdvantageEstimator>>,
+    /// Research code's policy loss; None uses PPO-clip with `cfg.grpo`'s settings.
+    pub policy_loss: Option<Box<dyn PolicyLoss>>,
 }
 
 /// One step's shaped rewards and advantages.
@@ -71,6 +74,7 @@ impl GrpoTrainer {
             cursor: 0,
             run_dir: None,
             estimator: None,
+            policy_loss: None,
         })
     }
 
@@ -157,6 +161,7 @@ impl GrpoTrainer {
             lr,
             self.step,
             &dir,
+            self.policy_loss.as_deref(),
         )
     }
 

@@ -5,7 +5,7 @@
 
 use crate::batches::{gradients, logprobs, Objective, Seq};
 use crate::config::GrpoSection;
-use crate::loss::{agg_weights, LossStats, PpoParams};
+use crate::loss::{agg_weights, LossStats, PolicyLoss, PpoParams};
 use anyhow::{bail, Result};
 use std::path::Path;
 use terse_model::Qwen3;
@@ -63,6 +63,7 @@ pub fn policy_update(
     lr: f64,
     step: u64,
     run_dir: &Path,
+    custom_loss: Option<&dyn PolicyLoss>,
 ) -> Result<UpdateStats> {
     let mut out = UpdateStats::default();
     if let Some(r) = reference {
@@ -85,7 +86,11 @@ pub fn policy_update(
             for (s, w) in mb.iter_mut().zip(w) {
                 s.weight = w as f32;
             }
-            let (mut grads, st) = gradients(model, mb, Objective::Ppo(ppo), g.micro_batch_tokens)?;
+            let objective = match custom_loss {
+                Some(l) => Objective::Policy(l),
+                None => Objective::Ppo(ppo),
+            };
+            let (mut grads, st) = gradients(model, mb, objective, g.micro_batch_tokens)?;
             let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
             if !st.loss.is_finite() || !grad_norm.is_finite() {
                 bail!(
