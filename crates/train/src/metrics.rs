@@ -90,8 +90,7 @@ impl MetricsWriter {
 
     /// Appends one line in one write call and syncs it: a line is on disk or absent, never cut.
     pub fn write(&mut self, line: &crate::report::MetricsLine) -> Result<()> {
-        let line = serde_json::to_value(line).context("serialising a metrics line")?;
-        write_line(&mut self.file, &line)
+        write_line(&mut self.file, line)
             .and_then(|()| self.file.sync_data())
             .with_context(|| format!("writing {}", self.path.display()))
     }
@@ -99,8 +98,8 @@ impl MetricsWriter {
 
 /// The line and its newline in one `write_all` of one buffer (`writeln!` on a `File` issues a
 /// write per formatted piece: ~200 for a GRPO line).
-fn write_line(w: &mut impl Write, line: &Value) -> std::io::Result<()> {
-    let mut text = line.to_string();
+fn write_line(w: &mut impl Write, line: &impl serde::Serialize) -> std::io::Result<()> {
+    let mut text = serde_json::to_string(line)?;
     text.push('\n');
     w.write_all(text.as_bytes())
 }

@@ -88,11 +88,9 @@ pub fn train_observed(
     if mid_run_eval(start_step, steps, every) && !kept_evals.contains(&start_step) {
         emit(eval_line(start_step, &evaluate(&trainer)?))?;
     }
-    let mut reports = vec![];
     while trainer.step < steps {
         let report = trainer.step(shaper)?;
-        emit(MetricsLine::Grpo(Box::new(report.clone())))?;
-        reports.push(report);
+        emit(MetricsLine::Grpo(Box::new(report)))?;
         let done = trainer.step;
         if (ckpt_every > 0 && done.is_multiple_of(ckpt_every)) || done == steps {
             save(&trainer, &dir, shaper)?;
@@ -107,14 +105,9 @@ pub fn train_observed(
         o.finish(&dir)?;
     }
     // The summary reads the whole run's steps (a resumed run's earlier ones too).
-    let lens: Vec<f64> = read_steps(&dir.join("metrics.jsonl"))?
-        .iter()
-        .filter_map(|s| s.len_mean)
-        .collect();
-    let rewards: Vec<f64> = read_steps(&dir.join("metrics.jsonl"))?
-        .iter()
-        .map(|s| s.reward)
-        .collect();
+    let steps_read = read_steps(&dir.join("metrics.jsonl"))?;
+    let lens: Vec<f64> = steps_read.iter().filter_map(|s| s.len_mean).collect();
+    let rewards: Vec<f64> = steps_read.iter().map(|s| s.reward).collect();
     Ok(RunSummary {
         dir,
         before,
