@@ -24,8 +24,10 @@ fn batched_decode_with_left_padding_and_row_selection_matches_full_forward() {
     let prompts = vec![vec![5u32, 6, 7, 8, 9], vec![11, 12], vec![20, 21, 22]];
     let prefill = Batch::from_rows(&prompts, 0, Padding::Left, &dev).expect("batch");
     let mut cache = model.new_cache(3, 16).expect("cache");
+    let snap = model.decode_weights();
     let logits = model
         .forward_cached(
+            &snap,
             &mut cache,
             &prefill.input_ids,
             &prefill.position_ids,
@@ -46,6 +48,7 @@ fn batched_decode_with_left_padding_and_row_selection_matches_full_forward() {
         let valid: Vec<u8> = (0..3).map(|r| u8::from(!(r == 1 && step == 2))).collect();
         let logits = model
             .forward_cached(
+                &snap,
                 &mut cache,
                 &Tensor::from_vec(next.clone(), (3, 1), &dev).expect("t"),
                 &Tensor::from_vec(pos, (3, 1), &dev).expect("t"),
@@ -65,6 +68,7 @@ fn batched_decode_with_left_padding_and_row_selection_matches_full_forward() {
         }
     }
     let over = model.forward_cached(
+        &snap,
         &mut cache,
         &Tensor::zeros((3, 8), DType::U32, &dev).expect("t"),
         &Tensor::zeros((3, 8), DType::U32, &dev).expect("t"),

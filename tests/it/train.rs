@@ -298,3 +298,67 @@ fn twenty_grpo_steps_from_the_sft_checkpoint_raise_the_reward_deterministically(
         deterministic_metrics(&s2.dir)
     );
 }
+
+/// Records every line it is handed, and whether the run told it that it finished.
+struct Recorder(std::sync::Arc<std::sync::Mutex<(Vec<terse_train::MetricsLine>, bool)>>);
+
+impl terse_train::Observer for Recorder {
+    fn record(&mut self, line: &terse_train::MetricsLine) -> anyhow::Result<()> {
+        self.0.lock().expect("lock").0.push(line.clone());
+        Ok(())
+    }
+    fn finish(&mut self, _run_dir: &Path) -> anyhow::Result<()> {
+        self.0.lock().expect("lock").1 = true;
+        Ok(())
+    }
+}
+
+#[test]
+fn observers_see_every_record_sft_included_and_tensorboard_gets_them_all() {
+    let root = crate::scratch("train-observed");
+    let mut c = small_config(&root, "observed", 2);
+    c.log.tensorboard = true;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((vec![], false)));
+    let mut shaper = terse_reward::BuiltinShaper {
+        config: c.reward.clone(),
+        state: Default::default(),
+    };
+    let s = terse_train::train_observed(&c, &mut shaper, vec![Box::new(Recorder(seen.clone()))])
+        .expect("train");
+    let (mut lines, finished) = seen.lock().expect("lock").clone();
+    assert!(finished, "finish was not called");
+    // The observer saw exactly what metrics.jsonl holds, in order, the SFT warm-up included
+    // (the file leaves out the evaluations' example completions).
+    for l in &mut lines {
+        if let terse_train::MetricsLine::Eval(e) = l {
+            e.report
+                .by_level
+                .iter_mut()
+                .for_each(|v| v.examples.clear());
+        }
+    }
+    let file = terse_train::report::read_metrics(&s.dir.join("metrics.jsonl")).expect("read");
+    assert_eq!(lines, file);
+    let sft = lines
+        .iter()
+        .filter(|l| matches!(l, terse_train::MetricsLine::Sft(_)))
+        .count();
+    assert_eq!(sft, 4);
+    // The event file holds the SFT losses and every GRPO step's reward.
+    let tb = std::fs::read_dir(s.dir.join("tensorboard"))
+        .expect("tensorboard dir")
+        .next()
+        .expect("an event file")
+        .expect("entry")
+        .path();
+    let scalars = terse_train::tensorboard::read_scalars(&tb).expect("events");
+    let steps_of = |tag: &str| -> Vec<i64> {
+        scalars
+            .iter()
+            .filter(|(_, t, _)| t == tag)
+            .map(|(s, _, _)| *s)
+            .collect()
+    };
+    assert_eq!(steps_of("sft/loss"), [0, 1, 2, 3]);
+    assert_eq!(steps_of("grpo/reward"), [0, 1]);
+}

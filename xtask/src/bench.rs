@@ -351,7 +351,9 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
             // must not decide the ratio).
             let (steps, runs) = (32, 7);
             let mut base = m.new_cache_in(b, ctx + steps, cache)?;
+            let snap = m.decode_weights();
             m.forward_cached(
+                &snap,
                 &mut base,
                 &batch.input_ids,
                 &batch.position_ids,
@@ -364,7 +366,7 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
                 for slot in 0..steps {
                     let ids = Tensor::from_vec(vec![(slot % 63 + 1) as u32; b], (b, 1), &dev)?;
                     let pos = Tensor::from_vec(vec![(ctx + slot) as u32; b], (b, 1), &dev)?;
-                    m.forward_cached(&mut kv, &ids, &pos, &vec![1; b])?
+                    m.forward_cached(&snap, &mut kv, &ids, &pos, &vec![1; b])?
                         .to_vec2::<f32>()?;
                 }
                 Ok(t0.elapsed().as_secs_f64() / (steps * b) as f64)

@@ -6,12 +6,11 @@
 //! decode step is one batched forward. `select_rows` copies rows (a prompt's prefill into its G
 //! samples) or drops them (finished samples stop costing compute).
 
-use crate::decode::matmul::Packed;
 use candle_core::{DType, Device, Result, Tensor};
-use std::sync::{Arc, OnceLock};
 
 /// Per-layer K/V buffers plus which slots of each row hold real tokens. A cache belongs to the
-/// weights it was filled with: after an optimizer step, make a new one.
+/// weights it was filled with: after an optimizer step, make a new one (and a new
+/// `DecodeWeights`).
 #[derive(Debug, Clone)]
 pub struct KvCache {
     k: Vec<Tensor>,
@@ -21,9 +20,6 @@ pub struct KvCache {
     b: usize,
     capacity: usize,
     len: usize,
-    /// The CPU decode step's projection weights packed into panels, built on its first step
-    /// through this cache (a cache belongs to the weights it is filled with).
-    pub(crate) packed: OnceLock<Arc<Packed>>,
 }
 
 impl KvCache {
@@ -44,7 +40,6 @@ impl KvCache {
             b,
             capacity,
             len: 0,
-            packed: OnceLock::new(),
         })
     }
 
@@ -151,7 +146,6 @@ impl KvCache {
             b: rows.len(),
             capacity: self.capacity,
             len: self.len,
-            packed: self.packed.clone(),
         })
     }
 }

@@ -43,4 +43,5 @@ pub use batch::{Batch, Padding};
 pub use cache::KvCache;
 pub use checkpoint::{resolve, SaveOptions};
 pub use config::Config;
+pub use decode::DecodeWeights;
 pub use model::Qwen3;

@@ -11,6 +11,7 @@ use crate::cache::KvCache;
 use crate::checkpoint::{read_weights, write_checkpoint, SaveOptions};
 use crate::config::Config;
 use crate::decode;
+use crate::decode::DecodeWeights;
 use crate::fused;
 use crate::logprob;
 use crate::ops::{attention_bias, gqa_attention, rms_norm, rope, rope_tables};
@@ -368,10 +369,18 @@ impl Qwen3 {
         )
     }
 
+    /// A decode snapshot of the current weights for `forward_cached` (packed on first use).
+    pub fn decode_weights(&self) -> DecodeWeights {
+        DecodeWeights::default()
+    }
+
     /// Appends S new slots per row to the cache and returns the logits of the last new slot
     /// (B, V). ids/positions are (B, S); `valid` (B*S) marks real tokens (0 = padding slot).
+    /// `weights` is a snapshot of this model's current weights (`decode_weights`), shared by
+    /// every cache decoded with them.
     pub fn forward_cached(
         &self,
+        weights: &DecodeWeights,
         cache: &mut KvCache,
         ids: &Tensor,
         positions: &Tensor,
@@ -386,13 +395,14 @@ impl Qwen3 {
         } else {
             DecodePath::Composite
         };
-        self.forward_cached_with(path, cache, ids, positions, valid)
+        self.forward_cached_with(path, weights, cache, ids, positions, valid)
     }
 
     /// `forward_cached` along a chosen path (tests compare the paths on one device).
     pub(crate) fn forward_cached_with(
         &self,
         path: DecodePath,
+        snapshot: &DecodeWeights,
         cache: &mut KvCache,
         ids: &Tensor,
         positions: &Tensor,
@@ -410,7 +420,7 @@ impl Qwen3 {
                 .collect::<Result<Vec<_>>>()?;
             let ids = ids.flatten_all()?.to_vec1::<u32>()?;
             let pos = positions.flatten_all()?.to_vec1::<u32>()?;
-            return decode::step(c, &ws, cache, &ids, &pos, s);
+            return decode::step(c, &ws, snapshot, cache, &ids, &pos, s);
         }
         // The kernels path needs the validity flags on the device (once per step) and no bias;
         // the composite path the bias.

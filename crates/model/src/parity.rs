@@ -288,11 +288,12 @@ fn model_decode(dev: &Device) -> Result<Vec<Row>> {
     let mask = batch.mask.clone();
     let mut caches = [model.new_cache(b, t + 17)?, model.new_cache(b, t + 17)?];
     let paths = [DecodePath::Kernels, DecodePath::Composite];
+    let snap = model.decode_weights();
     // The prefill (several slots per row) runs the composite ops on either path.
     let mut logits = vec![];
     for c in caches.iter_mut() {
         let (ids, pos) = (&batch.input_ids, &batch.position_ids);
-        logits.push(model.forward_cached_with(DecodePath::Composite, c, ids, pos, &mask)?);
+        logits.push(model.forward_cached_with(DecodePath::Composite, &snap, c, ids, pos, &mask)?);
     }
     let mut pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     let (mut worst, mut disagree) = (0.0f64, 0usize);
@@ -303,7 +304,7 @@ fn model_decode(dev: &Device) -> Result<Vec<Row>> {
         let ids = Tensor::from_vec(next.clone(), (b, 1), dev)?;
         let p = Tensor::from_vec(pos.clone(), (b, 1), dev)?;
         for (i, (c, path)) in caches.iter_mut().zip(paths).enumerate() {
-            logits[i] = model.forward_cached_with(path, c, &ids, &p, &vec![1; b])?;
+            logits[i] = model.forward_cached_with(path, &snap, c, &ids, &p, &vec![1; b])?;
         }
         worst = worst.max(diff(&logits[0], &logits[1])?);
         if worst.is_nan() {

@@ -122,9 +122,11 @@ pub fn check(model: &Qwen3, path: &Path) -> Result<Report> {
     let step_ref = floats(get(&r, path, "greedy_step_logits")?)?;
     let steps = full.len() - prompt.len();
     let mut cache = model.new_cache(1, full.len())?;
+    let snap = model.decode_weights();
     let p = prompt.len();
     let positions: Vec<u32> = (0..p as u32).collect();
     let mut logits = model.forward_cached(
+        &snap,
         &mut cache,
         &Tensor::from_vec(prompt.clone(), (1, p), &dev)?,
         &Tensor::from_vec(positions, (1, p), &dev)?,
@@ -139,6 +141,7 @@ pub fn check(model: &Qwen3, path: &Path) -> Result<Report> {
         let next = full[p + s];
         if s + 1 < steps {
             logits = model.forward_cached(
+                &snap,
                 &mut cache,
                 &Tensor::from_vec(vec![next], (1, 1), &dev)?,
                 &Tensor::from_vec(vec![(p + s) as u32], (1, 1), &dev)?,

@@ -11,7 +11,7 @@ use crate::step_exit::{confidence, StepExit};
 use candle_core::{DType, Device, Result, Tensor, D};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use terse_model::{Batch, KvCache, Padding, Qwen3};
+use terse_model::{Batch, DecodeWeights, KvCache, Padding, Qwen3};
 
 /// Turns token ids into text, for stop strings and trigger words. Any `Fn(&[u32]) -> String`
 /// works; the trainer passes its tokenizer.
@@ -180,7 +180,10 @@ pub fn generate(
         KvCacheDtype::Model => model.new_cache(prompts.len(), cap)?,
         KvCacheDtype::F16 => model.new_cache_in(prompts.len(), cap, DType::F16)?,
     };
+    // One decode snapshot of the weights for the whole rollout (its probes included).
+    let snap = model.decode_weights();
     let logits = model.forward_cached(
+        &snap,
         &mut cache,
         &prefill.input_ids,
         &prefill.position_ids,
@@ -268,7 +271,7 @@ pub fn generate(
                     && se.trigger_at_end(&text_now()).is_some()
                 {
                     row.out.judge_count += 1;
-                    if try_exit(model, &cache, slot, row, se, detok)? {
+                    if try_exit(model, &snap, &cache, slot, row, se, detok)? {
                         row.done = true;
                     }
                 }
@@ -296,6 +299,7 @@ pub fn generate(
         }
         let n = slots.len();
         logits = model.forward_cached(
+            &snap,
             &mut cache,
             &Tensor::from_vec(ids, (n, 1), &dev)?,
             &Tensor::from_vec(pos, (n, 1), &dev)?,
@@ -311,6 +315,7 @@ pub fn generate(
 /// The row's random stream is not touched.
 fn try_exit(
     model: &Qwen3,
+    snap: &DecodeWeights,
     cache: &KvCache,
     slot: usize,
     row: &mut Row,
@@ -325,6 +330,7 @@ fn try_exit(
     let n = ids.len();
     let pos: Vec<u32> = (0..n as u32).map(|i| row.pos + i).collect();
     let mut logits = model.forward_cached(
+        snap,
         &mut probe,
         &Tensor::from_vec(ids, (1, n), &dev)?,
         &Tensor::from_vec(pos, (1, n), &dev)?,
@@ -344,6 +350,7 @@ fn try_exit(
         }
         lps.push(lp);
         logits = model.forward_cached(
+            snap,
             &mut probe,
             &Tensor::from_vec(vec![tok], (1, 1), &dev)?,
             &Tensor::from_vec(vec![next_pos], (1, 1), &dev)?,

@@ -10,12 +10,31 @@ use std::path::Path;
 
 /// Something that watches a run's records.
 pub trait Observer {
-    /// One record, as it is produced (SFT lines during the warm-up go to the metrics file
-    /// directly, before observers are attached).
+    /// One record, as it is produced (the SFT warm-up's lines included).
     fn record(&mut self, line: &MetricsLine) -> Result<()>;
     /// The run ended; `run_dir` holds its files.
     fn finish(&mut self, _run_dir: &Path) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Several observers as one, each handed every record in order.
+#[derive(Default)]
+pub struct Observers(pub Vec<Box<dyn Observer>>);
+
+impl Observers {
+    pub fn push(&mut self, o: Box<dyn Observer>) {
+        self.0.push(o);
+    }
+}
+
+impl Observer for Observers {
+    fn record(&mut self, line: &MetricsLine) -> Result<()> {
+        self.0.iter_mut().try_for_each(|o| o.record(line))
+    }
+
+    fn finish(&mut self, run_dir: &Path) -> Result<()> {
+        self.0.iter_mut().try_for_each(|o| o.finish(run_dir))
     }
 }
 

@@ -11,7 +11,6 @@ use crate::metrics::mid_run_eval;
 use crate::observe::{Observer, Plots, Progress};
 use crate::report::{read_steps, EvalLine, MetricsLine};
 use crate::start::{start, Started};
-use crate::tensorboard::TensorBoard;
 use crate::trainer::{GrpoTrainer, ShaperWithState};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
@@ -57,23 +56,14 @@ pub fn train_observed(
     let Started {
         mut trainer,
         dir,
-        metrics,
+        mut observers,
         kept_evals,
         ..
-    } = start(cfg, shaper)?;
+    } = start(cfg, shaper, extra)?;
     let (start_step, steps) = (trainer.step, trainer.cfg.grpo.steps);
-    let mut observers: Vec<Box<dyn Observer>> = vec![
-        Box::new(metrics),
-        Box::new(Progress::new(steps, start_step)),
-    ];
-    if trainer.cfg.log.tensorboard {
-        observers.push(Box::new(TensorBoard::create(&dir)?));
-    }
+    observers.push(Box::new(Progress::new(steps, start_step)));
     observers.push(Box::new(Plots));
-    observers.extend(extra);
-    let mut emit = |line: MetricsLine| -> Result<()> {
-        observers.iter_mut().try_for_each(|o| o.record(&line))
-    };
+    let mut emit = |line: MetricsLine| observers.record(&line);
     let evaluate = |t: &GrpoTrainer| evaluate(&t.cfg, &t.task, &t.policy, &t.tok);
     let before = if start_step == 0 {
         Some(evaluate(&trainer)?)
@@ -101,9 +91,7 @@ pub fn train_observed(
     }
     let after = evaluate(&trainer)?;
     emit(eval_line(steps, &after))?;
-    for o in &mut observers {
-        o.finish(&dir)?;
-    }
+    observers.finish(&dir)?;
     // The summary reads the whole run's steps (a resumed run's earlier ones too).
     let steps_read = read_steps(&dir.join("metrics.jsonl"))?;
     let lens: Vec<f64> = steps_read.iter().filter_map(|s| s.len_mean).collect();

@@ -9,7 +9,7 @@ use crate::data;
 use crate::load::{encode, init_model, load_tokenizer};
 use crate::loss::agg_weights;
 use crate::metrics::MetricsWriter;
-use crate::observe::progress_bar;
+use crate::observe::{progress_bar, Observer};
 use crate::report::{MetricsLine, SftReport};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
@@ -41,7 +41,7 @@ pub(crate) fn sft(
     cfg: &RunConfig,
     model: &Qwen3,
     tok: &tokenizers::Tokenizer,
-    metrics: &mut MetricsWriter,
+    observer: &mut dyn Observer,
 ) -> Result<()> {
     let s = &cfg.sft;
     let teacher = Teacher {
@@ -90,7 +90,7 @@ pub(crate) fn sft(
         }
         let lr = s.schedule.lr_at(step);
         opt.step(model.vars(), &grads, lr)?;
-        metrics.write(&MetricsLine::Sft(SftReport {
+        observer.record(&MetricsLine::Sft(SftReport {
             step,
             loss: st.loss,
             grad_norm: norm,

@@ -8,27 +8,35 @@ use crate::config::{Resume, RunConfig};
 use crate::load::{encode, init_model, load_tokenizer};
 use crate::lock::RunLock;
 use crate::metrics::{MetricsWriter, Start};
+use crate::observe::{Observer, Observers};
 use crate::sft::sft;
 use crate::task::Task;
+use crate::tensorboard::TensorBoard;
 use crate::trainer::{GrpoTrainer, ShaperWithState};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use terse_model::Qwen3;
 use terse_optim::AdamW;
 
-/// A started run: the trainer at its first step to run, the open metrics file, the lock.
+/// A started run: the trainer at its first step to run, the observers (the open metrics file
+/// first, then the event files with `log.tensorboard`, then the caller's), the lock.
 pub struct Started {
     pub trainer: GrpoTrainer,
     pub dir: PathBuf,
-    pub metrics: MetricsWriter,
+    pub observers: Observers,
     /// Steps of the evaluation lines kept from before a resume.
     pub kept_evals: Vec<u64>,
     pub resumed: bool,
     pub lock: RunLock,
 }
 
-/// Validates, locks, loads and (for a fresh run) warms up; see the module docs.
-pub fn start(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<Started> {
+/// Validates, locks, loads and (for a fresh run) warms up; see the module docs. `extra`
+/// observers see every record from the SFT warm-up's first line on.
+pub fn start(
+    cfg: &RunConfig,
+    shaper: &mut dyn ShaperWithState,
+    extra: Vec<Box<dyn Observer>>,
+) -> Result<Started> {
     cfg.validate()?;
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
     // resolves into a step count saved with the run.
@@ -89,7 +97,7 @@ pub fn start(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<Starte
     let resolved = toml::to_string_pretty(&cfg).context("serialising the resolved config")?;
     terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
     let start = loaded.as_ref().map_or(0, |l| l.1);
-    let (mut metrics, kept_evals) = MetricsWriter::open(
+    let (metrics, kept_evals) = MetricsWriter::open(
         &dir.join("metrics.jsonl"),
         match loaded {
             Some(_) => Start::Resumed {
@@ -100,12 +108,17 @@ pub fn start(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<Starte
             None => Start::Fresh,
         },
     )?;
+    let mut observers = Observers(vec![Box::new(metrics)]);
+    if cfg.log.tensorboard {
+        observers.push(Box::new(TensorBoard::create(&dir)?));
+    }
+    observers.0.extend(extra);
     let resumed = loaded.is_some();
     let (policy, step, cursor, opt, reference) = match (loaded, fresh) {
         (Some(l), _) => l,
         (None, Some(m)) => {
             if cfg.sft.steps > 0 {
-                sft(&cfg, &m, &tok, &mut metrics)?;
+                sft(&cfg, &m, &tok, &mut observers)?;
             }
             let opt = AdamW::new(cfg.optim.clone(), m.vars())?;
             let state = TrainState {
@@ -126,7 +139,7 @@ pub fn start(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<Starte
     Ok(Started {
         trainer,
         dir,
-        metrics,
+        observers,
         kept_evals,
         resumed,
         lock,

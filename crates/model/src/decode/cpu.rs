@@ -347,6 +347,7 @@ const ROW_SPLIT_MAX_WEIGHTS: usize = 16 << 20;
 pub(crate) fn step(
     c: &Config,
     weights: &[Tensor],
+    snapshot: &super::DecodeWeights,
     cache: &KvCache,
     ids: &[u32],
     positions: &[u32],
@@ -380,11 +381,11 @@ pub(crate) fn step(
     let small = 4 * c.num_parameters() <= ROW_SPLIT_MAX_WEIGHTS;
     let parts = if small { b.clamp(1, threads) } else { 1 };
     let par = !small && threads > 1;
-    // Small models' projections as outer products over weights packed once per cache, where
+    // Small models' projections as outer products over weights packed once per snapshot, where
     // the CPU has the kernel: each row's sums then run in one order whatever the batch (a
     // sample's logits are bit-identical with more or fewer rows beside it).
     let packed = (small && super::matmul::available_512()).then(|| {
-        let t = cache.packed.get_or_init(|| {
+        let t = snapshot.packed.get_or_init(|| {
             // The head (2) and each layer's projections.
             let is_proj =
                 |i: usize| i == 2 || i >= 3 && PROJECTIONS.contains(&((i - 3) % PER_LAYER.len()));

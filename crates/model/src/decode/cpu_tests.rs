@@ -27,10 +27,11 @@ fn paths_agree(rows: usize, head_dim: usize, kv: DType) -> Vec<Vec<Vec<f32>>> {
     };
     let mut caches = vec![];
     let mut prefill = vec![];
+    let snap = m.decode_weights();
     for &p in paths {
         let mut c = m.new_cache_in(rows, batch.t + 8, kv).expect("cache");
         let ids = (&batch.input_ids, &batch.position_ids, &batch.mask);
-        let l = m.forward_cached_with(p, &mut c, ids.0, ids.1, ids.2);
+        let l = m.forward_cached_with(p, &snap, &mut c, ids.0, ids.1, ids.2);
         prefill.push(l.expect("prefill").to_vec2::<f32>().expect("logits"));
         caches.push(c);
     }
@@ -56,7 +57,7 @@ fn paths_agree(rows: usize, head_dim: usize, kv: DType) -> Vec<Vec<Vec<f32>>> {
             .zip(&mut caches)
             .map(|(&p, c)| {
                 let l = m
-                    .forward_cached_with(p, c, &ids, &pos, &valid)
+                    .forward_cached_with(p, &snap, c, &ids, &pos, &valid)
                     .expect("step");
                 l.to_vec2::<f32>().expect("logits")
             })
@@ -88,15 +89,16 @@ fn a_rows_logits_do_not_depend_on_the_rows_beside_it() {
         let b = rows.len();
         let batch = Batch::from_rows(rows, 0, Padding::Left, &dev).expect("batch");
         let mut c = m.new_cache(b, 12).expect("cache");
+        let snap = m.decode_weights();
         let (ids, pos) = (&batch.input_ids, &batch.position_ids);
         let mut out = vec![m
-            .forward_cached(&mut c, ids, pos, &batch.mask)
+            .forward_cached(&snap, &mut c, ids, pos, &batch.mask)
             .expect("prefill")];
         for step in 0..4u32 {
             let ids = Tensor::from_vec(vec![step * 7 + 3; b], (b, 1), &dev).expect("ids");
             let pos = Tensor::from_vec(vec![5 + step; b], (b, 1), &dev).expect("pos");
             out.push(
-                m.forward_cached(&mut c, &ids, &pos, &vec![1; b])
+                m.forward_cached(&snap, &mut c, &ids, &pos, &vec![1; b])
                     .expect("step"),
             );
         }

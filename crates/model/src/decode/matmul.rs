@@ -220,8 +220,8 @@ unsafe fn wt_avx512(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n
 /// Columns per panel of `pack_panels` (two zmm registers).
 const PANEL: usize = 32;
 
-/// The projection weights of a model in `pack_panels` layout, built once per KV cache (the
-/// weights cannot change while a cache filled with them is decoded through): entry i is
+/// The projection weights of a model in `pack_panels` layout, built once per `DecodeWeights`
+/// snapshot (the weights of one rollout): entry i is
 /// weight i of the decode step's list, `None` for weights that are not projections.
 pub(crate) struct Packed(pub(crate) Vec<Option<Vec<f32>>>);
 

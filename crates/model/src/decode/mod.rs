@@ -8,7 +8,7 @@
 
 use crate::config::Config;
 use candle_core::DType;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 mod avx2;
 mod avx512;
@@ -18,6 +18,16 @@ pub(crate) mod matmul;
 mod rows;
 
 pub(crate) use cpu::step;
+
+/// The decode step's view of the weights, separate from any K/V cache: on the CPU the
+/// projections packed into panels at the first step that reads them, so each row's sums run in
+/// one order whatever the batch. A snapshot belongs to the weights it first read: after an
+/// optimizer step, take a new one (`Qwen3::decode_weights`). Cheap to clone (shared) and to
+/// make (nothing is packed until a step needs it); other paths ignore it.
+#[derive(Debug, Clone, Default)]
+pub struct DecodeWeights {
+    pub(crate) packed: Arc<OnceLock<Arc<matmul::Packed>>>,
+}
 
 /// The SIMD features the kernels need, detected once per process.
 #[derive(Debug, Clone, Copy)]
