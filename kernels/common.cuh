@@ -14,6 +14,9 @@
 #ifndef TERSE_DECODE_MAX_HEAD_DIM
 #error "TERSE_DECODE_MAX_HEAD_DIM is passed by crates/model/build.rs"
 #endif
+#ifndef TERSE_FLASH_WARPS
+#error "TERSE_FLASH_WARPS is passed by crates/model/build.rs"
+#endif
 #include <cuda_bf16.h>
 #include <stdint.h>
 

@@ -12,6 +12,7 @@ mod geometry {
             ("TERSE_LOGPROB_BLOCK", "LOGPROB_BLOCK"),
             ("TERSE_DECODE_WARPS", "DECODE_WARPS"),
             ("TERSE_DECODE_MAX_HEAD_DIM", "DECODE_MAX_HEAD_DIM"),
+            ("TERSE_FLASH_WARPS", "FLASH_WARPS"),
         ];
         names
             .iter()

@@ -4,7 +4,7 @@
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use terse_model::{Config, Qwen3};
-use terse_train::batches::{gradients, micro_batches, Objective, Seq};
+use terse_train::batches::{gradients, micro_batches, MicroBatching, Objective, Seq};
 use terse_train::config::LossAgg;
 use terse_train::loss::{agg_weights, PpoParams};
 use terse_train::RunConfig;
@@ -55,16 +55,20 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
         for (s, w) in seqs.iter_mut().zip(agg_weights(agg, &lens, 16)) {
             s.weight = w as f32;
         }
-        let run =
-            |budget: usize| gradients(&model, &seqs, Objective::Ppo(ppo), budget).expect("grads");
-        let (g1, s1) = run(usize::MAX);
-        for parts in [2, 4] {
+        let how = |tokens: usize, packed: bool| MicroBatching { tokens, packed };
+        let run = |budget: usize, packed: bool| {
+            gradients(&model, &seqs, Objective::Ppo(ppo), how(budget, packed)).expect("grads")
+        };
+        // One padded micro-batch is the reference; packed rows (one micro-batch or several)
+        // give the same loss and gradients.
+        let (g1, s1) = run(usize::MAX, false);
+        for (parts, packed) in [(1, true), (2, false), (4, false), (2, true), (4, true)] {
             let budget = total.div_ceil(parts) + 1;
             assert!(
-                micro_batches(&seqs, budget).len() >= parts.min(seqs.len()) - 1,
+                micro_batches(&seqs, how(budget, packed)).len() >= parts.min(seqs.len()) - 1,
                 "{agg:?}: not split"
             );
-            let (g, s) = run(budget);
+            let (g, s) = run(budget, packed);
             assert!(
                 (s.loss - s1.loss).abs() < 1e-6,
                 "{agg:?} {parts}: loss {} vs {}",
@@ -75,7 +79,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
                 let d = crate::max_abs_diff(a, &g[k]);
                 assert!(
                     d < 1e-6,
-                    "{agg:?} {parts} micro-batches: gradient of {k} differs by {d}"
+                    "{agg:?} {parts} micro-batches (packed {packed}): gradient of {k} differs by {d}"
                 );
             }
         }
@@ -103,8 +107,12 @@ fn a_custom_policy_loss_plugs_into_the_gradients() {
         })
         .collect();
     let ppo = PpoParams::from(&terse_train::config::GrpoSection::default());
-    let (g_ppo, s_ppo) = gradients(&model, &seqs, Objective::Ppo(ppo), 64).expect("ppo");
-    let (g_dyn, s_dyn) = gradients(&model, &seqs, Objective::Policy(&ppo), 64).expect("dyn");
+    let how = MicroBatching {
+        tokens: 64,
+        packed: true,
+    };
+    let (g_ppo, s_ppo) = gradients(&model, &seqs, Objective::Ppo(ppo), how).expect("ppo");
+    let (g_dyn, s_dyn) = gradients(&model, &seqs, Objective::Policy(&ppo), how).expect("dyn");
     assert_eq!(s_ppo.loss, s_dyn.loss);
     for (k, a) in &g_ppo {
         assert_eq!(crate::max_abs_diff(a, &g_dyn[k]), 0.0, "{k}");
@@ -118,7 +126,7 @@ fn a_custom_policy_loss_plugs_into_the_gradients() {
         };
         Ok((loss, stats))
     };
-    let (g, s) = gradients(&model, &seqs, Objective::Policy(&reinforce), 64).expect("reinforce");
+    let (g, s) = gradients(&model, &seqs, Objective::Policy(&reinforce), how).expect("reinforce");
     assert!(s.loss.is_finite() && s.tokens == 3 + 4 + 5, "{s:?}");
     let differs = g
         .iter()

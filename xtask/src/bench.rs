@@ -35,6 +35,16 @@ pub enum What {
         #[arg(long)]
         tiny_only: bool,
     },
+    /// Training forward+backward peak memory and tokens/s of a Qwen3-0.6B slice at 1k..16k
+    /// tokens: composite attention with every activation kept vs flash + layer checkpointing.
+    TrainMemory {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// The longest sequence (doubling from 1024).
+        #[arg(long, default_value_t = 16384)]
+        max_t: usize,
+    },
     /// AdamW step time for ~1M and ~100M parameters against a plain SGD update.
     Optim {
         /// Print one JSON object as the last line.
@@ -47,6 +57,7 @@ pub fn run(w: &What) -> Result<ExitCode> {
     match w {
         What::Model { json, quick } => model(*json, *quick),
         What::Optim { json } => optim(*json),
+        What::TrainMemory { json, max_t } => crate::bench_memory::train_memory(*json, *max_t),
         What::Rollout {
             json,
             quick,
@@ -141,14 +152,22 @@ fn model(as_json: bool, quick: bool) -> Result<ExitCode> {
     // Testbed-sized model (~1M parameters).
     let tiny = Config::synthetic(64, 128, 384, 4, 4, 2, 32, true)?;
     let tiny_params = tiny.num_parameters();
-    let m = Qwen3::random(tiny, 0, &dev, DType::F32)?;
+    let mut m = Qwen3::random(tiny, 0, &dev, DType::F32)?;
     let (b, t) = if quick { (4, 64) } else { (8, 128) };
-    let s = fwd_bwd_seconds(&m, b, t, Head::Fused, if quick { 2 } else { 5 })?;
-    let tiny_tps = (b * t) as f64 / s;
-    println!("tiny ({tiny_params} params) fwd+bwd  batch {b}x{t}: {tiny_tps:.0} tokens/s");
+    let iters = if quick { 2 } else { 5 };
+    let s = fwd_bwd_seconds(&m, b, t, Head::Fused, iters)?;
+    // The composite attention (the path before flash attention) in the same run.
+    m.options.flash = false;
+    let sc = fwd_bwd_seconds(&m, b, t, Head::Fused, iters)?;
+    let (tiny_tps, composite_tps) = ((b * t) as f64 / s, (b * t) as f64 / sc);
+    println!(
+        "tiny ({tiny_params} params) fwd+bwd  batch {b}x{t}: {tiny_tps:.0} tokens/s flash, {composite_tps:.0} composite (x{:.2})",
+        tiny_tps / composite_tps
+    );
     out.insert(
         "tiny".into(),
-        json!({"params": tiny_params, "batch": b, "seq": t, "fwd_bwd_tokens_per_s": tiny_tps}),
+        json!({"params": tiny_params, "batch": b, "seq": t, "fwd_bwd_tokens_per_s": tiny_tps,
+               "composite_tokens_per_s": composite_tps}),
     );
     drop(m);
 

@@ -173,6 +173,10 @@ pub fn gpu_check(out: &Path) -> Result<ExitCode> {
     write(&report)?;
     report.insert("fwd_bwd".into(), crate::gpu_bench::fwd_bwd(&dev)?);
     write(&report)?;
+    report.insert("flash_kernel".into(), crate::gpu_long::flash_kernel(&dev)?);
+    write(&report)?;
+    report.insert("long_context".into(), crate::gpu_long::long_context(&dev)?);
+    write(&report)?;
     report.insert("logprob".into(), crate::gpu_bench::logprob(&dev)?);
     write(&report)?;
     println!("{}", serde_json::to_string(&Value::Object(report))?);

@@ -2,11 +2,14 @@
 //! The only crate besides the trainer that touches the filesystem or the terminal.
 
 mod bench;
+mod bench_memory;
 mod check_model;
 mod eval;
 mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_bench;
+#[cfg(feature = "cuda")]
+mod gpu_long;
 mod mem;
 mod methods;
 mod process;
@@ -93,6 +96,21 @@ enum Cmd {
         #[arg(long, default_value = "models/testbed")]
         out: std::path::PathBuf,
     },
+    /// The memory plan of a run: every component, whether it fits, the largest micro-batch.
+    Plan {
+        /// Run config.
+        #[arg(long, default_value = "configs/default.toml")]
+        config: String,
+        /// Memory per GPU in GB (GiB); without it, the plan only adds up.
+        #[arg(long)]
+        gpu_mem: Option<f64>,
+        /// GPUs the run shards its optimizer state over (ZeRO-2).
+        #[arg(long, default_value_t = 1)]
+        gpus: usize,
+        /// Prompt tokens to plan the rollout cache for.
+        #[arg(long, default_value_t = 512)]
+        prompt_tokens: usize,
+    },
     /// Benchmarks; `bench model` measures the training forward/backward and the log-prob path.
     Bench {
         #[command(subcommand)]
@@ -117,6 +135,12 @@ fn main() -> ExitCode {
         Cmd::GpuSession { dir, timeout_s } => gpu::gpu_session(dir, timeout_s),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
+        Cmd::Plan {
+            config,
+            gpu_mem,
+            gpus,
+            prompt_tokens,
+        } => plan(&config, gpu_mem, gpus, prompt_tokens),
         Cmd::MakeTestbed { out } => make_testbed(&out),
         Cmd::Plot { metrics, out } => plot(&metrics, out),
     };
@@ -133,6 +157,36 @@ fn main() -> ExitCode {
 }
 
 /// Runs (or resumes) a training run and prints the summary table.
+fn plan(
+    config: &str,
+    gpu_mem: Option<f64>,
+    gpus: usize,
+    prompt_tokens: usize,
+) -> anyhow::Result<ExitCode> {
+    use terse_train::plan::{model_shape, plan, Target};
+    let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
+    let shape = model_shape(&cfg)?;
+    let target = Target {
+        cuda: cfg.run.device.starts_with("cuda"),
+        device_bytes: gpu_mem.map(|g| (g * (1u64 << 30) as f64) as u64),
+        gpus,
+        prompt_tokens,
+    };
+    let p = plan(&cfg, &shape, target);
+    println!(
+        "memory plan of {config} ({} parameters, {} on {}, {gpus} GPU(s)):",
+        shape.num_parameters(),
+        if target.cuda { "bf16" } else { "f32" },
+        cfg.run.device
+    );
+    print!("{}", p.table());
+    Ok(if p.fits() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 fn train(config: &str) -> anyhow::Result<ExitCode> {
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     let s = terse_train::train(&cfg)?;

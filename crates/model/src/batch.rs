@@ -26,6 +26,9 @@ pub struct Batch {
     pub ids: Vec<u32>,
     pub b: usize,
     pub t: usize,
+    /// Packed sequences: one row holding sequences of these lengths one after another
+    /// (positions restart at each; attention never crosses them). None for padded rows.
+    pub segments: Option<Vec<usize>>,
 }
 
 impl Batch {
@@ -64,7 +67,28 @@ impl Batch {
             mask,
             b,
             t,
+            segments: None,
         })
+    }
+
+    /// Sequences packed into one row, no padding: positions restart at 0 on each sequence and
+    /// the attention stays inside each (`segments`).
+    pub fn packed(rows: &[Vec<u32>], device: &Device) -> Result<Self> {
+        let ids: Vec<u32> = rows.iter().flatten().copied().collect();
+        let positions: Vec<u32> = rows.iter().flat_map(|r| 0..r.len() as u32).collect();
+        let t = ids.len();
+        let mut batch = Self::with_positions(ids, vec![1; t], positions, 1, t, device)?;
+        batch.segments = Some(rows.iter().map(Vec::len).collect());
+        Ok(batch)
+    }
+
+    /// The flat index (r * T + t form) of sequence `seq`'s first token: row `seq` of a padded
+    /// batch, or the sequence's offset in a packed row. Right padding assumed for rows.
+    pub fn seq_start(&self, seq: usize) -> usize {
+        match &self.segments {
+            Some(lens) => lens[..seq].iter().sum(),
+            None => seq * self.t,
+        }
     }
 
     /// Pads rows of different lengths to the longest with `pad_id`.
@@ -93,6 +117,17 @@ impl Batch {
     pub fn causal_allowed(&self) -> Vec<u8> {
         let (b, t) = (self.b, self.t);
         let mut a = vec![0u8; b * t * t];
+        if let Some(lens) = &self.segments {
+            // Block-diagonal: each packed sequence attends causally within itself.
+            let mut at = 0;
+            for &n in lens {
+                for i in at..at + n {
+                    a[i * t + at..=i * t + i].fill(1);
+                }
+                at += n;
+            }
+            return a;
+        }
         for r in 0..b {
             for i in 0..t {
                 for j in 0..=i {
@@ -107,6 +142,17 @@ impl Batch {
     /// the selection `Qwen3::token_logprobs` takes to score a whole batch.
     pub fn next_token_selection(&self) -> (Vec<u32>, Vec<u32>) {
         let (mut rows, mut targets) = (vec![], vec![]);
+        if let Some(lens) = &self.segments {
+            let mut at = 0;
+            for &n in lens {
+                for i in at..(at + n).saturating_sub(1) {
+                    rows.push(i as u32);
+                    targets.push(self.ids[i + 1]);
+                }
+                at += n;
+            }
+            return (rows, targets);
+        }
         for r in 0..self.b {
             for j in 0..self.t.saturating_sub(1) {
                 let (i0, i1) = (r * self.t + j, r * self.t + j + 1);

@@ -38,6 +38,18 @@ fn cuda(spec: &str, _ordinal: usize) -> Result<(Device, DType)> {
     crate::fail!("device `{spec}` requested but this binary was built without the `cuda` feature (rebuild with --features cuda)")
 }
 
+/// (free, total) bytes of a CUDA device's memory; None on the CPU (or when the driver cannot
+/// say).
+pub fn memory(device: &Device) -> Option<(u64, u64)> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(c) = device {
+        let (free, total) = c.cuda_stream().context().mem_get_info().ok()?;
+        return Some((free as u64, total as u64));
+    }
+    let _ = device;
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,11 +12,15 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
 
-mod ptx {
+pub(crate) mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
 }
 
-fn view<'a, T: CudaDType>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+pub(crate) fn view<'a, T: CudaDType>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(s.as_cuda_slice::<T>()?.slice(a..b)),
         None => crate::fail!("{what}: expected a contiguous tensor"),

@@ -15,6 +15,9 @@ pub const LOGPROB_BLOCK: u32 = 512;
 pub const DECODE_WARPS: u32 = 4;
 /// The largest head size `decode_attention_*` keeps accumulators for (each lane D / 32).
 pub const DECODE_MAX_HEAD_DIM: usize = 256;
+/// Warps per block of `flash_*` (one warp per query or key row; head sizes up to
+/// `DECODE_MAX_HEAD_DIM`).
+pub const FLASH_WARPS: u32 = 4;
 
 /// The `-D` macros build.rs gives nvcc; kernels/common.cuh refuses to compile without each.
 pub fn nvcc_defines() -> Vec<(&'static str, u64)> {
@@ -23,6 +26,7 @@ pub fn nvcc_defines() -> Vec<(&'static str, u64)> {
         ("TERSE_LOGPROB_BLOCK", u64::from(LOGPROB_BLOCK)),
         ("TERSE_DECODE_WARPS", u64::from(DECODE_WARPS)),
         ("TERSE_DECODE_MAX_HEAD_DIM", DECODE_MAX_HEAD_DIM as u64),
+        ("TERSE_FLASH_WARPS", u64::from(FLASH_WARPS)),
     ]
 }
 
@@ -226,7 +230,7 @@ mod tests {
                 "{k} = {v}"
             );
         }
-        for f in ["rmsnorm.cu", "logprob.cu", "kv_cache.cu"] {
+        for f in ["rmsnorm.cu", "logprob.cu", "kv_cache.cu", "flash_attn.cu"] {
             let src = std::fs::read_to_string(dir.join(f)).expect("kernel");
             for l in src
                 .lines()

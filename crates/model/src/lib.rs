@@ -22,12 +22,15 @@ macro_rules! fail {
     };
 }
 
+pub mod backward;
 pub mod batch;
 pub mod cache;
+mod cached;
 pub mod checkpoint;
 pub mod config;
 mod decode;
 pub mod device;
+pub mod flash;
 pub(crate) mod fused;
 #[cfg(feature = "cuda")]
 mod fused_cuda;
@@ -44,4 +47,4 @@ pub use cache::KvCache;
 pub use checkpoint::{resolve, SaveOptions};
 pub use config::Config;
 pub use decode::DecodeWeights;
-pub use model::Qwen3;
+pub use model::{ForwardOptions, Qwen3};

@@ -3,15 +3,15 @@
 //!
 //! Data flow: `Batch` -> embed -> N x (attention block, MLP block) -> final norm -> either
 //! `token_logprobs` (training, only the selected rows touch the vocabulary) or `logits`
-//! (evaluation, small vocabularies). `forward_cached` runs the same blocks over new slots of a
-//! `KvCache` and returns the last slot's logits.
+//! (evaluation, small vocabularies). Attention is flash attention over key ranges where the
+//! device and dtype have it (`flash/`), else the composite reference. `logprob_backward`
+//! (backward.rs) is the training step's forward+backward, with layer checkpointing;
+//! `forward_cached` (cached.rs) runs the same blocks over new slots of a `KvCache`.
 
 use crate::batch::Batch;
-use crate::cache::KvCache;
 use crate::checkpoint::{read_weights, write_checkpoint, SaveOptions};
 use crate::config::Config;
-use crate::decode;
-use crate::decode::DecodeWeights;
+use crate::flash::{self, KeyRanges};
 use crate::fused;
 use crate::logprob;
 use crate::ops::{attention_bias, gqa_attention, rms_norm, rope, rope_tables};
@@ -26,10 +26,41 @@ pub struct Qwen3 {
     /// f32 (or f64 in gradient checks) master weights, in sorted key order.
     vars: BTreeMap<String, Var>,
     /// The dtype the forward computes in (f32 on CPU; bf16 on CUDA).
-    compute_dtype: DType,
+    pub(crate) compute_dtype: DType,
     /// The dtype the checkpoint was stored in; saving uses it unless told otherwise.
     pub storage_dtype: DType,
-    device: Device,
+    pub(crate) device: Device,
+    /// How the training forward runs (attention, checkpointing).
+    pub options: ForwardOptions,
+}
+
+/// How the full-sequence forward and the training backward run. Every choice computes the
+/// same function (to float rounding); they trade memory and speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardOptions {
+    /// Flash attention (O(T) memory) where the device and dtype have it; else, and when false,
+    /// the composite attention with its (B, H, T, T) scores.
+    pub flash: bool,
+    /// Layer checkpointing in `logprob_backward`: keep each decoder layer's input only and
+    /// recompute one layer at a time in the backward.
+    pub checkpoint_layers: bool,
+}
+
+impl Default for ForwardOptions {
+    fn default() -> Self {
+        Self {
+            flash: true,
+            checkpoint_layers: false,
+        }
+    }
+}
+
+/// Which attention a layer runs: the composite ops with an additive bias (B, 1, 1, T, S), or
+/// flash attention over key ranges (full sequences only, no cache).
+#[derive(Clone, Copy)]
+pub(crate) enum Mask<'a> {
+    Bias(&'a Tensor),
+    Ranges(&'a KeyRanges),
 }
 
 impl std::fmt::Debug for Qwen3 {
@@ -79,6 +110,7 @@ impl Qwen3 {
             compute_dtype,
             storage_dtype: DType::F32,
             device,
+            options: ForwardOptions::default(),
         })
     }
 
@@ -153,7 +185,7 @@ impl Qwen3 {
     }
 
     /// A weight in the compute dtype; part of the graph only when `train`.
-    fn w(&self, name: &str, train: bool) -> Result<Tensor> {
+    pub(crate) fn w(&self, name: &str, train: bool) -> Result<Tensor> {
         let v = match self.vars.get(name) {
             Some(v) => v,
             None => crate::fail!("internal: weight `{name}` missing"),
@@ -166,7 +198,7 @@ impl Qwen3 {
         t.to_dtype(self.compute_dtype)
     }
 
-    fn head_name(&self) -> &'static str {
+    pub(crate) fn head_name(&self) -> &'static str {
         if self.config.tie_word_embeddings {
             "model.embed_tokens.weight"
         } else {
@@ -185,13 +217,13 @@ impl Qwen3 {
     /// One decoder layer. `cache` = (layer cache k/v, slot offset, slot validity (B * capacity),
     /// use the fused one-slot ops) on the inference path.
     #[allow(clippy::too_many_arguments)]
-    fn layer(
+    pub(crate) fn layer(
         &self,
         l: usize,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        bias: Option<&Tensor>,
+        mask: Option<Mask>,
         cache: Option<(&Tensor, &Tensor, usize, Option<&Tensor>)>,
         train: bool,
     ) -> Result<Tensor> {
@@ -254,10 +286,13 @@ impl Qwen3 {
                 (k.to_dtype(dt)?, v.to_dtype(dt)?)
             }
         };
-        let Some(bias) = bias else {
-            crate::fail!("layer {l}: the composite attention needs the attention bias");
+        let attn = match mask {
+            Some(Mask::Bias(bias)) => gqa_attention(&q, &k, &v, bias)?, // (B, Hq, T, hd)
+            Some(Mask::Ranges(r)) if cache.is_none() => flash::attention(&q, &k, &v, r)?,
+            _ => crate::fail!(
+                "layer {l}: the attention needs a bias or (without a cache) key ranges"
+            ),
         };
-        let attn = gqa_attention(&q, &k, &v, bias)?; // (B, Hq, T, hd)
         let attn = attn
             .transpose(1, 2)?
             .contiguous()?
@@ -281,29 +316,52 @@ impl Qwen3 {
         x + self.linear(&(gate * up)?, &format!("{p}.mlp.down_proj.weight"), train)?
     }
 
-    fn embed(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
+    pub(crate) fn embed(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let e = self.w("model.embed_tokens.weight", train)?;
         e.index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, self.config.hidden_size)) // (B, T, H)
     }
 
-    /// Final-norm hidden states (B, T, H) of a padded batch; differentiable when `train`.
-    pub fn hidden_states(&self, batch: &Batch, train: bool) -> Result<Tensor> {
+    /// Whether full-sequence forwards run flash attention (asked for, and the device and
+    /// dtype have it): then packed batches cost O(T) too.
+    pub fn flash_active(&self) -> bool {
+        self.options.flash && flash::supported(&self.device, self.compute_dtype)
+    }
+
+    /// The rotary tables and the attention mask of a full-sequence forward over `batch`:
+    /// key ranges for flash attention where it serves, else the composite's bias.
+    pub(crate) fn sequence_inputs(&self, batch: &Batch) -> Result<(Tensor, Tensor, MaskOwned)> {
         let c = &self.config;
         let dt = self.compute_dtype;
         let (cos, sin) = rope_tables(&batch.position_ids, c.head_dim, c.rope_theta, dt)?;
-        let bias = attention_bias(
-            &batch.causal_allowed(),
-            batch.b,
-            batch.t,
-            batch.t,
-            dt,
-            &self.device,
-        )?;
+        let ranges = match &batch.segments {
+            _ if !self.flash_active() => None,
+            Some(lens) => Some(KeyRanges::packed(lens, batch.t, &self.device)?),
+            None => KeyRanges::from_mask(&batch.mask, batch.b, batch.t, &self.device)?,
+        };
+        let mask = match ranges {
+            Some(r) => MaskOwned::Ranges(r),
+            None => MaskOwned::Bias(attention_bias(
+                &batch.causal_allowed(),
+                batch.b,
+                batch.t,
+                batch.t,
+                dt,
+                &self.device,
+            )?),
+        };
+        Ok((cos, sin, mask))
+    }
+
+    /// Final-norm hidden states (B, T, H) of a padded or packed batch; differentiable when
+    /// `train`.
+    pub fn hidden_states(&self, batch: &Batch, train: bool) -> Result<Tensor> {
+        let c = &self.config;
+        let (cos, sin, mask) = self.sequence_inputs(batch)?;
         let mut x = self.embed(&batch.input_ids, train)?;
         for l in 0..c.num_hidden_layers {
-            x = self.layer(l, &x, &cos, &sin, Some(&bias), None, train)?;
+            x = self.layer(l, &x, &cos, &sin, Some(mask.as_mask()), None, train)?;
         }
         rms_norm(&x, &self.w("model.norm.weight", train)?, c.rms_norm_eps)
     }
@@ -337,6 +395,17 @@ impl Qwen3 {
             );
         }
         let h = self.hidden_states(batch, train)?;
+        self.head_logprobs(&h, rows, targets, train)
+    }
+
+    /// log p(targets) at flat rows of final-norm hidden states h (B, T, H) -> (N).
+    pub(crate) fn head_logprobs(
+        &self,
+        h: &Tensor,
+        rows: &[u32],
+        targets: &[u32],
+        train: bool,
+    ) -> Result<Tensor> {
         let (b, t, hs) = h.dims3()?;
         let idx = Tensor::from_slice(rows, rows.len(), &self.device)?;
         let sel = h.reshape((b * t, hs))?.index_select(&idx, 0)?; // (N, H)
@@ -348,123 +417,6 @@ impl Qwen3 {
             logprob::DEFAULT_CHUNK_ROWS,
         )
     }
-
-    /// An empty KV cache for `b` rows and up to `capacity` slots, in the compute dtype.
-    pub fn new_cache(&self, b: usize, capacity: usize) -> Result<KvCache> {
-        self.new_cache_in(b, capacity, self.compute_dtype)
-    }
-
-    /// An empty KV cache storing K and V in `dtype` (F16 on an f32 model halves the bytes each
-    /// decode step reads, at the price of rounding K and V to f16 before attention).
-    pub fn new_cache_in(&self, b: usize, capacity: usize, dtype: DType) -> Result<KvCache> {
-        let c = &self.config;
-        KvCache::new(
-            c.num_hidden_layers,
-            b,
-            c.num_key_value_heads,
-            capacity,
-            c.head_dim,
-            dtype,
-            &self.device,
-        )
-    }
-
-    /// A decode snapshot of the current weights for `forward_cached` (packed on first use).
-    pub fn decode_weights(&self) -> DecodeWeights {
-        DecodeWeights::default()
-    }
-
-    /// Appends S new slots per row to the cache and returns the logits of the last new slot
-    /// (B, V). ids/positions are (B, S); `valid` (B*S) marks real tokens (0 = padding slot).
-    /// `weights` is a snapshot of this model's current weights (`decode_weights`), shared by
-    /// every cache decoded with them.
-    pub fn forward_cached(
-        &self,
-        weights: &DecodeWeights,
-        cache: &mut KvCache,
-        ids: &Tensor,
-        positions: &Tensor,
-        valid: &[u8],
-    ) -> Result<Tensor> {
-        let path = if decode::supported(&self.device, self.compute_dtype, cache.dtype()) {
-            DecodePath::Cpu
-        } else if ids.dim(1)? != 1 || cache.dtype() != self.compute_dtype {
-            DecodePath::Composite
-        } else if self.device.is_cuda() {
-            DecodePath::Kernels
-        } else {
-            DecodePath::Composite
-        };
-        self.forward_cached_with(path, weights, cache, ids, positions, valid)
-    }
-
-    /// `forward_cached` along a chosen path (tests compare the paths on one device).
-    pub(crate) fn forward_cached_with(
-        &self,
-        path: DecodePath,
-        snapshot: &DecodeWeights,
-        cache: &mut KvCache,
-        ids: &Tensor,
-        positions: &Tensor,
-        valid: &[u8],
-    ) -> Result<Tensor> {
-        let c = &self.config;
-        let dt = self.compute_dtype;
-        let (b, s) = ids.dims2()?;
-        let off = cache.len();
-        cache.append_slots(valid, b, s)?;
-        if path == DecodePath::Cpu {
-            let ws = decode::weight_names(c, self.head_name())
-                .iter()
-                .map(|n| self.w(n, false))
-                .collect::<Result<Vec<_>>>()?;
-            let ids = ids.flatten_all()?.to_vec1::<u32>()?;
-            let pos = positions.flatten_all()?.to_vec1::<u32>()?;
-            return decode::step(c, &ws, snapshot, cache, &ids, &pos, s);
-        }
-        // The kernels path needs the validity flags on the device (once per step) and no bias;
-        // the composite path the bias.
-        let kernels = path == DecodePath::Kernels && s == 1;
-        let valid_dev = if kernels {
-            let flags = cache.valid();
-            Some(Tensor::from_slice(flags, flags.len(), &self.device)?)
-        } else {
-            None
-        };
-        let bias = if kernels {
-            None
-        } else {
-            Some(attention_bias(
-                &cache.allowed(s),
-                b,
-                s,
-                off + s,
-                dt,
-                &self.device,
-            )?)
-        };
-        let (cos, sin) = rope_tables(positions, c.head_dim, c.rope_theta, dt)?;
-        let mut x = self.embed(ids, false)?;
-        for l in 0..c.num_hidden_layers {
-            let (k, v) = cache.layer(l);
-            let slots = Some((k, v, off, valid_dev.as_ref()));
-            x = self.layer(l, &x, &cos, &sin, bias.as_ref(), slots, false)?;
-        }
-        let last = x.narrow(1, s - 1, 1)?.squeeze(1)?; // (B, H)
-        let h = rms_norm(&last, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;
-        h.matmul(&self.w(self.head_name(), false)?.t()?)?
-            .to_dtype(crate::ops::accum_dtype(dt)) // (B, V)
-    }
-}
-
-/// How `forward_cached` runs: candle's composite ops (any device, any slot count), the fused
-/// custom ops of `fused` for a one-slot step (on CUDA: the kernels of kernels/*.cu), or the CPU
-/// step of `decode::cpu` (f32 on the CPU: prefill and decode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DecodePath {
-    Composite,
-    Kernels,
-    Cpu,
 }
 
 /// Master weights stay in full precision whatever the compute dtype (bf16 moments and weights
@@ -474,5 +426,20 @@ fn master_dtype(compute: DType) -> DType {
         DType::F64
     } else {
         DType::F32
+    }
+}
+
+/// The mask a full-sequence forward owns (see `Mask`).
+pub(crate) enum MaskOwned {
+    Bias(Tensor),
+    Ranges(KeyRanges),
+}
+
+impl MaskOwned {
+    pub(crate) fn as_mask(&self) -> Mask<'_> {
+        match self {
+            MaskOwned::Bias(b) => Mask::Bias(b),
+            MaskOwned::Ranges(r) => Mask::Ranges(r),
+        }
     }
 }

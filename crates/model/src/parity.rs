@@ -3,7 +3,8 @@
 //! (the dtype the model computes in on CUDA: inputs rounded to bf16, the reference run in f32
 //! on the rounded values); a small random Qwen3 decoding 16 steps through the kernels against
 //! the composite path on the same device; and the training path's log-probs and gradients in
-//! bf16 against f32. `cargo xtask gpu-check` runs the groups one at a time (stopping at the
+//! bf16 against f32; flash attention forward and backward against its CPU implementation.
+//! `cargo xtask gpu-check` runs the groups one at a time (stopping at the
 //! first failing row, with what ran written down); the `cuda` integration test runs them all.
 //! On the CPU every group runs too, its "device" side on the CPU, so the code stays exercised.
 
@@ -37,6 +38,8 @@ pub fn groups() -> Vec<Group> {
         ("rmsnorm bf16", rmsnorm_bf16),
         ("rope bf16", rope_bf16),
         ("kv cache bf16", kv_cache_bf16),
+        ("flash attention f32", flash_f32),
+        ("flash attention bf16", flash_bf16),
         ("model decode bf16", model_decode),
         ("model training bf16 vs f32", model_training),
     ]
@@ -275,7 +278,7 @@ fn small_config() -> Result<crate::Config> {
 /// composite ops (`DecodePath::Composite`) on the same device, the same tokens fed to both:
 /// the logits' max difference and how many steps pick a different token.
 fn model_decode(dev: &Device) -> Result<Vec<Row>> {
-    use crate::model::DecodePath;
+    use crate::cached::DecodePath;
     let dt = if dev.is_cuda() {
         DType::BF16
     } else {
@@ -381,4 +384,78 @@ fn model_training(dev: &Device) -> Result<Vec<Row>> {
             tolerance: tol_g,
         },
     ])
+}
+
+/// Flash attention on `dev` in `dt` against the CPU implementation in f32 on the same (rounded)
+/// inputs: out, dq, dk, dv for GQA 4 with left padding in row 0 and packed-like short rows.
+fn flash(dev: &Device, dt: DType) -> Result<Vec<Row>> {
+    let (b, hq, hkv, t, d) = (2, 8, 2, 150, 128);
+    let round = |x: Tensor| {
+        if dt == DType::BF16 {
+            bf16_round(&x)
+        } else {
+            Ok(x)
+        }
+    };
+    let q = round(rnd(&[b, hq, t, d], 1)?)?;
+    let k = round(rnd(&[b, hkv, t, d], 2)?)?;
+    let v = round(rnd(&[b, hkv, t, d], 3)?)?;
+    let g = round(rnd(&[b, hq, t, d], 4)?)?;
+    let mut mask = vec![1u8; b * t];
+    mask[..17].fill(0);
+    let run = |on: &Device, dt: DType| -> Result<Vec<Tensor>> {
+        let vars = [&q, &k, &v]
+            .iter()
+            .map(|x| Var::from_tensor(&x.to_device(on)?.to_dtype(dt)?))
+            .collect::<Result<Vec<_>>>()?;
+        let ranges = match crate::flash::KeyRanges::from_mask(&mask, b, t, on)? {
+            Some(r) => r,
+            None => candle_core::bail!("parity: flash mask not contiguous"),
+        };
+        let out = crate::flash::attention(
+            vars[0].as_tensor(),
+            vars[1].as_tensor(),
+            vars[2].as_tensor(),
+            &ranges,
+        )?;
+        let gs = (out.to_dtype(DType::F32)? * g.to_device(on)?)?
+            .sum_all()?
+            .backward()?;
+        let mut res = vec![out.to_dtype(DType::F32)?];
+        for (x, name) in vars.iter().zip(["dq", "dk", "dv"]) {
+            res.push(grad(&gs, x, name)?.to_dtype(DType::F32)?);
+        }
+        Ok(res)
+    };
+    let (got, want) = (run(dev, dt)?, run(&Device::Cpu, DType::F32)?);
+    let sfx = if dt == DType::BF16 { "bf16" } else { "f32" };
+    ["out", "dq", "dk", "dv"]
+        .iter()
+        .zip(got.iter().zip(&want))
+        .map(|(name, (a, c))| {
+            // Padding rows (17 of row 0) are don't-cares in the output and dq: both paths give 0.
+            let tol = if dt == DType::BF16 {
+                bf16_tolerance(c)?
+            } else {
+                1e-4
+            };
+            row(&format!("flash attention {name} {sfx}"), a, c, tol)
+        })
+        .collect()
+}
+
+fn flash_f32(dev: &Device) -> Result<Vec<Row>> {
+    flash(dev, DType::F32)
+}
+
+fn flash_bf16(dev: &Device) -> Result<Vec<Row>> {
+    // The CPU implementation is f32 only; on the CPU this group compares f32 with itself.
+    flash(
+        dev,
+        if dev.is_cuda() {
+            DType::BF16
+        } else {
+            DType::F32
+        },
+    )
 }

@@ -1,11 +1,12 @@
-//! From sequences to gradients: token-budget micro-batches, each a right-padded model batch
-//! whose completion tokens are scored with the fused log-prob path, a loss with global weights,
+//! From sequences to gradients: token-budget micro-batches, each a model batch (the sequences
+//! packed into one row where the model's attention allows it, else right-padded rows) whose
+//! completion tokens are scored with the fused log-prob path, a loss with global weights,
 //! backward, and gradient accumulation. The same function serves SFT and GRPO.
 
 use crate::loss::{sft_loss, LossInputs, LossStats, PolicyLoss, PpoParams};
 use candle_core::{Result, Tensor};
 use terse_model::{Batch, Padding, Qwen3};
-use terse_optim::{accumulate, collect_grads, Grads};
+use terse_optim::{accumulate, Grads};
 
 /// One training sequence: prompt ⊕ completion, with per-completion-token data.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,20 +39,56 @@ pub enum Objective<'a> {
     Policy(&'a dyn PolicyLoss),
 }
 
-/// Splits sequence indices into micro-batches whose padded size (rows x longest row) stays
-/// within `budget` tokens (a longer sequence gets a micro-batch of its own). Sequences are taken
-/// in length order so rows of similar length share a batch and little compute goes to padding;
-/// the loss weights are global, so the grouping does not change the result.
-pub fn micro_batches(seqs: &[Seq], budget: usize) -> Vec<Vec<usize>> {
+/// How sequences become model batches: a token budget per micro-batch, and whether they are
+/// packed into one row (no padding) or padded to the longest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MicroBatching {
+    pub tokens: usize,
+    pub packed: bool,
+}
+
+impl MicroBatching {
+    /// Packed when asked and the model's attention keeps packed sequences apart in O(T)
+    /// (flash attention); the composite attention would pay for the whole pack squared.
+    pub fn for_model(tokens: usize, packing: bool, model: &Qwen3) -> Self {
+        Self {
+            tokens,
+            packed: packing && model.flash_active(),
+        }
+    }
+
+    /// The model batch of `seqs`.
+    fn batch(&self, seqs: &[&Seq], dev: &candle_core::Device) -> Result<Batch> {
+        let rows: Vec<Vec<u32>> = seqs.iter().map(|s| s.tokens.clone()).collect();
+        if self.packed {
+            Batch::packed(&rows, dev)
+        } else {
+            Batch::from_rows(&rows, 0, Padding::Right, dev)
+        }
+    }
+}
+
+/// Splits sequence indices into micro-batches whose size stays within the budget: rows x
+/// longest row when padded, the sum of lengths when packed (a longer sequence gets a
+/// micro-batch of its own). Sequences are taken in length order so rows of similar length
+/// share a batch and little compute goes to padding; the loss weights are global, so the
+/// grouping does not change the result.
+pub fn micro_batches(seqs: &[Seq], mb: MicroBatching) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..seqs.len()).collect();
     order.sort_by_key(|&i| (seqs[i].tokens.len(), i));
     let mut out: Vec<Vec<usize>> = vec![];
+    let mut used = 0;
     for i in order {
         let n = seqs[i].tokens.len();
         // Rows arrive in ascending length, so the new row is the longest of its batch.
-        let fits = out
-            .last()
-            .is_some_and(|mb: &Vec<usize>| (mb.len() + 1) * n <= budget);
+        let fits = out.last().is_some_and(|group: &Vec<usize>| {
+            if mb.packed {
+                used + n <= mb.tokens
+            } else {
+                (group.len() + 1) * n <= mb.tokens
+            }
+        });
+        used = if fits { used + n } else { n };
         if !fits {
             out.push(vec![]);
         }
@@ -60,14 +97,15 @@ pub fn micro_batches(seqs: &[Seq], budget: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// Flat (row, target) selections of the loss tokens of `seqs` laid out as a right-padded batch.
-fn selection(seqs: &[&Seq], t: usize) -> (Vec<u32>, Vec<u32>) {
+/// Flat (row, target) selections of the loss tokens of `seqs` laid out in `batch`.
+fn selection(seqs: &[&Seq], batch: &Batch) -> (Vec<u32>, Vec<u32>) {
     let (mut rows, mut targets) = (vec![], vec![]);
     for (r, s) in seqs.iter().enumerate() {
+        let start = batch.seq_start(r);
         for (j, &m) in s.loss_mask.iter().enumerate() {
             if m {
                 let pos = s.prompt_len + j; // the target token's position
-                rows.push((r * t + pos - 1) as u32);
+                rows.push((start + pos - 1) as u32);
                 targets.push(s.tokens[pos]);
             }
         }
@@ -77,13 +115,12 @@ fn selection(seqs: &[&Seq], t: usize) -> (Vec<u32>, Vec<u32>) {
 
 /// Per-token log-probs of every sequence's completion tokens under `model` (no graph), in
 /// `loss_mask` order: the reference policy's pass.
-pub fn logprobs(model: &Qwen3, seqs: &[Seq], budget: usize) -> Result<Vec<Vec<f32>>> {
+pub fn logprobs(model: &Qwen3, seqs: &[Seq], how: MicroBatching) -> Result<Vec<Vec<f32>>> {
     let mut out = vec![vec![]; seqs.len()];
-    for mb in micro_batches(seqs, budget) {
+    for mb in micro_batches(seqs, how) {
         let group: Vec<&Seq> = mb.iter().map(|&i| &seqs[i]).collect();
-        let rows_in: Vec<Vec<u32>> = group.iter().map(|s| s.tokens.clone()).collect();
-        let batch = Batch::from_rows(&rows_in, 0, Padding::Right, model.device())?;
-        let (rows, targets) = selection(&group, batch.t);
+        let batch = how.batch(&group, model.device())?;
+        let (rows, targets) = selection(&group, &batch);
         let lp = model
             .token_logprobs(&batch, &rows, &targets, false)?
             .to_dtype(candle_core::DType::F32)?
@@ -112,20 +149,18 @@ pub fn gradients(
     model: &Qwen3,
     seqs: &[Seq],
     objective: Objective,
-    budget: usize,
+    how: MicroBatching,
 ) -> Result<(Grads, LossStats)> {
     let dev = model.device();
     let mut grads = Grads::new();
     let mut total = LossStats::default();
-    for mb in micro_batches(seqs, budget) {
+    for mb in micro_batches(seqs, how) {
         let group: Vec<&Seq> = mb.iter().map(|&i| &seqs[i]).collect();
         if group.iter().all(|s| s.loss_tokens() == 0) {
             continue;
         }
-        let rows_in: Vec<Vec<u32>> = group.iter().map(|s| s.tokens.clone()).collect();
-        let batch = Batch::from_rows(&rows_in, 0, Padding::Right, dev)?;
-        let (rows, targets) = selection(&group, batch.t);
-        let logp = model.token_logprobs(&batch, &rows, &targets, true)?; // (N)
+        let batch = how.batch(&group, dev)?;
+        let (rows, targets) = selection(&group, &batch);
         let per_token = |f: &dyn Fn(&Seq) -> Vec<f32>| -> Result<Tensor> {
             let v: Vec<f32> = group.iter().flat_map(|s| f(s)).collect();
             Tensor::from_vec(v, rows.len(), dev)
@@ -144,29 +179,40 @@ pub fn gradients(
             Objective::Ppo(p) => p,
             Objective::Policy(l) => *l,
         };
-        let (loss, st) = if let Objective::Sft = objective {
-            sft_loss(&logp, &w)?
-        } else {
-            let old = per_token(&|s| masked(s, &s.old_logp))?;
-            let adv = per_token(&|s| vec![s.advantage; s.loss_tokens()])?;
-            let wants_ref = match &objective {
-                Objective::Ppo(p) => p.kl_coef > 0.0,
-                _ => group.iter().all(|s| s.ref_logp.is_some()),
-            };
-            let reference = if wants_ref {
-                Some(per_token(&|s| s.ref_logp.clone().unwrap_or_default())?)
+        // The loss of the micro-batch's log-probs (N); the model runs forward and backward
+        // around it (checkpointed or not).
+        let mut stats = None;
+        let mut loss_of = |logp: &Tensor| -> Result<Tensor> {
+            let (loss, st) = if let Objective::Sft = objective {
+                sft_loss(logp, &w)?
             } else {
-                None
+                let old = per_token(&|s| masked(s, &s.old_logp))?;
+                let adv = per_token(&|s| vec![s.advantage; s.loss_tokens()])?;
+                let wants_ref = match &objective {
+                    Objective::Ppo(p) => p.kl_coef > 0.0,
+                    _ => group.iter().all(|s| s.ref_logp.is_some()),
+                };
+                let reference = if wants_ref {
+                    Some(per_token(&|s| s.ref_logp.clone().unwrap_or_default())?)
+                } else {
+                    None
+                };
+                policy.loss(&LossInputs {
+                    logp,
+                    old_logp: &old,
+                    ref_logp: reference.as_ref(),
+                    advantage: &adv,
+                    weight: &w,
+                })?
             };
-            policy.loss(&LossInputs {
-                logp: &logp,
-                old_logp: &old,
-                ref_logp: reference.as_ref(),
-                advantage: &adv,
-                weight: &w,
-            })?
+            stats = Some(st);
+            Ok(loss)
         };
-        accumulate(&mut grads, collect_grads(model.vars(), &loss.backward()?))?;
+        let g = model.logprob_backward(&batch, &rows, &targets, &mut loss_of)?;
+        accumulate(&mut grads, g)?;
+        let Some(st) = stats else {
+            candle_core::bail!("internal: the loss was not computed");
+        };
         total.loss += st.loss;
         total.tokens += st.tokens;
         total.clipped_low += st.clipped_low;
@@ -181,7 +227,7 @@ pub fn gradients(
 mod tests {
     use super::*;
 
-    fn check(lens: &[usize], budget: usize, expect: &[&[usize]]) {
+    fn check(lens: &[usize], budget: usize, packed: bool, expect: &[&[usize]]) {
         let seqs: Vec<Seq> = lens
             .iter()
             .map(|&n| Seq {
@@ -195,7 +241,13 @@ mod tests {
             })
             .collect();
         assert_eq!(
-            micro_batches(&seqs, budget),
+            micro_batches(
+                &seqs,
+                MicroBatching {
+                    tokens: budget,
+                    packed
+                }
+            ),
             expect,
             "lens {lens:?} budget {budget}"
         );
@@ -203,11 +255,15 @@ mod tests {
 
     #[test]
     fn micro_batches_group_similar_lengths_within_the_padded_budget() {
-        check(&[10, 2, 9, 3], 20, &[&[1, 3], &[2, 0]]);
-        check(&[10, 2, 9, 3], 1000, &[&[1, 3, 2, 0]]);
+        check(&[10, 2, 9, 3], 20, false, &[&[1, 3], &[2, 0]]);
+        check(&[10, 2, 9, 3], 1000, false, &[&[1, 3, 2, 0]]);
         // A row longer than the budget gets a micro-batch of its own.
-        check(&[30, 5], 20, &[&[1], &[0]]);
+        check(&[30, 5], 20, false, &[&[1], &[0]]);
         // Equal lengths keep their order.
-        check(&[4, 4, 4], 8, &[&[0, 1], &[2]]);
+        check(&[4, 4, 4], 8, false, &[&[0, 1], &[2]]);
+        // Packed: the budget bounds the sum of lengths, not rows x longest.
+        check(&[10, 2, 9, 3], 20, true, &[&[1, 3, 2], &[0]]);
+        check(&[30, 5], 20, true, &[&[1], &[0]]);
+        check(&[4, 4, 4], 8, true, &[&[0, 1], &[2]]);
     }
 }

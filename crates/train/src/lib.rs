@@ -32,6 +32,7 @@ pub mod lock;
 pub mod loss;
 pub mod metrics;
 pub mod observe;
+pub mod plan;
 pub mod plot;
 pub mod report;
 pub mod run;

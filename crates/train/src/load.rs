@@ -34,10 +34,12 @@ pub fn init_model(
     dev: &candle_core::Device,
     dtype: candle_core::DType,
 ) -> Result<Qwen3> {
-    Ok(if cfg.model.init == crate::config::Init::Random {
+    let mut m = if cfg.model.init == crate::config::Init::Random {
         let config = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?;
         Qwen3::random(config, data::mix(cfg.run.seed, 0, 0), dev, dtype)?
     } else {
         Qwen3::load(&cfg.model.path, dev, dtype)?
-    })
+    };
+    m.options = cfg.model.forward_options(dev);
+    Ok(m)
 }

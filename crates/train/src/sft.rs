@@ -2,7 +2,7 @@
 //! model, micro-batching and optimizer as GRPO. Runs inside `train` before the first GRPO step,
 //! or alone (`cargo xtask sft`), leaving an HF-layout checkpoint a GRPO run can start from.
 
-use crate::batches::{gradients, Objective, Seq};
+use crate::batches::{gradients, MicroBatching, Objective, Seq};
 use crate::checkpoint::save_model_dir;
 use crate::config::RunConfig;
 use crate::data;
@@ -50,6 +50,7 @@ pub(crate) fn sft(
     };
     let mut opt = AdamW::new(cfg.optim.clone(), model.vars())?;
     let bar = progress_bar("sft", s.steps, 0);
+    let micro = MicroBatching::for_model(cfg.grpo.micro_batch_tokens, cfg.grpo.packing, model);
     for step in 0..s.steps {
         let mut seqs = vec![];
         for i in 0..s.batch_size as u64 {
@@ -80,7 +81,7 @@ pub(crate) fn sft(
         {
             q.weight = w as f32;
         }
-        let (mut grads, st) = gradients(model, &seqs, Objective::Sft, cfg.grpo.micro_batch_tokens)?;
+        let (mut grads, st) = gradients(model, &seqs, Objective::Sft, micro)?;
         let norm = clip_grad_norm(&mut grads, cfg.grpo.grad_clip)?;
         if !st.loss.is_finite() || !norm.is_finite() {
             bail!(

@@ -47,7 +47,17 @@ pub fn start(
     let tok = load_tokenizer(&cfg.model.path)?;
     let max_pos = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?
         .max_position_embeddings;
-    task.check_context(&cfg.data, |p| Ok(encode(&tok, p)?.len()), max_pos)?;
+    let longest = std::cell::Cell::new(0);
+    let count = |p: &str| -> Result<usize> {
+        let n = encode(&tok, p)?.len();
+        longest.set(longest.get().max(n));
+        Ok(n)
+    };
+    task.check_context(&cfg.data, count, max_pos)?;
+    // On a GPU, the memory plan before any weight is loaded: a run that cannot fit stops here.
+    if let Some((free, _)) = terse_model::device::memory(&dev) {
+        crate::plan::check_device(cfg, longest.get(), free)?;
+    }
     let mut cfg = cfg.clone();
     if let Some(e) = cfg.grpo.data_epochs {
         let rows = task.train_rows() as f64;

@@ -56,11 +56,12 @@ impl GrpoTrainer {
         cfg: RunConfig,
         task: Task,
         tok: tokenizers::Tokenizer,
-        policy: Qwen3,
+        mut policy: Qwen3,
         reference: Option<Qwen3>,
         opt: AdamW,
     ) -> Result<Self> {
         cfg.validate()?;
+        policy.options = cfg.model.forward_options(policy.device());
         let gen = rollout_params(&cfg, &policy, &tok)?;
         Ok(Self {
             cfg,

@@ -3,7 +3,7 @@
 //! mini-batch: micro-batched gradients with the mini-batch's aggregation weights, clipping, a
 //! non-finite check, and one AdamW step. Called by the loop in run.rs after shaping.
 
-use crate::batches::{gradients, logprobs, Objective, Seq};
+use crate::batches::{gradients, logprobs, MicroBatching, Objective, Seq};
 use crate::config::GrpoSection;
 use crate::loss::{agg_weights, LossStats, PolicyLoss, PpoParams};
 use anyhow::{bail, Result};
@@ -68,7 +68,8 @@ pub fn policy_update(
     let mut out = UpdateStats::default();
     if let Some(r) = reference {
         let t0 = std::time::Instant::now();
-        let ref_lp = logprobs(r, &seqs, g.micro_batch_tokens)?;
+        let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, r);
+        let ref_lp = logprobs(r, &seqs, how)?;
         for (s, lp) in seqs.iter_mut().zip(ref_lp) {
             s.ref_logp = Some(lp);
         }
@@ -90,7 +91,8 @@ pub fn policy_update(
                 Some(l) => Objective::Policy(l),
                 None => Objective::Ppo(ppo),
             };
-            let (mut grads, st) = gradients(model, mb, objective, g.micro_batch_tokens)?;
+            let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
+            let (mut grads, st) = gradients(model, mb, objective, how)?;
             let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
             if !st.loss.is_finite() || !grad_norm.is_finite() {
                 bail!(

@@ -1,0 +1,328 @@
+//! The memory plan of a run (`cargo xtask plan`, and `xtask train` before it loads anything
+//! on a GPU): every component a step holds, from the model shape and the run config, whether
+//! the total fits the device, and the largest micro-batch token budget that does.
+//!
+//! The activation figures count what the training graph keeps: per decoder layer and token,
+//! about 10 hidden-sized, 10.5 query-sized, 10.5 KV-sized and 4 MLP-sized values (the norms',
+//! projections', RoPE's and the SwiGLU's intermediates; with flash attention nothing
+//! T x T), plus one such layer of gradients in flight during the backward. Layer checkpointing
+//! keeps (layers + 1) hidden-sized inputs and two layers' working sets instead.
+//! `bench train-memory` prints this estimate beside the measured peak.
+
+use crate::config::RunConfig;
+use anyhow::{bail, Context, Result};
+use std::fmt::Write as _;
+use terse_model::Config;
+
+/// Where the run will live: bytes per compute value, whether checkpointing is on, the
+/// device memory (None: unknown), the world size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    pub cuda: bool,
+    pub device_bytes: Option<u64>,
+    pub gpus: usize,
+    /// Prompt tokens the rollout plans for (the config does not bound prompts).
+    pub prompt_tokens: usize,
+}
+
+/// One line of the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Component {
+    pub name: String,
+    pub bytes: u64,
+    pub note: String,
+}
+
+/// The plan: components, their total, and the verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub components: Vec<Component>,
+    pub total: u64,
+    pub device_bytes: Option<u64>,
+    /// The largest `grpo.micro_batch_tokens` whose activations fit beside everything else.
+    pub max_micro_batch_tokens: Option<u64>,
+    pub checkpointing: bool,
+}
+
+impl Plan {
+    pub fn fits(&self) -> bool {
+        self.device_bytes.is_none_or(|d| self.total <= d)
+    }
+
+    /// The plan as a table, one component per line.
+    pub fn table(&self) -> String {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let mut s = String::new();
+        for c in &self.components {
+            let _ = writeln!(s, "  {:<34} {:>10.2} GiB  {}", c.name, gib(c.bytes), c.note);
+        }
+        let _ = writeln!(s, "  {:<34} {:>10.2} GiB", "total", gib(self.total));
+        match self.device_bytes {
+            Some(d) => {
+                let verdict = if self.fits() { "fits" } else { "does NOT fit" };
+                let _ = writeln!(s, "  device: {:.2} GiB per GPU -> {verdict}", gib(d));
+            }
+            None => {
+                let _ = writeln!(s, "  device memory unknown (pass --gpu-mem)");
+            }
+        }
+        match self.max_micro_batch_tokens {
+            Some(0) => {
+                let _ = writeln!(s, "  no micro-batch fits beside the rest");
+            }
+            Some(t) => {
+                let _ = writeln!(s, "  largest grpo.micro_batch_tokens that fits: {t}");
+            }
+            None => {}
+        }
+        s
+    }
+}
+
+/// Per decoder layer and token, the values the training graph keeps (see the module docs).
+fn layer_values_per_token(c: &Config) -> f64 {
+    let (h, q, kv, i) = (
+        c.hidden_size as f64,
+        (c.num_attention_heads * c.head_dim) as f64,
+        (c.num_key_value_heads * c.head_dim) as f64,
+        c.intermediate_size as f64,
+    );
+    10.0 * h + 10.5 * q + 10.5 * kv + 4.0 * i
+}
+
+/// Activation bytes of one micro-batch of `tokens` tokens.
+pub fn activation_bytes(c: &Config, tokens: u64, value_bytes: u64, checkpointing: bool) -> u64 {
+    let layer = layer_values_per_token(c) * value_bytes as f64 * tokens as f64;
+    let hidden = (c.hidden_size as u64 * tokens * value_bytes) as f64;
+    let l = c.num_hidden_layers as f64;
+    let kept = if checkpointing {
+        (l + 1.0) * hidden + 2.0 * layer
+    } else {
+        l * layer + layer
+    };
+    // The embedding output and the final norm's intermediates.
+    (kept + 4.0 * hidden) as u64
+}
+
+/// The plan of `cfg` for model shape `c` on `t`.
+pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
+    let params = c.num_parameters() as u64;
+    let g = &cfg.grpo;
+    let world = t.gpus.max(1) as u64;
+    let value = if t.cuda { 2 } else { 4 };
+    let checkpointing = cfg.model.forward_options_for(t.cuda).checkpoint_layers;
+    let shard = |b: u64| b.div_ceil(world);
+    let sharded = if world > 1 {
+        format!(", 1/{world} per GPU (ZeRO-2)")
+    } else {
+        String::new()
+    };
+    let mut comps = vec![];
+    let mut add = |name: &str, bytes: u64, note: String| {
+        comps.push(Component {
+            name: name.into(),
+            bytes,
+            note,
+        });
+    };
+    add(
+        "f32 master weights",
+        shard(params * 4),
+        format!("{params} parameters{sharded}"),
+    );
+    if t.cuda {
+        add(
+            "bf16 compute weights",
+            params * 2,
+            "the forward's copy, kept for the backward".into(),
+        );
+    }
+    add(
+        "AdamW moments",
+        shard(params * 8),
+        format!("two f32 per parameter{sharded}"),
+    );
+    add(
+        "f32 gradients",
+        shard(params * 4) + params * 4,
+        format!("accumulated{sharded}, and one micro-batch's in flight"),
+    );
+    if g.kl_coef > 0.0 {
+        add(
+            "KL reference model",
+            params * 4,
+            format!("kl_coef {}", g.kl_coef),
+        );
+    }
+    let mb = g.micro_batch_tokens as u64;
+    let act = activation_bytes(c, mb, value, checkpointing);
+    add(
+        "activations",
+        act,
+        format!(
+            "{mb} tokens, {}; without checkpointing {:.2} GiB",
+            if checkpointing {
+                "checkpointed"
+            } else {
+                "not checkpointed"
+            },
+            activation_bytes(c, mb, value, false) as f64 / (1u64 << 30) as f64
+        ),
+    );
+    let chunk = terse_model::logprob::DEFAULT_CHUNK_ROWS as u64;
+    add(
+        "log-prob chunks",
+        3 * chunk * c.vocab_size as u64 * 4,
+        format!("{chunk} rows x vocabulary {}, f32", c.vocab_size),
+    );
+    let rows = (g.prompts_per_step * g.group_size) as u64 / world;
+    let slots = (t.prompt_tokens + g.max_new_tokens) as u64;
+    let kv_value = match g.kv_cache {
+        terse_rollout::KvCacheDtype::F16 => 2,
+        terse_rollout::KvCacheDtype::Model => value,
+    };
+    let per_token =
+        2 * (c.num_hidden_layers * c.num_key_value_heads * c.head_dim) as u64 * kv_value;
+    add(
+        "rollout KV cache",
+        rows * slots * per_token,
+        format!(
+            "{rows} rows x {slots} slots (prompt {} + {}), preallocated",
+            t.prompt_tokens, g.max_new_tokens
+        ),
+    );
+    let total: u64 = comps.iter().map(|x| x.bytes).sum();
+    // Activations are linear in the token budget: the largest budget that fits is where the
+    // rest plus activation(T) meets the device.
+    let max_micro_batch_tokens = t.device_bytes.map(|d| {
+        let rest = total - act;
+        let (mut lo, mut hi) = (0u64, 1u64 << 24);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if rest + activation_bytes(c, mid, value, checkpointing) <= d {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    });
+    Plan {
+        components: comps,
+        total,
+        device_bytes: t.device_bytes,
+        max_micro_batch_tokens,
+        checkpointing,
+    }
+}
+
+/// Before a GPU run loads anything: the plan against the device's free memory; a run that
+/// cannot fit stops here, the table on stderr and one line naming the totals.
+pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64) -> Result<()> {
+    let shape = model_shape(cfg)?;
+    let target = Target {
+        cuda: true,
+        device_bytes: Some(free),
+        gpus: 1,
+        prompt_tokens,
+    };
+    let p = plan(cfg, &shape, target);
+    if p.fits() {
+        tracing::info!("memory plan:\n{}", p.table());
+        return Ok(());
+    }
+    eprintln!("memory plan of {}:\n{}", cfg.run.name, p.table());
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    bail!(
+        "the run needs {:.1} GiB but the GPU has {:.1} GiB free (the plan above; `cargo xtask plan` prints it too)",
+        gib(p.total),
+        gib(free)
+    )
+}
+
+/// The model shape of a run: `<model.path>/config.json`, or, where that file is absent (a
+/// paper config before its weights are downloaded), the Qwen3 size the directory is named after.
+pub fn model_shape(cfg: &RunConfig) -> Result<Config> {
+    let path = cfg.model.path.join("config.json");
+    if path.is_file() {
+        return Config::from_file(&path).with_context(|| path.display().to_string());
+    }
+    let name = cfg
+        .model
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    // (vocab, hidden, intermediate, layers, heads, kv heads, head_dim, tied) from the HF configs.
+    let shape = match name.as_str() {
+        "qwen3-0.6b" => (151_936, 1024, 3072, 28, 16, 8, 128, true),
+        "qwen3-1.7b" => (151_936, 2048, 6144, 28, 16, 8, 128, true),
+        "qwen3-4b" => (151_936, 2560, 9728, 36, 32, 8, 128, true),
+        "qwen3-8b" => (151_936, 4096, 12288, 36, 32, 8, 128, false),
+        _ => bail!(
+            "{} does not exist and `{name}` is not a known Qwen3 size (0.6b, 1.7b, 4b, 8b)",
+            path.display()
+        ),
+    };
+    let (v, h, i, l, hq, hkv, d, tied) = shape;
+    Ok(Config::synthetic(v, h, i, l, hq, hkv, d, tied)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(cuda: bool, gb: Option<f64>) -> Target {
+        Target {
+            cuda,
+            device_bytes: gb.map(|g| (g * (1u64 << 30) as f64) as u64),
+            gpus: 1,
+            prompt_tokens: 512,
+        }
+    }
+
+    #[test]
+    fn activations_are_linear_with_checkpointing_and_the_budget_search_is_exact() {
+        let c = Config::qwen3_0_6b();
+        let a1 = activation_bytes(&c, 1024, 2, true);
+        let a16 = activation_bytes(&c, 16 * 1024, 2, true);
+        assert!(
+            (a16 as f64 / a1 as f64 - 16.0).abs() < 1e-6,
+            "linear in tokens"
+        );
+        assert!(activation_bytes(&c, 8192, 2, false) > 5 * activation_bytes(&c, 8192, 2, true));
+        let mut cfg = RunConfig::default();
+        cfg.grpo.micro_batch_tokens = 16384;
+        cfg.grpo.prompts_per_step = 4;
+        cfg.grpo.group_size = 4;
+        let p = plan(&cfg, &c, target(true, Some(80.0)));
+        assert!(p.checkpointing && p.fits(), "{}", p.table());
+        // The largest budget fits and one more token does not.
+        let t = p.max_micro_batch_tokens.expect("max");
+        let rest = p.total - activation_bytes(&c, 16384, 2, true);
+        let d = p.device_bytes.expect("device");
+        assert!(rest + activation_bytes(&c, t, 2, true) <= d);
+        assert!(rest + activation_bytes(&c, t + 1, 2, true) > d);
+        // A paper-sized rollout with today's preallocated cache does not fit on one GPU.
+        cfg.grpo.prompts_per_step = 256;
+        cfg.grpo.group_size = 16;
+        cfg.grpo.max_new_tokens = 6144;
+        let p = plan(&cfg, &c, target(true, Some(141.0)));
+        assert!(
+            !p.fits() && p.table().contains("does NOT fit"),
+            "{}",
+            p.table()
+        );
+    }
+
+    #[test]
+    fn shapes_come_from_config_json_or_the_directory_name() {
+        let mut cfg = RunConfig::default();
+        cfg.model.path = "models/Qwen3-4B".into();
+        let c = model_shape(&cfg).expect("known size");
+        assert_eq!((c.num_hidden_layers, c.hidden_size), (36, 2560));
+        cfg.model.path = "models/nope".into();
+        let e = model_shape(&cfg).expect_err("unknown");
+        assert!(e.to_string().contains("models/nope/config.json"), "{e}");
+    }
+}

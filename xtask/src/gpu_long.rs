@@ -1,0 +1,129 @@
+//! The long-sequence benchmarks of `cargo xtask gpu-check` (the `cuda` feature only): the
+//! flash-attention kernel's forward alone at T = 8k, head_dim 128 (TFLOP/s and the fraction of
+//! the bf16 tensor-core peak), and a Qwen3-0.6B-shaped model (28 layers, random bf16 weights)
+//! through one packed forward+backward at 8k and 16k tokens with flash attention and layer
+//! checkpointing: peak device memory (polled from the driver while the step runs), tokens/s
+//! and MFU.
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use terse_model::flash::{attention, KeyRanges};
+use terse_model::{Batch, Config, ForwardOptions, Qwen3};
+
+/// H200 (and H100 SXM) dense bf16 tensor-core peak, FLOP/s.
+const BF16_PEAK: f64 = 989e12;
+
+fn context(dev: &Device) -> Result<Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>> {
+    match dev {
+        Device::Cuda(c) => Ok(c.cuda_stream().context().clone()),
+        _ => bail!("long-context bench: not a CUDA device"),
+    }
+}
+
+/// The flash forward alone: (1, 16, 8192, 128) bf16, causal.
+pub fn flash_kernel(dev: &Device) -> Result<Value> {
+    let (hq, hkv, t, d) = (16usize, 8usize, 8192usize, 128usize);
+    let q = Tensor::randn(0f32, 1.0, (1, hq, t, d), dev)?.to_dtype(DType::BF16)?;
+    let k = Tensor::randn(0f32, 1.0, (1, hkv, t, d), dev)?.to_dtype(DType::BF16)?;
+    let v = Tensor::randn(0f32, 1.0, (1, hkv, t, d), dev)?.to_dtype(DType::BF16)?;
+    let ranges = KeyRanges::packed(&[t], t, dev)?;
+    attention(&q, &k, &v, &ranges)?;
+    dev.synchronize()?;
+    let t0 = Instant::now();
+    attention(&q, &k, &v, &ranges)?;
+    dev.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64();
+    // Causal: half of the 2 (QK^T) + 2 (PV) flops per (query, key, dim).
+    let flops = 4.0 * (hq * d) as f64 * (t * t) as f64 / 2.0;
+    let frac = flops / secs / BF16_PEAK;
+    println!(
+        "flash forward T={t} head_dim {d}: {:.1} TFLOP/s ({:.1} % of bf16 peak)",
+        flops / secs / 1e12,
+        100.0 * frac
+    );
+    Ok(
+        json!({"t": t, "head_dim": d, "seconds": secs, "tflops": flops / secs / 1e12, "peak_fraction": frac}),
+    )
+}
+
+/// Qwen3-0.6B shape, 28 layers: one packed forward+backward at 8k and 16k tokens.
+pub fn long_context(dev: &Device) -> Result<Value> {
+    let ctx = context(dev)?;
+    let cfg = Config::qwen3_0_6b();
+    let (free_start, total) = ctx.mem_get_info()?;
+    let mut model = Qwen3::random(cfg.clone(), 0, dev, DType::BF16)?;
+    model.options = ForwardOptions {
+        flash: true,
+        checkpoint_layers: true,
+    };
+    let v = cfg.vocab_size;
+    let mut out = vec![];
+    for t in [8192usize, 16384] {
+        let lens = [t * 5 / 8, t - t * 5 / 8];
+        let rows: Vec<Vec<u32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                (0..n)
+                    .map(|j| ((i * 131 + j * 17) % (v - 1)) as u32)
+                    .collect()
+            })
+            .collect();
+        let batch = Batch::packed(&rows, dev)?;
+        let (sel, targets) = batch.next_token_selection();
+        dev.synchronize()?;
+        let (free0, _) = ctx.mem_get_info()?;
+        let (stop, min_free) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(free0)),
+        );
+        let poller = {
+            let (stop, min_free, ctx) = (stop.clone(), min_free.clone(), ctx.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((f, _)) = ctx.mem_get_info() {
+                        min_free.fetch_min(f, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            })
+        };
+        let t0 = Instant::now();
+        let mut loss = |lp: &Tensor| lp.sum_all()?.neg();
+        let result = model.logprob_backward(&batch, &sel, &targets, &mut loss);
+        let synced = dev.synchronize();
+        let secs = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let _ = poller.join();
+        let grads = result?;
+        synced?;
+        drop(grads);
+        let min_free = min_free.load(Ordering::Relaxed);
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        let (peak_total, peak_step) = (
+            free_start.saturating_sub(min_free),
+            free0.saturating_sub(min_free),
+        );
+        // Model FLOPs: 6 per parameter per token, plus the causal attention (fwd 4·d·Hq per
+        // query-key pair, backward twice that), per layer and packed sequence.
+        let pairs: f64 = lens.iter().map(|&n| (n * n) as f64 / 2.0).sum();
+        let attn = 3.0
+            * 4.0
+            * (cfg.num_attention_heads * cfg.head_dim) as f64
+            * pairs
+            * cfg.num_hidden_layers as f64;
+        let flops = 6.0 * cfg.num_parameters() as f64 * t as f64 + attn;
+        let mfu = flops / secs / BF16_PEAK;
+        println!(
+            "qwen3-0.6b fwd+bwd T={t} (packed {lens:?}, checkpointed): {:.1} GiB peak in use ({:.1} GiB above the weights), {:.0} tokens/s, MFU {:.1} %",
+            gib(peak_total), gib(peak_step), t as f64 / secs, 100.0 * mfu
+        );
+        out.push(json!({"t": t, "packed": lens, "peak_gib": gib(peak_total), "peak_above_weights_gib": gib(peak_step),
+                        "tokens_per_s": t as f64 / secs, "mfu": mfu, "device_total_gib": gib(total)}));
+    }
+    Ok(Value::Array(out))
+}
