@@ -45,6 +45,19 @@ pub enum What {
         #[arg(long, default_value_t = 16384)]
         max_t: usize,
     },
+    /// Seconds per testbed GRPO step (before/after flash attention and packing) and TRL's
+    /// GRPOTrainer on the same checkpoint and settings.
+    GrpoStep {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// A Python with torch, transformers and trl (scripts/bench_trl_grpo.py says how).
+        #[arg(long, default_value = "python3")]
+        python: String,
+        /// Timed steps (after one warm-up step).
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+    },
     /// AdamW step time for ~1M and ~100M parameters against a plain SGD update.
     Optim {
         /// Print one JSON object as the last line.
@@ -57,6 +70,11 @@ pub fn run(w: &What) -> Result<ExitCode> {
     match w {
         What::Model { json, quick } => model(*json, *quick),
         What::Optim { json } => optim(*json),
+        What::GrpoStep {
+            json,
+            python,
+            steps,
+        } => crate::bench_step::grpo_step(*json, python, *steps),
         What::TrainMemory { json, max_t } => crate::bench_memory::train_memory(*json, *max_t),
         What::Rollout {
             json,

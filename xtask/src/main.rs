@@ -3,7 +3,9 @@
 
 mod bench;
 mod bench_memory;
+mod bench_step;
 mod check_model;
+mod claims;
 mod eval;
 mod gpu;
 #[cfg(feature = "cuda")]

@@ -1,7 +1,8 @@
 //! The repro study's report: reads every run's metrics.jsonl under the study's run directory and
-//! writes docs/results.md (a table in the shape of Short-RL's Table 1, mean ± sd over seeds) and
-//! the length / accuracy curves. Deterministic: the same runs give the same bytes.
+//! writes docs/results.md (a table in the shape of Short-RL's Table 1, mean ± sd over seeds, and
+//! the claims decided by claims.rs) and the length / accuracy curves. Deterministic: the same runs give the same bytes.
 
+use crate::claims::RunStats;
 use crate::methods::METHODS;
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
@@ -18,6 +19,8 @@ struct RunResult {
     by_level: Vec<(usize, f64)>,
     acc: f64,
     eval_tokens: f64,
+    /// Final evaluation tokens by level, in level order.
+    tokens_by_level: Vec<f64>,
     /// The SFT start's evaluation (step 0), for the first row.
     start: Option<Eval>,
     /// Rollout length per step: averaged over steps, and at the last step.
@@ -56,6 +59,7 @@ fn read_run(dir: &Path) -> Result<RunResult> {
         by_level: levels_of(last),
         acc: last.report.accuracy,
         eval_tokens: last.report.len_mean,
+        tokens_by_level: last.report.by_level.iter().map(|l| l.len_mean).collect(),
         start: evals
             .iter()
             .find(|e| e.step == 0)
@@ -171,6 +175,21 @@ pub fn write(root: &Path, seeds: u64, quick: bool, out: &Path) -> Result<PathBuf
         md,
         "\n![length](repro{suffix}_length.png)\n\n![accuracy](repro{suffix}_accuracy.png)\n"
     )?;
+    let stats: std::collections::BTreeMap<&str, Vec<RunStats>> = all
+        .iter()
+        .map(|(m, runs)| {
+            let s = runs
+                .iter()
+                .map(|r| RunStats {
+                    acc: r.acc,
+                    tokens: r.eval_tokens,
+                    tokens_by_level: r.tokens_by_level.clone(),
+                })
+                .collect();
+            (m.name, s)
+        })
+        .collect();
+    writeln!(md, "{}", crate::claims::section(&stats))?;
     writeln!(
         md,
         "## Method overrides\n\nEach run is configs/repro.toml plus:\n"

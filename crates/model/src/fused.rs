@@ -128,8 +128,9 @@ impl CustomOp2 for RmsNorm {
         crate::fused_cuda::rmsnorm_fwd(s1, l1, s2, l2, self.eps)
     }
 
-    /// On CUDA the `rmsnorm_bwd` kernel (through `RmsNormBwd`, in f32); elsewhere the composite
-    /// formula: dx and, by a reduction over rows, dw, both recomputing the row statistic.
+    /// In f32 (and always on CUDA) `RmsNormBwd`: the `rmsnorm_bwd` kernel, or on the CPU its
+    /// reference loops; in f64 the composite formula: dx and, by a reduction over rows, dw, both
+    /// recomputing the row statistic.
     fn bwd(
         &self,
         x: &Tensor,
@@ -138,7 +139,7 @@ impl CustomOp2 for RmsNorm {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         use candle_core::{DType, D};
-        if x.device().is_cuda() {
+        if x.device().is_cuda() || x.dtype() == DType::F32 {
             let f = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
             let both = f(x)?.apply_op3(&f(w)?, &f(dy)?, RmsNormBwd { eps: self.eps })?; // (rows + 1, C)
             let rows = both.dim(0)? - 1;

@@ -2,7 +2,9 @@
 //! attention with grouped KV heads. Composite candle ops only, so every one records a backward.
 //!
 //! candle-nn's fused `rms_norm`, `softmax_last_dim` and `rope` record no backward (the gradient is
-//! silently missing), which is why these exist. Half-precision inputs are upcast to f32 where HF
+//! silently missing), which is why these exist. Training in f32 on the CPU takes terse's own
+//! fused RMSNorm and RoPE (`fused`, with their backward); the composite forms remain for f64
+//! (gradient checks) and CUDA, and as the references the fused ops are tested against. Half-precision inputs are upcast to f32 where HF
 //! does (norm statistics, softmax) and cast back afterwards.
 
 use candle_core::{DType, Device, Result, Tensor, D};
@@ -22,6 +24,16 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if !(x.track_op() || weight.track_op()) && x.dtype() != DType::F64 {
         return candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32);
     }
+    if x.device().is_cpu() && x.dtype() == DType::F32 && weight.dtype() == DType::F32 {
+        // Training on the CPU: one custom op each way (`fused`, its backward one pass over the
+        // rows) instead of seven composite ops and their graph nodes.
+        return crate::fused::rms_norm(&x.contiguous()?, weight, eps as f32);
+    }
+    rms_norm_composite(x, weight, eps)
+}
+
+/// RMSNorm from composite candle ops (every one records its backward): the reference.
+pub fn rms_norm_composite(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let dt = x.dtype();
     let xf = x.to_dtype(accum_dtype(dt))?;
     let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
@@ -54,6 +66,15 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if !x.track_op() {
         return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
     }
+    if x.device().is_cpu() && x.dtype() == DType::F32 {
+        // Training on the CPU: the fused rotation (its backward is the inverse rotation).
+        return crate::fused::rope(&x.contiguous()?, cos, sin);
+    }
+    rope_composite(x, cos, sin)
+}
+
+/// Rotate-half RoPE from composite candle ops: the reference.
+pub fn rope_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let hd = x.dim(D::Minus1)?;
     let full = |t: &Tensor| -> Result<Tensor> { Tensor::cat(&[t, t], D::Minus1)?.unsqueeze(1) }; // (B, 1, T, hd)
     let x1 = x.narrow(D::Minus1, 0, hd / 2)?;

@@ -1,0 +1,353 @@
+//! The study's claims, decided from the runs instead of read by hand: for each claim of the
+//! papers the testbed can test, the paired difference against its comparison (seed s of a
+//! method against seed s of the other: same SFT start, same data order), a 95 % interval
+//! (Student t over the seeds' differences), and a verdict: "holds" when the interval lies on
+//! the claimed side, "fails" when it lies on the opposite side, "unresolved" otherwise (or with
+//! one seed). summary.rs puts the section into docs/results.md.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// What a claim reads from one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStats {
+    /// Final evaluation pass@1, mean over levels.
+    pub acc: f64,
+    /// Final evaluation completion tokens.
+    pub tokens: f64,
+    /// Final evaluation completion tokens by level, easiest first.
+    pub tokens_by_level: Vec<f64>,
+}
+
+/// A mean difference with its 95 % interval (None with fewer than two seeds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Interval {
+    pub mean: f64,
+    pub ci: Option<(f64, f64)>,
+}
+
+/// The 0.975 quantile of Student's t with `df` degrees of freedom.
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    T.get(df.wrapping_sub(1)).copied().unwrap_or(1.960)
+}
+
+/// The mean of paired differences and its t interval.
+pub fn paired(diffs: &[f64]) -> Interval {
+    let n = diffs.len();
+    let mean = diffs.iter().sum::<f64>() / n.max(1) as f64;
+    if n < 2 {
+        return Interval { mean, ci: None };
+    }
+    let sd = (diffs.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
+    let half = t975(n - 1) * sd / (n as f64).sqrt();
+    Interval {
+        mean,
+        ci: Some((mean - half, mean + half)),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Holds,
+    Fails,
+    Unresolved,
+}
+
+impl Verdict {
+    fn text(self) -> &'static str {
+        match self {
+            Verdict::Holds => "**holds**",
+            Verdict::Fails => "**fails**",
+            Verdict::Unresolved => "unresolved",
+        }
+    }
+}
+
+/// "below 0" / "above 0" tests on an interval (false without one).
+fn below(i: Interval, x: f64) -> bool {
+    i.ci.is_some_and(|(_, hi)| hi < x)
+}
+fn above(i: Interval, x: f64) -> bool {
+    i.ci.is_some_and(|(lo, _)| lo > x)
+}
+
+/// Shorter at no more than `loss` accuracy lost (holds), longer or clearly worse (fails).
+fn cuts_length(acc: Interval, len: Interval, loss: f64) -> Verdict {
+    if below(len, 0.0) && acc.ci.is_some_and(|(lo, _)| lo >= -loss) {
+        Verdict::Holds
+    } else if above(len, 0.0) || below(acc, -loss) {
+        Verdict::Fails
+    } else {
+        Verdict::Unresolved
+    }
+}
+
+/// One decided claim, as a table row.
+struct Row {
+    claim: String,
+    comparison: String,
+    acc: Interval,
+    len: Interval,
+    extra: Option<(String, Interval)>,
+    verdict: Verdict,
+}
+
+fn fmt(i: Interval, digits: usize) -> String {
+    match i.ci {
+        Some((lo, hi)) => format!("{:+.digits$} [{lo:+.digits$}, {hi:+.digits$}]", i.mean),
+        None => format!("{:+.digits$}", i.mean),
+    }
+}
+
+/// The claims section of the report, from each method's runs by seed (keyed by method name).
+/// Methods a claim needs but the study lacks skip that claim.
+pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
+    let diff = |a: &str, b: &str, f: &dyn Fn(&RunStats) -> f64| -> Option<Interval> {
+        let (x, y) = (runs.get(a)?, runs.get(b)?);
+        let d: Vec<f64> = x.iter().zip(y).map(|(p, q)| f(p) - f(q)).collect();
+        (!d.is_empty()).then(|| paired(&d))
+    };
+    let acc = |r: &RunStats| r.acc;
+    let tok = |r: &RunStats| r.tokens;
+    let mut rows = vec![];
+    let mut push =
+        |claim: &str, a: &str, b: &str, decide: &dyn Fn(Interval, Interval) -> Verdict| {
+            if let (Some(da), Some(dl)) = (diff(a, b, &acc), diff(a, b, &tok)) {
+                rows.push(Row {
+                    claim: claim.into(),
+                    comparison: format!("{a} − {b}"),
+                    acc: da,
+                    len: dl,
+                    extra: None,
+                    verdict: decide(da, dl),
+                });
+            }
+        };
+    for m in ["kimi", "cos_fn"] {
+        push(
+            "(a) length-blind penalty loses accuracy",
+            m,
+            "standard",
+            &|a, _| {
+                if below(a, 0.0) {
+                    Verdict::Holds
+                } else if above(a, 0.0) {
+                    Verdict::Fails
+                } else {
+                    Verdict::Unresolved
+                }
+            },
+        );
+    }
+    for m in ["short_rl", "grpo_lambda", "care", "step_grpo"] {
+        push(
+            "(b) shorter at ≤ 2 points accuracy loss",
+            m,
+            "standard",
+            &|a, l| cuts_length(a, l, 0.02),
+        );
+    }
+    push(
+        "(c) GRPO-λ beats its λ = 1 control",
+        "grpo_lambda",
+        "grpo_lambda_lp",
+        &|a, _| {
+            if above(a, 0.0) {
+                Verdict::Holds
+            } else if below(a, 0.0) {
+                Verdict::Fails
+            } else {
+                Verdict::Unresolved
+            }
+        },
+    );
+    for (m, b, what) in [
+        (
+            "short_rl_d1",
+            "standard",
+            "(e) D1 (length reward on correct answers only)",
+        ),
+        (
+            "short_rl_d1_d2",
+            "short_rl_d1",
+            "(e) D2 (tolerance nucleus)",
+        ),
+        ("short_rl_d1_d3", "short_rl_d1", "(e) D3 (accuracy gate)"),
+    ] {
+        push(
+            &format!("{what} adds accuracy or removes length"),
+            m,
+            b,
+            &|a, l| {
+                if above(a, 0.0) || below(l, 0.0) {
+                    Verdict::Holds
+                } else if below(a, 0.0) && above(l, 0.0) {
+                    Verdict::Fails
+                } else {
+                    Verdict::Unresolved
+                }
+            },
+        );
+    }
+    push(
+        "(f) dynamic rollout beats its ablation",
+        "step_grpo",
+        "step_grpo_no_dtr",
+        &|a, l| cuts_length(a, l, 0.02),
+    );
+    // (d): CARE's relative cut at the easiest level minus its relative cut at the hardest.
+    if let (Some(c), Some(s)) = (runs.get("care"), runs.get("standard")) {
+        let cut = |x: &RunStats, y: &RunStats, i: usize| {
+            1.0 - x.tokens_by_level[i] / y.tokens_by_level[i]
+        };
+        let d: Vec<f64> = c
+            .iter()
+            .zip(s)
+            .filter(|(x, _)| !x.tokens_by_level.is_empty())
+            .map(|(x, y)| cut(x, y, 0) - cut(x, y, x.tokens_by_level.len() - 1))
+            .collect();
+        if let (false, Some(da), Some(dl)) = (
+            d.is_empty(),
+            diff("care", "standard", &acc),
+            diff("care", "standard", &tok),
+        ) {
+            let e = paired(&d);
+            rows.push(Row {
+                claim: "(d) CARE cuts easy-level length more than hard-level length".into(),
+                comparison: "care vs standard".into(),
+                acc: da,
+                len: dl,
+                verdict: if above(e, 0.0) {
+                    Verdict::Holds
+                } else if below(e, 0.0) {
+                    Verdict::Fails
+                } else {
+                    Verdict::Unresolved
+                },
+                extra: Some(("relative cut, easiest − hardest level".into(), e)),
+            });
+        }
+    }
+    let mut s = String::new();
+    let seeds = runs.values().map(Vec::len).min().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "## Claims, decided\n\nComputed by summary.rs from the runs above, not written by hand. Each row pairs seed s of a method with seed s of its comparison (same SFT start, same data order) and gives the mean difference with a 95 % interval (Student t over {seeds} seeds). A claim **holds** when its interval lies on the claimed side, **fails** when it lies on the opposite side, and is unresolved otherwise. Accuracy is the final mean pass@1 (points as fractions), length the final evaluation tokens.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| Claim | Comparison | Δ accuracy | Δ eval tokens | Verdict |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for r in &rows {
+        let extra = r.extra.as_ref().map_or(String::new(), |(what, i)| {
+            format!("; {what} {}", fmt(*i, 3))
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {}{extra} | {} |",
+            r.claim,
+            r.comparison,
+            fmt(r.acc, 3),
+            fmt(r.len, 1),
+            r.verdict.text()
+        );
+    }
+    let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count();
+    let _ = writeln!(
+        s,
+        "\n{} hold, {} fail, {} unresolved at this sample size.",
+        count(Verdict::Holds),
+        count(Verdict::Fails),
+        count(Verdict::Unresolved)
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn t_intervals_match_the_closed_form() {
+        // Differences 1, 2, 3: mean 2, sd 1, half-width 4.303 / sqrt(3).
+        let i = paired(&[1.0, 2.0, 3.0]);
+        let h = 4.303 / 3f64.sqrt();
+        let (lo, hi) = i.ci.expect("ci");
+        assert!(
+            (i.mean - 2.0).abs() < 1e-12
+                && (lo - (2.0 - h)).abs() < 1e-12
+                && (hi - (2.0 + h)).abs() < 1e-12
+        );
+        assert_eq!(paired(&[0.5]).ci, None);
+        assert_eq!(t975(100), 1.960);
+    }
+
+    fn stats(acc: f64, tokens: f64, by_level: [f64; 2]) -> RunStats {
+        RunStats {
+            acc,
+            tokens,
+            tokens_by_level: by_level.to_vec(),
+        }
+    }
+
+    #[test]
+    fn verdicts_follow_the_intervals() {
+        let mut runs = BTreeMap::new();
+        runs.insert(
+            "standard",
+            vec![
+                stats(0.80, 40.0, [20.0, 60.0]),
+                stats(0.82, 42.0, [21.0, 62.0]),
+                stats(0.81, 41.0, [20.0, 61.0]),
+            ],
+        );
+        // Kimi: clearly less accurate -> (a) holds.
+        runs.insert(
+            "kimi",
+            vec![
+                stats(0.60, 20.0, [10.0, 30.0]),
+                stats(0.61, 21.0, [10.0, 31.0]),
+                stats(0.62, 20.0, [10.0, 30.0]),
+            ],
+        );
+        // CARE: shorter at equal accuracy, easy level cut 50 %, hard 10 % -> (b) and (d) hold.
+        runs.insert(
+            "care",
+            vec![
+                stats(0.80, 30.0, [10.0, 54.0]),
+                stats(0.82, 31.0, [10.5, 55.8]),
+                stats(0.81, 30.5, [10.0, 54.9]),
+            ],
+        );
+        // Short-RL: longer -> (b) fails.
+        runs.insert(
+            "short_rl",
+            vec![
+                stats(0.80, 50.0, [20.0, 60.0]),
+                stats(0.82, 52.0, [21.0, 62.0]),
+                stats(0.81, 51.0, [20.0, 61.0]),
+            ],
+        );
+        let s = section(&runs);
+        let line = |claim: &str, cmp: &str| {
+            s.lines()
+                .find(|l| l.contains(claim) && l.contains(cmp))
+                .unwrap_or_else(|| panic!("no row {claim} {cmp} in\n{s}"))
+                .to_string()
+        };
+        assert!(line("(a)", "kimi − standard").ends_with("**holds** |"));
+        assert!(line("(b)", "care − standard").ends_with("**holds** |"));
+        assert!(line("(b)", "short_rl − standard").ends_with("**fails** |"));
+        assert!(line("(d)", "care vs standard").ends_with("**holds** |"));
+        assert!(!s.contains("cos_fn"), "a claim without its runs is skipped");
+        // One seed: every verdict unresolved.
+        let one: BTreeMap<_, _> = runs.iter().map(|(k, v)| (*k, v[..1].to_vec())).collect();
+        assert!(section(&one).contains("0 hold, 0 fail"));
+    }
+}
