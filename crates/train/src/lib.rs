@@ -26,6 +26,7 @@ pub mod checkpoint;
 pub mod collect;
 pub mod config;
 pub mod data;
+pub mod dp;
 pub mod eval;
 pub mod load;
 pub mod lock;

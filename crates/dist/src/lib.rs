@@ -1,0 +1,71 @@
+//! The collective operations of data-parallel training behind one small boundary,
+//! [`Collective`]: sum all-reduce, sum reduce-scatter, all-gather, broadcast. Every reduction
+//! sums in rank order (rank 0 + rank 1 + ...), so all ranks hold bit-identical results and a
+//! run's numbers do not depend on timing.
+//!
+//! Backends: [`Single`] (world size 1, no communication) and [`TcpGroup`] (`tcp.rs`): local
+//! processes or threads over loopback TCP in a star around rank 0, with a rendezvous and a
+//! timeout on every exchange. TcpGroup is for tests and CPU runs; GPU ranks will use NCCL
+//! behind the same trait.
+//!
+//! Data flow (planned, the multi-GPU issue): the trainer's per-rank gradients ->
+//! `reduce_scatter_sum` -> each rank's optimizer shard -> `all_gather` of the new weights.
+
+mod tcp;
+
+pub use tcp::TcpGroup;
+
+use anyhow::{bail, Result};
+
+/// A group of ranks that exchange f32 buffers.
+pub trait Collective: Send {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Every rank's `buf` replaced by the element-wise sum over ranks (in rank order).
+    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()>;
+    /// Every rank's `parts` (world x n) summed over ranks; this rank gets part `rank` (n).
+    fn reduce_scatter_sum(&mut self, parts: &[f32]) -> Result<Vec<f32>> {
+        let n = shard_len(parts.len(), self.world())?;
+        let mut all = parts.to_vec();
+        self.all_reduce_sum(&mut all)?;
+        let r = self.rank();
+        Ok(all[r * n..(r + 1) * n].to_vec())
+    }
+    /// Every rank's `part` (n, the same n on every rank) concatenated in rank order.
+    fn all_gather(&mut self, part: &[f32]) -> Result<Vec<f32>>;
+    /// `root`'s bytes on every rank (the others' `buf` is replaced).
+    fn broadcast(&mut self, buf: &mut Vec<u8>, root: usize) -> Result<()>;
+}
+
+/// The length of each of `world` equal parts of `len`; an error when it does not divide.
+pub fn shard_len(len: usize, world: usize) -> Result<usize> {
+    if world == 0 || !len.is_multiple_of(world) {
+        bail!("a buffer of {len} values does not split into {world} equal parts");
+    }
+    Ok(len / world)
+}
+
+/// World size 1: every operation is the identity.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Single;
+
+impl Collective for Single {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&mut self, _buf: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_gather(&mut self, part: &[f32]) -> Result<Vec<f32>> {
+        Ok(part.to_vec())
+    }
+    fn broadcast(&mut self, _buf: &mut Vec<u8>, root: usize) -> Result<()> {
+        if root != 0 {
+            bail!("broadcast from rank {root} in a group of 1");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! Data parallelism's gradient step over a [`terse_dist::Collective`]: each rank computes the
+//! gradients of its share of a mini-batch (with loss weights computed over the whole
+//! mini-batch, so the shares add up to the global loss), then `all_reduce_grads` sums them
+//! over ranks; every rank then holds the gradient a single process would compute for the whole
+//! mini-batch (to float rounding). The launcher, optimizer sharding and the rollout split are
+//! the multi-GPU issue's next steps.
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor, Var};
+use std::collections::BTreeMap;
+use terse_dist::Collective;
+use terse_optim::Grads;
+
+/// Sums `grads` over the ranks of `c`, parameter by parameter in key order (a parameter
+/// without a gradient on some rank counts as zeros there). Every rank ends with the same bits.
+pub fn all_reduce_grads(
+    c: &mut dyn Collective,
+    params: &BTreeMap<String, Var>,
+    grads: &mut Grads,
+) -> Result<()> {
+    if c.world() == 1 {
+        return Ok(());
+    }
+    let mut flat: Vec<f32> = Vec::new();
+    let mut shapes = vec![];
+    for (k, v) in params {
+        let g = match grads.get(k) {
+            Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+            None => vec![0.0; v.as_tensor().elem_count()],
+        };
+        shapes.push((
+            k.clone(),
+            v.as_tensor().shape().clone(),
+            v.as_tensor().dtype(),
+            g.len(),
+        ));
+        flat.extend(g);
+    }
+    c.all_reduce_sum(&mut flat)
+        .with_context(|| format!("rank {}: summing gradients", c.rank()))?;
+    let mut at = 0;
+    for (k, shape, dtype, n) in shapes {
+        let dev = params[&k].as_tensor().device().clone();
+        let t = Tensor::from_slice(&flat[at..at + n], shape, &dev)?.to_dtype(dtype)?;
+        grads.insert(k, t);
+        at += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batches::{gradients, MicroBatching, Objective, Seq};
+    use crate::config::{GrpoSection, LossAgg};
+    use crate::loss::{agg_weights, PpoParams};
+    use std::time::Duration;
+    use terse_dist::TcpGroup;
+    use terse_model::{Config, Qwen3};
+
+    fn model() -> Qwen3 {
+        let cfg = Config::synthetic(40, 32, 64, 2, 4, 2, 8, true).expect("config");
+        Qwen3::random(cfg, 3, &candle_core::Device::Cpu, DType::F32).expect("model")
+    }
+
+    /// Eight sequences of mixed lengths with global token-mean weights.
+    fn seqs() -> Vec<Seq> {
+        let mut seqs: Vec<Seq> = (0..8usize)
+            .map(|i| {
+                let tokens: Vec<u32> = (0..6 + i)
+                    .map(|j| ((i * 5 + j * 3) % 39 + 1) as u32)
+                    .collect();
+                let n = tokens.len() - 3;
+                Seq {
+                    tokens,
+                    prompt_len: 3,
+                    loss_mask: vec![true; n],
+                    old_logp: vec![-3.0; n],
+                    ref_logp: None,
+                    advantage: i as f32 - 3.5,
+                    weight: 0.0,
+                }
+            })
+            .collect();
+        let lens: Vec<usize> = seqs.iter().map(Seq::loss_tokens).collect();
+        for (s, w) in seqs
+            .iter_mut()
+            .zip(agg_weights(LossAgg::TokenMean, &lens, 16))
+        {
+            s.weight = w as f32;
+        }
+        seqs
+    }
+
+    fn grads_of(m: &Qwen3, seqs: &[Seq]) -> Grads {
+        let ppo = PpoParams::from(&GrpoSection::default());
+        let how = MicroBatching {
+            tokens: 64,
+            packed: true,
+        };
+        gradients(m, seqs, Objective::Ppo(ppo), how)
+            .expect("grads")
+            .0
+    }
+
+    #[test]
+    fn ranks_summing_their_shares_equal_one_process() {
+        let whole = grads_of(&model(), &seqs());
+        for world in [2usize, 4] {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let mut listener = Some(listener);
+            let handles: Vec<_> = (0..world)
+                .map(|r| {
+                    let l = listener.take();
+                    std::thread::spawn(move || -> Result<Grads> {
+                        let t = Duration::from_secs(20);
+                        let mut g = match l {
+                            Some(l) => TcpGroup::root(l, world, t)?,
+                            None => TcpGroup::join(addr, r, world, t)?,
+                        };
+                        let m = model();
+                        // Rank r's share: every world-th sequence from r.
+                        let mine: Vec<Seq> = seqs().into_iter().skip(r).step_by(world).collect();
+                        let mut grads = grads_of(&m, &mine);
+                        all_reduce_grads(&mut g, m.vars(), &mut grads)?;
+                        Ok(grads)
+                    })
+                })
+                .collect();
+            for (r, h) in handles.into_iter().enumerate() {
+                let got = h.join().expect("thread").expect("rank");
+                for (k, a) in &whole {
+                    let norm = |t: &Tensor| {
+                        t.sqr()
+                            .and_then(|x| x.sum_all())
+                            .and_then(|x| x.to_scalar::<f32>())
+                            .expect("n")
+                            .sqrt()
+                    };
+                    let d = norm(&(a - &got[k]).expect("d")) / norm(a).max(1e-12);
+                    assert!(d < 1e-6, "world {world} rank {r}: {k} differs by {d}");
+                }
+            }
+        }
+    }
+}
