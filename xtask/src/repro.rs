@@ -36,6 +36,11 @@ pub struct Args {
 /// The run config TOML of `method` with `seed`: base ⊕ overrides ⊕ run name/seed (⊕ quick).
 pub fn method_config(base: &str, m: &Method, seed: u64, quick: bool) -> Result<String> {
     let mut doc: toml::Table = toml::from_str(base).context("parsing the base config")?;
+    // Quick runs live in a directory of their own, so they never replace the full study's
+    // runs (a later --report-only would mix them).
+    let dir = terse_train::RunConfig::from_toml(base, Path::new("base config"))?
+        .run
+        .dir;
     let mut extra: toml::Table =
         toml::from_str(m.overrides).with_context(|| format!("overrides of method {}", m.name))?;
     let run = extra
@@ -44,6 +49,9 @@ pub fn method_config(base: &str, m: &Method, seed: u64, quick: bool) -> Result<S
     if let toml::Value::Table(t) = run {
         t.insert("name".into(), format!("{}-s{seed}", m.name).into());
         t.insert("seed".into(), (seed as i64).into());
+        if quick {
+            t.insert("dir".into(), dir.join("quick").display().to_string().into());
+        }
     }
     if quick {
         let q: toml::Table =
@@ -71,7 +79,11 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     let base = std::fs::read_to_string(&a.config)
         .with_context(|| format!("reading {}", a.config.display()))?;
     let base_cfg = terse_train::RunConfig::from_toml(&base, &a.config)?;
-    let root = base_cfg.run.dir.clone();
+    let root = if a.quick {
+        base_cfg.run.dir.join("quick")
+    } else {
+        base_cfg.run.dir.clone()
+    };
     let seeds = if a.quick { 1 } else { a.seeds.max(1) };
     let cfg_dir = root.join("configs");
     std::fs::create_dir_all(&cfg_dir).with_context(|| format!("creating {}", cfg_dir.display()))?;

@@ -23,6 +23,8 @@ pub trait Collective: Send {
     fn world(&self) -> usize;
     /// Every rank's `buf` replaced by the element-wise sum over ranks (in rank order).
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()>;
+    /// The same in f64 (statistics and counts, which f32 would round).
+    fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()>;
     /// Every rank's `parts` (world x n) summed over ranks; this rank gets part `rank` (n).
     fn reduce_scatter_sum(&mut self, parts: &[f32]) -> Result<Vec<f32>> {
         let n = shard_len(parts.len(), self.world())?;
@@ -57,6 +59,9 @@ impl Collective for Single {
         1
     }
     fn all_reduce_sum(&mut self, _buf: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&mut self, _buf: &mut [f64]) -> Result<()> {
         Ok(())
     }
     fn all_gather(&mut self, part: &[f32]) -> Result<Vec<f32>> {

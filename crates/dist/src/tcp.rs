@@ -143,23 +143,75 @@ impl TcpGroup {
         Ok(buf)
     }
 
-    fn recv_f32(&mut self, from: usize, n: usize) -> Result<Vec<f32>> {
+    fn recv_vals<T: Elem>(&mut self, from: usize, n: usize) -> Result<Vec<T>> {
         let b = self.recv(from)?;
-        if b.len() != 4 * n {
+        if b.len() != T::SIZE * n {
             bail!(
                 "rank {}: rank {from} sent {} values, expected {n}",
                 self.rank,
-                b.len() / 4
+                b.len() / T::SIZE
             );
         }
-        Ok(b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(b.chunks_exact(T::SIZE).map(T::read).collect())
+    }
+
+    /// Sum in rank order through rank 0: ((b0 + b1) + b2) + ...
+    fn reduce<T: Elem>(&mut self, buf: &mut [T]) -> Result<()> {
+        if self.rank != 0 {
+            self.send(0, &bytes(buf))?;
+            let sum = self.recv_vals::<T>(0, buf.len())?;
+            buf.copy_from_slice(&sum);
+            return Ok(());
+        }
+        for r in 1..self.world {
+            let v = self.recv_vals::<T>(r, buf.len())?;
+            buf.iter_mut().zip(v).for_each(|(a, b)| *a = a.add(b));
+        }
+        let out = bytes(buf);
+        (1..self.world).try_for_each(|r| self.send(r, &out))
     }
 }
 
-fn bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// A value the group sends as little-endian bytes and sums.
+trait Elem: Copy {
+    const SIZE: usize;
+    fn write(self, out: &mut Vec<u8>);
+    fn read(b: &[u8]) -> Self;
+    fn add(self, o: Self) -> Self;
+}
+
+impl Elem for f32 {
+    const SIZE: usize = 4;
+    fn write(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn read(b: &[u8]) -> Self {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+}
+
+impl Elem for f64 {
+    const SIZE: usize = 8;
+    fn write(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn read(b: &[u8]) -> Self {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[..8]);
+        f64::from_le_bytes(a)
+    }
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+}
+
+fn bytes<T: Elem>(v: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * T::SIZE);
+    v.iter().for_each(|x| x.write(&mut out));
+    out
 }
 
 impl Collective for TcpGroup {
@@ -172,30 +224,22 @@ impl Collective for TcpGroup {
     }
 
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
-        if self.rank != 0 {
-            self.send(0, &bytes(buf))?;
-            let sum = self.recv_f32(0, buf.len())?;
-            buf.copy_from_slice(&sum);
-            return Ok(());
-        }
-        // Rank order: ((b0 + b1) + b2) + ...
-        for r in 1..self.world {
-            let v = self.recv_f32(r, buf.len())?;
-            buf.iter_mut().zip(v).for_each(|(a, b)| *a += b);
-        }
-        let out = bytes(buf);
-        (1..self.world).try_for_each(|r| self.send(r, &out))
+        self.reduce(buf)
+    }
+
+    fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
+        self.reduce(buf)
     }
 
     fn all_gather(&mut self, part: &[f32]) -> Result<Vec<f32>> {
         let n = part.len();
         if self.rank != 0 {
             self.send(0, &bytes(part))?;
-            return self.recv_f32(0, n * self.world);
+            return self.recv_vals::<f32>(0, n * self.world);
         }
         let mut all = part.to_vec();
         for r in 1..self.world {
-            all.extend(self.recv_f32(r, n)?);
+            all.extend(self.recv_vals::<f32>(r, n)?);
         }
         shard_len(all.len(), self.world)?;
         let out = bytes(&all);
@@ -268,6 +312,10 @@ mod tests {
             let out = group(world, |g| {
                 let mut v = data(g.rank(), 100);
                 g.all_reduce_sum(&mut v)?;
+                let mut d = [g.rank() as f64, 1e-12];
+                g.all_reduce_sum_f64(&mut d)?;
+                let w = g.world() as f64;
+                anyhow::ensure!(d == [w * (w - 1.0) / 2.0, w * 1e-12], "f64 sums {d:?}");
                 Ok(v)
             });
             let mut want = data(0, 100);

@@ -5,6 +5,7 @@
 //! mini-batch (to float rounding). The launcher, optimizer sharding and the rollout split are
 //! the multi-GPU issue's next steps.
 
+use crate::loss::LossStats;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, Var};
 use std::collections::BTreeMap;
@@ -46,6 +47,28 @@ pub fn all_reduce_grads(
         at += n;
     }
     Ok(())
+}
+
+/// The loss statistics summed over ranks (in f64: counts and sums stay exact).
+pub fn all_reduce_stats(c: &mut dyn Collective, st: LossStats) -> Result<LossStats> {
+    let mut v = [
+        st.loss,
+        st.tokens as f64,
+        st.clipped_low as f64,
+        st.clipped_high as f64,
+        st.kl_sum,
+        st.logp_gap_sum,
+    ];
+    c.all_reduce_sum_f64(&mut v)
+        .with_context(|| format!("rank {}: summing loss statistics", c.rank()))?;
+    Ok(LossStats {
+        loss: v[0],
+        tokens: v[1] as usize,
+        clipped_low: v[2] as usize,
+        clipped_high: v[3] as usize,
+        kl_sum: v[4],
+        logp_gap_sum: v[5],
+    })
 }
 
 #[cfg(test)]
@@ -141,6 +164,112 @@ mod tests {
                     let d = norm(&(a - &got[k]).expect("d")) / norm(a).max(1e-12);
                     assert!(d < 1e-6, "world {world} rank {r}: {k} differs by {d}");
                 }
+            }
+        }
+    }
+
+    /// Runs `steps` GRPO steps of the testbed fixture on `world` ranks (threads); returns rank
+    /// 0's reports and final weights (after checking every rank ended with the same weights).
+    fn grpo_run(world: usize, steps: usize) -> (Vec<crate::StepReport>, BTreeMap<String, Tensor>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut listener = Some(listener);
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let l = listener.take();
+                std::thread::spawn(move || -> Result<_> {
+                    let mut cfg = crate::RunConfig::default();
+                    cfg.model.path = concat!(
+                        env!("CARGO_MANIFEST_DIR"),
+                        "/../../tests/fixtures/testbed-sft"
+                    )
+                    .into();
+                    cfg.model.init = crate::config::Init::Checkpoint;
+                    cfg.sft.steps = 0;
+                    (
+                        cfg.grpo.prompts_per_step,
+                        cfg.grpo.group_size,
+                        cfg.grpo.max_new_tokens,
+                    ) = (4, 4, 32);
+                    cfg.grpo.dynamic_sampling =
+                        Some(crate::config::DynamicSampling { max_rounds: 2 });
+                    cfg.reward = toml::from_str("[shaper]\nmethod = \"short_rl\"\ntau_len = 2\n")?;
+                    let mut shaper = terse_reward::BuiltinShaper {
+                        config: cfg.reward.clone(),
+                        state: Default::default(),
+                    };
+                    let mut t = crate::GrpoTrainer::from_config(cfg, None)?;
+                    if world > 1 {
+                        let timeout = Duration::from_secs(60);
+                        t.collective = Some(match l {
+                            Some(l) => Box::new(TcpGroup::root(l, world, timeout)?),
+                            None => Box::new(TcpGroup::join(addr, r, world, timeout)?),
+                        });
+                    }
+                    let reports = (0..steps)
+                        .map(|_| t.step(&mut shaper))
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    Ok((reports, t.policy.tensors()))
+                })
+            })
+            .collect();
+        let mut out: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("thread").expect("rank"))
+            .collect();
+        for (r, (_, w)) in out.iter().enumerate().skip(1) {
+            for (k, a) in &out[0].1 {
+                let d = (a - &w[k])
+                    .and_then(|x| x.abs())
+                    .and_then(|x| x.max_all())
+                    .and_then(|x| x.to_scalar::<f32>());
+                assert_eq!(
+                    d.expect("d"),
+                    0.0,
+                    "rank {r} weight {k} differs from rank 0's"
+                );
+            }
+        }
+        out.swap_remove(0)
+    }
+
+    #[test]
+    fn data_parallel_grpo_steps_equal_one_process() {
+        let (one, w1) = grpo_run(1, 3);
+        for world in [2, 4] {
+            let (many, w) = grpo_run(world, 3);
+            for (a, b) in one.iter().zip(&many) {
+                // What the rollout and shaping saw: identical (same samples on every rank).
+                assert_eq!(
+                    (a.reward, a.accuracy, a.len_mean, a.rounds),
+                    (b.reward, b.accuracy, b.len_mean, b.rounds),
+                    "world {world} step {}",
+                    a.step
+                );
+                // What the summed gradients gave: equal to float rounding.
+                assert!(
+                    (a.loss - b.loss).abs() <= 1e-5 * a.loss.abs().max(1e-3),
+                    "world {world}: loss {} vs {}",
+                    a.loss,
+                    b.loss
+                );
+                assert!(
+                    (a.grad_norm - b.grad_norm).abs() <= 1e-5 * a.grad_norm,
+                    "world {world}: grad norm {} vs {}",
+                    a.grad_norm,
+                    b.grad_norm
+                );
+            }
+            for (k, a) in &w1 {
+                let norm = |t: &Tensor| {
+                    t.sqr()
+                        .and_then(|x| x.sum_all())
+                        .and_then(|x| x.to_scalar::<f32>())
+                        .expect("n")
+                        .sqrt()
+                };
+                let d = norm(&(a - &w[k]).expect("d")) / norm(a).max(1e-12);
+                assert!(d < 1e-6, "world {world}: final {k} differs by {d}");
             }
         }
     }

@@ -41,6 +41,10 @@ pub struct GrpoTrainer {
     pub estimator: Option<Box<dyn AdvantageEstimator>>,
     /// Research code's policy loss; None uses PPO-clip with `cfg.grpo`'s settings.
     pub policy_loss: Option<Box<dyn PolicyLoss>>,
+    /// Data-parallel ranks (None: one process). Every rank rolls out and shapes the whole
+    /// step (the samples depend only on seed, prompt and sample index, so they agree) and
+    /// differentiates its share of each mini-batch; gradients are summed over ranks.
+    pub collective: Option<Box<dyn terse_dist::Collective>>,
 }
 
 /// One step's shaped rewards and advantages.
@@ -76,6 +80,7 @@ impl GrpoTrainer {
             run_dir: None,
             estimator: None,
             policy_loss: None,
+            collective: None,
         })
     }
 
@@ -163,6 +168,10 @@ impl GrpoTrainer {
             self.step,
             &dir,
             self.policy_loss.as_deref(),
+            match self.collective.as_mut() {
+                Some(c) => Some(&mut **c),
+                None => None,
+            },
         )
     }
 

@@ -1,13 +1,16 @@
 //! The policy update of one GRPO step: samples + advantages -> sequences with loss masks and
 //! sampler log-probs -> (reference log-probs for the KL term) -> for each PPO epoch and
 //! mini-batch: micro-batched gradients with the mini-batch's aggregation weights, clipping, a
-//! non-finite check, and one AdamW step. Called by the loop in run.rs after shaping.
+//! non-finite check, and one AdamW step. Called by the loop in run.rs after shaping. With a
+//! `Collective`, each rank differentiates its share of every mini-batch and the gradients are
+//! summed over ranks before clipping (every rank then takes the same AdamW step).
 
 use crate::batches::{gradients, logprobs, MicroBatching, Objective, Seq};
 use crate::config::GrpoSection;
 use crate::loss::{agg_weights, LossStats, PolicyLoss, PpoParams};
 use anyhow::{bail, Result};
 use std::path::Path;
+use terse_dist::Collective;
 use terse_model::Qwen3;
 use terse_optim::{clip_grad_norm, AdamW};
 use terse_rollout::{Prompt, Sample};
@@ -64,8 +67,10 @@ pub fn policy_update(
     step: u64,
     run_dir: &Path,
     custom_loss: Option<&dyn PolicyLoss>,
+    mut dp: Option<&mut dyn Collective>,
 ) -> Result<UpdateStats> {
     let mut out = UpdateStats::default();
+    let (rank, world) = dp.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
     if let Some(r) = reference {
         let t0 = std::time::Instant::now();
         let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, r);
@@ -92,7 +97,19 @@ pub fn policy_update(
                 None => Objective::Ppo(ppo),
             };
             let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
-            let (mut grads, st) = gradients(model, mb, objective, how)?;
+            // Data parallel: this rank's share of the mini-batch (its weights are global), then
+            // the gradients and the loss statistics summed over ranks.
+            let share: Vec<Seq> = mb
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % world == rank)
+                .map(|(_, s)| s.clone())
+                .collect();
+            let (mut grads, mut st) = gradients(model, &share, objective, how)?;
+            if let Some(c) = dp.as_deref_mut() {
+                crate::dp::all_reduce_grads(c, model.vars(), &mut grads)?;
+                st = crate::dp::all_reduce_stats(c, st)?;
+            }
             let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
             if !st.loss.is_finite() || !grad_norm.is_finite() {
                 bail!(
