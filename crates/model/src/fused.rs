@@ -10,7 +10,8 @@ use crate::kernel_checks as check;
 use crate::kernels as cpu;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
 
-fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+/// The f32 slice of a contiguous CPU tensor (the custom ops' CPU inputs).
+pub(crate) fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
     match (s, l.contiguous_offsets()) {
         (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
         _ => crate::fail!("{what}: expected a contiguous f32 tensor"),

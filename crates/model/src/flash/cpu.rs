@@ -179,36 +179,67 @@ pub(crate) fn forward(
     (out, lse)
 }
 
-/// P = exp(scale * q k^T - lse) of one tile in `s` (rows x cols, row stride BK), masked to 0;
-/// then, with `dp` = dO v^T, `s` becomes dS = P * (dP - delta) * scale.
-#[allow(clippy::too_many_arguments)]
-fn tile_ds(
-    s: &mut [f32],
-    dp: &mut [f32],
-    (qa, kb, doa, vb): (Mat, Mat, Mat, Mat),
-    (i0, rows, j0, cols, d): (usize, usize, usize, usize, usize),
-    st: &[u32],
-    lse: &[f32],
-    delta: &[f32],
+/// One (query head, KV head) pair's slices for the backward: q and dO rows of the query head,
+/// k and v rows of its KV head, the row's key-range starts, the head's lse and delta.
+struct HeadPair<'a> {
+    q: &'a [f32],
+    dout: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    starts: &'a [u32],
+    lse: &'a [f32],
+    delta: &'a [f32],
+    d: usize,
     scale: f32,
-    p_out: Option<&mut [f32]>,
-) {
-    mm(rows, cols, d, s, BK, qa, kb, false);
-    mm(rows, cols, d, dp, BK, doa, vb, false);
-    let mut p_out = p_out;
-    for r in 0..rows {
-        let i = i0 + r;
-        for c in 0..cols {
-            let x = r * BK + c;
-            let p = if allowed(st[i], i, j0 + c) {
-                (s[x] * scale - lse[i]).exp()
-            } else {
-                0.0
-            };
-            if let Some(po) = p_out.as_deref_mut() {
-                po[x] = p;
+}
+
+impl HeadPair<'_> {
+    /// The tile of query rows [i0, i0 + rows) x keys [j0, j0 + cols): P = exp(scale q k^T -
+    /// lse), masked to 0 (written to `p_out` when given), then `s` = dS = P (dP - delta) scale
+    /// with dP = dO v^T in `dp`. Both buffers have row stride BK.
+    fn ds(
+        &self,
+        s: &mut [f32],
+        dp: &mut [f32],
+        (i0, rows): (usize, usize),
+        (j0, cols): (usize, usize),
+        mut p_out: Option<&mut [f32]>,
+    ) {
+        let d = self.d;
+        mm(
+            rows,
+            cols,
+            d,
+            s,
+            BK,
+            Mat::rows(&self.q[i0 * d..], d),
+            Mat::cols(&self.k[j0 * d..], d),
+            false,
+        );
+        mm(
+            rows,
+            cols,
+            d,
+            dp,
+            BK,
+            Mat::rows(&self.dout[i0 * d..], d),
+            Mat::cols(&self.v[j0 * d..], d),
+            false,
+        );
+        for r in 0..rows {
+            let i = i0 + r;
+            for c in 0..cols {
+                let x = r * BK + c;
+                let p = if allowed(self.starts[i], i, j0 + c) {
+                    (s[x] * self.scale - self.lse[i]).exp()
+                } else {
+                    0.0
+                };
+                if let Some(po) = p_out.as_deref_mut() {
+                    po[x] = p;
+                }
+                s[x] = p * (dp[x] - self.delta[i]) * self.scale;
             }
-            s[x] = p * (dp[x] - delta[i]) * scale;
         }
     }
 }
@@ -234,6 +265,22 @@ pub(crate) fn backward(
         .zip(dout.par_chunks(d.max(1)))
         .map(|(o, g)| o.iter().zip(g).map(|(a, b)| a * b).sum())
         .collect();
+    // The slices of query head h of row b and its KV head.
+    let pair = |b: usize, h: usize| {
+        let (bh, g) = (b * hq + h, b * hkv + h / rep);
+        let (rows, kv) = (bh * t * d..(bh + 1) * t * d, g * t * d..(g + 1) * t * d);
+        HeadPair {
+            q: &q[rows.clone()],
+            dout: &dout[rows],
+            k: &k[kv.clone()],
+            v: &v[kv],
+            starts: &starts[b * t..(b + 1) * t],
+            lse: &lse[bh * t..(bh + 1) * t],
+            delta: &delta[bh * t..(bh + 1) * t],
+            d,
+            scale: dm.scale,
+        }
+    };
     // dK, dV: one task per (row, KV head), key tiles in order, its query heads in order.
     let mut dk = vec![0f32; k.len()];
     let mut dv = vec![0f32; v.len()];
@@ -242,45 +289,45 @@ pub(crate) fn backward(
         .enumerate()
         .for_each(|(bg, (dkh, dvh))| {
             let b = bg / hkv;
-            let st = &starts[b * t..(b + 1) * t];
-            let (kh, vh) = (
-                &k[bg * t * d..(bg + 1) * t * d],
-                &v[bg * t * d..(bg + 1) * t * d],
-            );
-            let (mut s, mut dp, mut p) = (
-                vec![0f32; BQ * BK],
-                vec![0f32; BQ * BK],
-                vec![0f32; BQ * BK],
-            );
+            let mut tiles = [(); 3].map(|_| vec![0f32; BQ * BK]);
+            let [s, dp, p] = &mut tiles;
             for j0 in (0..t).step_by(BK) {
-                let j1 = (j0 + BK).min(t);
-                let cols = j1 - j0;
+                let cols = (j0 + BK).min(t) - j0;
                 for h in (bg % hkv) * rep..(bg % hkv + 1) * rep {
-                    let bh = b * hq + h;
-                    let r0 = bh * t;
-                    let (qh, doh) = (&q[r0 * d..(r0 + t) * d], &dout[r0 * d..(r0 + t) * d]);
+                    let hp = pair(b, h);
                     // Rows before j0 cannot see these keys; starts never decrease along a row,
-                    // so the first query tile whose first row starts after j1 ends the walk.
+                    // so the first query tile whose first row starts after the keys ends the walk.
                     for i0 in (j0..t).step_by(BQ) {
-                        if st[i0] as usize >= j1 {
+                        if hp.starts[i0] as usize >= j0 + cols {
                             break;
                         }
-                        let i1 = (i0 + BQ).min(t);
-                        let rows = i1 - i0;
-                        let mats = (
-                            Mat::rows(&qh[i0 * d..], d),
-                            Mat::cols(&kh[j0 * d..], d),
-                            Mat::rows(&doh[i0 * d..], d),
-                            Mat::cols(&vh[j0 * d..], d),
-                        );
-                        let (l, dl) = (&lse[r0..r0 + t], &delta[r0..r0 + t]);
-                        let at = (i0, rows, j0, cols, d);
-                        tile_ds(&mut s, &mut dp, mats, at, st, l, dl, dm.scale, Some(&mut p));
+                        let rows = (i0 + BQ).min(t) - i0;
+                        hp.ds(s, dp, (i0, rows), (j0, cols), Some(p));
                         // dV += P^T dO; dK += dS^T Q.
-                        let pt = Mat::cols(&p, BK);
-                        let dsa = Mat::cols(&s, BK);
-                        mm(cols, d, rows, &mut dvh[j0 * d..], d, pt, mats.2, true);
-                        mm(cols, d, rows, &mut dkh[j0 * d..], d, dsa, mats.0, true);
+                        let (doa, qa) = (
+                            Mat::rows(&hp.dout[i0 * d..], d),
+                            Mat::rows(&hp.q[i0 * d..], d),
+                        );
+                        mm(
+                            cols,
+                            d,
+                            rows,
+                            &mut dvh[j0 * d..],
+                            d,
+                            Mat::cols(p, BK),
+                            doa,
+                            true,
+                        );
+                        mm(
+                            cols,
+                            d,
+                            rows,
+                            &mut dkh[j0 * d..],
+                            d,
+                            Mat::cols(s, BK),
+                            qa,
+                            true,
+                        );
                     }
                 }
             }
@@ -288,47 +335,28 @@ pub(crate) fn backward(
     // dQ: one task per (row, query head), query tiles over their key tiles.
     let mut dq = vec![0f32; q.len()];
     dq.par_chunks_mut(t * d).enumerate().for_each(|(bh, dqh)| {
-        let (b, h) = (bh / hq, bh % hq);
-        let g = b * hkv + h / rep;
-        let st = &starts[b * t..(b + 1) * t];
-        let r0 = bh * t;
-        let (qh, doh) = (&q[r0 * d..(r0 + t) * d], &dout[r0 * d..(r0 + t) * d]);
-        let (kh, vh) = (
-            &k[g * t * d..(g + 1) * t * d],
-            &v[g * t * d..(g + 1) * t * d],
-        );
+        let hp = pair(bh / hq, bh % hq);
         let (mut s, mut dp) = (vec![0f32; BQ * BK], vec![0f32; BQ * BK]);
         for i0 in (0..t).step_by(BQ) {
             let i1 = (i0 + BQ).min(t);
-            let rows = i1 - i0;
-            let Some((lo, hi)) = key_span(st, i0, i1) else {
+            let Some((lo, hi)) = key_span(hp.starts, i0, i1) else {
                 continue;
             };
             for j0 in (lo..hi).step_by(BK) {
-                let j1 = (j0 + BK).min(hi);
-                let cols = j1 - j0;
-                let mats = (
-                    Mat::rows(&qh[i0 * d..], d),
-                    Mat::cols(&kh[j0 * d..], d),
-                    Mat::rows(&doh[i0 * d..], d),
-                    Mat::cols(&vh[j0 * d..], d),
-                );
-                let (l, dl) = (&lse[r0..r0 + t], &delta[r0..r0 + t]);
-                tile_ds(
-                    &mut s,
-                    &mut dp,
-                    mats,
-                    (i0, rows, j0, cols, d),
-                    st,
-                    l,
-                    dl,
-                    dm.scale,
-                    None,
-                );
+                let cols = (j0 + BK).min(hi) - j0;
+                hp.ds(&mut s, &mut dp, (i0, i1 - i0), (j0, cols), None);
                 // dQ += dS K.
-                let dsa = Mat::rows(&s, BK);
-                let kb = Mat::rows(&kh[j0 * d..], d);
-                mm(rows, d, cols, &mut dqh[i0 * d..], d, dsa, kb, true);
+                let kb = Mat::rows(&hp.k[j0 * d..], d);
+                mm(
+                    i1 - i0,
+                    d,
+                    cols,
+                    &mut dqh[i0 * d..],
+                    d,
+                    Mat::rows(&s, BK),
+                    kb,
+                    true,
+                );
             }
         }
     });

@@ -18,6 +18,7 @@ mod cuda;
 #[cfg(test)]
 mod tests;
 
+use crate::fused::f32s;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
@@ -168,13 +169,6 @@ pub fn supported(device: &Device, dtype: DType) -> bool {
     }
 }
 
-fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => crate::fail!("flash attention {what}: expected a contiguous f32 tensor on the CPU"),
-    }
-}
-
 /// The forward: (q, k, v) -> flat f32 [out (B, Hq, T, D); lse (B, Hq, T)].
 struct FlashFwd {
     ranges: KeyRanges,
@@ -195,7 +189,11 @@ impl CustomOp3 for FlashFwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (f32s(s1, l1, "q")?, f32s(s2, l2, "k")?, f32s(s3, l3, "v")?);
+        let (q, k, v) = (
+            f32s(s1, l1, "flash q")?,
+            f32s(s2, l2, "flash k")?,
+            f32s(s3, l3, "flash v")?,
+        );
         let (mut out, lse) = cpu::forward(q, k, v, &self.ranges.starts, self.dims);
         out.extend_from_slice(&lse);
         let n = out.len();
@@ -267,7 +265,11 @@ impl CustomOp3 for FlashBwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (f32s(s1, l1, "q")?, f32s(s2, l2, "k")?, f32s(s3, l3, "v")?);
+        let (q, k, v) = (
+            f32s(s1, l1, "flash q")?,
+            f32s(s2, l2, "flash k")?,
+            f32s(s3, l3, "flash v")?,
+        );
         let host = |t: &Tensor| t.contiguous()?.to_vec1::<f32>();
         let (out, lse, dout) = (host(&self.out)?, host(&self.lse)?, host(&self.dout)?);
         let (mut dq, dk, dv) =
