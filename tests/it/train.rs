@@ -78,14 +78,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
             // Relative in norm, ||a - b|| / ||a||: a different split reorders float sums
             // (gradient accumulation, the embedding rows' gradient).
             for (k, a) in &g1 {
-                let norm = |t: &candle_core::Tensor| -> f32 {
-                    t.sqr()
-                        .and_then(|x| x.sum_all())
-                        .and_then(|x| x.to_scalar::<f32>())
-                        .expect("norm")
-                        .sqrt()
-                };
-                let d = norm(&(a - &g[k]).expect("diff")) / norm(a).max(1e-12);
+                let d = terse_model::testing::relative_diff(a, &g[k]).expect("diff");
                 // Packed rows also change the flash tiles' partition of each row's keys: their
                 // softmax sums round differently (measured at most 1.2e-6 here).
                 let tol = if packed { 3e-6 } else { 1e-6 };

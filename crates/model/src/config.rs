@@ -233,7 +233,21 @@ impl Config {
 
     /// The shape of Qwen3-0.6B (random weights are used for benchmarks).
     pub fn qwen3_0_6b() -> Self {
-        Self::synthetic(151_936, 1024, 3072, 28, 16, 8, 128, true).expect("valid built-in shape")
+        Self::qwen3_named("Qwen3-0.6B").expect("a built-in shape")
+    }
+
+    /// The shape of a Qwen3 size by its HF name (Qwen3-0.6B, -1.7B, -4B, -8B; any case), from
+    /// the HF configs: memory plans of runs whose weights are not downloaded yet.
+    pub fn qwen3_named(name: &str) -> Option<Self> {
+        // (vocab, hidden, intermediate, layers, heads, kv heads, head_dim, tied)
+        let (v, h, i, l, hq, hkv, d, tied) = match name.to_lowercase().as_str() {
+            "qwen3-0.6b" => (151_936, 1024, 3072, 28, 16, 8, 128, true),
+            "qwen3-1.7b" => (151_936, 2048, 6144, 28, 16, 8, 128, true),
+            "qwen3-4b" => (151_936, 2560, 9728, 36, 32, 8, 128, true),
+            "qwen3-8b" => (151_936, 4096, 12288, 36, 32, 8, 128, false),
+            _ => return None,
+        };
+        Self::synthetic(v, h, i, l, hq, hkv, d, tied).ok()
     }
 
     /// Every tensor the checkpoint must hold, with its HF key and shape, in sorted key order.

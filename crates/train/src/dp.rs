@@ -79,6 +79,7 @@ mod tests {
     use crate::loss::{agg_weights, PpoParams};
     use std::time::Duration;
     use terse_dist::TcpGroup;
+    use terse_model::testing::relative_diff;
     use terse_model::{Config, Qwen3};
 
     fn model() -> Qwen3 {
@@ -154,14 +155,7 @@ mod tests {
             for (r, h) in handles.into_iter().enumerate() {
                 let got = h.join().expect("thread").expect("rank");
                 for (k, a) in &whole {
-                    let norm = |t: &Tensor| {
-                        t.sqr()
-                            .and_then(|x| x.sum_all())
-                            .and_then(|x| x.to_scalar::<f32>())
-                            .expect("n")
-                            .sqrt()
-                    };
-                    let d = norm(&(a - &got[k]).expect("d")) / norm(a).max(1e-12);
+                    let d = relative_diff(a, &got[k]).expect("diff");
                     assert!(d < 1e-6, "world {world} rank {r}: {k} differs by {d}");
                 }
             }
@@ -261,14 +255,7 @@ mod tests {
                 );
             }
             for (k, a) in &w1 {
-                let norm = |t: &Tensor| {
-                    t.sqr()
-                        .and_then(|x| x.sum_all())
-                        .and_then(|x| x.to_scalar::<f32>())
-                        .expect("n")
-                        .sqrt()
-                };
-                let d = norm(&(a - &w[k]).expect("d")) / norm(a).max(1e-12);
+                let d = relative_diff(a, &w[k]).expect("diff");
                 assert!(d < 1e-6, "world {world}: final {k} differs by {d}");
             }
         }

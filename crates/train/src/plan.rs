@@ -253,19 +253,12 @@ pub fn model_shape(cfg: &RunConfig) -> Result<Config> {
         .file_name()
         .map(|n| n.to_string_lossy().to_lowercase())
         .unwrap_or_default();
-    // (vocab, hidden, intermediate, layers, heads, kv heads, head_dim, tied) from the HF configs.
-    let shape = match name.as_str() {
-        "qwen3-0.6b" => (151_936, 1024, 3072, 28, 16, 8, 128, true),
-        "qwen3-1.7b" => (151_936, 2048, 6144, 28, 16, 8, 128, true),
-        "qwen3-4b" => (151_936, 2560, 9728, 36, 32, 8, 128, true),
-        "qwen3-8b" => (151_936, 4096, 12288, 36, 32, 8, 128, false),
-        _ => bail!(
+    Config::qwen3_named(&name).with_context(|| {
+        format!(
             "{} does not exist and `{name}` is not a known Qwen3 size (0.6b, 1.7b, 4b, 8b)",
             path.display()
-        ),
-    };
-    let (v, h, i, l, hq, hkv, d, tied) = shape;
-    Ok(Config::synthetic(v, h, i, l, hq, hkv, d, tied)?)
+        )
+    })
 }
 
 #[cfg(test)]

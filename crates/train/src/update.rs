@@ -98,14 +98,16 @@ pub fn policy_update(
             };
             let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
             // Data parallel: this rank's share of the mini-batch (its weights are global), then
-            // the gradients and the loss statistics summed over ranks.
-            let share: Vec<Seq> = mb
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % world == rank)
-                .map(|(_, s)| s.clone())
-                .collect();
-            let (mut grads, mut st) = gradients(model, &share, objective, how)?;
+            // the gradients and the loss statistics summed over ranks. One process takes it all
+            // in place.
+            let share: Vec<Seq>;
+            let part: &[Seq] = if world == 1 {
+                mb
+            } else {
+                share = mb.iter().skip(rank).step_by(world).cloned().collect();
+                &share
+            };
+            let (mut grads, mut st) = gradients(model, part, objective, how)?;
             if let Some(c) = dp.as_deref_mut() {
                 crate::dp::all_reduce_grads(c, model.vars(), &mut grads)?;
                 st = crate::dp::all_reduce_stats(c, st)?;
