@@ -270,10 +270,15 @@ impl CustomOp3 for FlashBwd {
             f32s(s2, l2, "flash k")?,
             f32s(s3, l3, "flash v")?,
         );
-        let host = |t: &Tensor| t.contiguous()?.to_vec1::<f32>();
-        let (out, lse, dout) = (host(&self.out)?, host(&self.lse)?, host(&self.dout)?);
+        // The saved tensors are read in place (out and lse are views of the forward's output).
+        let saved = [&self.out, &self.lse, &self.dout].map(|t| t.storage_and_layout());
+        let slice = |i: usize, what: &str| match &*saved[i].0 {
+            candle_core::Storage::Cpu(st) => f32s(st, saved[i].1, what),
+            _ => crate::fail!("flash attention {what}: expected a CPU tensor"),
+        };
+        let (out, lse, dout) = (slice(0, "out")?, slice(1, "lse")?, slice(2, "dout")?);
         let (mut dq, dk, dv) =
-            cpu::backward(q, k, v, &out, &lse, &dout, &self.ranges.starts, self.dims);
+            cpu::backward(q, k, v, out, lse, dout, &self.ranges.starts, self.dims);
         dq.extend_from_slice(&dk);
         dq.extend_from_slice(&dv);
         let n = dq.len();
