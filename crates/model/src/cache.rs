@@ -43,6 +43,26 @@ impl KvCache {
         })
     }
 
+    /// A cache over given K/V tensors ((B, Hkv, capacity, D) per layer) whose first `len`
+    /// slots are filled, `valid` (B * capacity) marking real tokens.
+    pub(crate) fn from_parts(
+        k: Vec<Tensor>,
+        v: Vec<Tensor>,
+        valid: Vec<u8>,
+        b: usize,
+        capacity: usize,
+        len: usize,
+    ) -> Self {
+        Self {
+            k,
+            v,
+            valid,
+            b,
+            capacity,
+            len,
+        }
+    }
+
     /// Slots used so far (the same for every row).
     pub fn len(&self) -> usize {
         self.len

@@ -39,6 +39,8 @@ pub(crate) mod kernels;
 pub mod logprob;
 pub mod model;
 pub mod ops;
+pub mod paged;
+mod paged_forward;
 pub mod reference;
 pub mod testing;
 
@@ -48,3 +50,5 @@ pub use checkpoint::{resolve, SaveOptions};
 pub use config::Config;
 pub use decode::DecodeWeights;
 pub use model::{ForwardOptions, Qwen3};
+pub use paged::{BlockTable, PagedKvCache};
+pub use paged_forward::PagedSeq;

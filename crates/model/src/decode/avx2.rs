@@ -9,6 +9,7 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
 
+use super::common::{Kv, Segs};
 use std::arch::x86_64::*;
 
 /// Sum of each of 8 vectors, in order, as one vector.
@@ -176,24 +177,35 @@ fn exp8(x: __m256) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    kv: Segs,
     len: usize,
     masked: &[u32],
     out: &mut [f32],
 ) {
     assert!(8usize.is_multiple_of(R) && D.is_multiple_of(8) && D <= 128);
-    assert!(q.len() == R * D && out.len() == R * D && k.len() >= len * D && v.len() >= len * D);
+    assert!(q.len() == R * D && out.len() == R * D);
     let g = 8 / R;
-    let vp = v.as_ptr();
+    let seg_len = kv.seg_len();
     let scale = 1.0 / (D as f32).sqrt();
     let mut acc = [[_mm256_setzero_ps(); 16]; R]; // [head][D / 8 vectors]
     let (mut m, mut z) = ([f32::NEG_INFINITY; R], [0f32; R]);
     let mut mi = 0; // cursor into `masked`
     let mut t = 0;
     while t < len {
-        let n = g.min(len - t); // slots in this block
-        let mut s = tree_scores::<R>(q, k, t, n, scale);
+        // The block's segment and its first slot o there (segments hold a multiple of 8 slots,
+        // so a block never crosses one).
+        let (si, o) = if seg_len == usize::MAX {
+            (0, t)
+        } else {
+            (t / seg_len, t % seg_len)
+        };
+        let n = g.min(len - t).min(seg_len - o); // slots in this block
+        let (Kv::F32(k), Kv::F32(v)) = kv.seg(si) else {
+            panic!("group_attend (AVX2): the cache must be f32");
+        };
+        assert!(k.len() >= (o + n) * D && v.len() >= (o + n) * D);
+        let vp = v.as_ptr();
+        let mut s = tree_scores::<R>(q, k, o, n, scale);
         for j in n..g {
             for r in 0..R {
                 s[r * g + j] = f32::NEG_INFINITY; // past the end
@@ -250,8 +262,8 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
                 pj[r] = _mm256_set1_ps(w);
             }
             for i in 0..D / 8 {
-                // SAFETY: (t + j) * D + 8i + 8 <= len * D <= v.len().
-                let vc = unsafe { _mm256_loadu_ps(vp.add((t + j) * D + 8 * i)) };
+                // SAFETY: (o + j) * D + 8i + 8 <= (o + n) * D <= v.len().
+                let vc = unsafe { _mm256_loadu_ps(vp.add((o + j) * D + 8 * i)) };
                 for r in 0..R {
                     acc[r][i] = _mm256_fmadd_ps(pj[r], vc, acc[r][i]);
                 }

@@ -12,7 +12,7 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
 
-use super::common::Kv;
+use super::common::Segs;
 use std::arch::x86_64::*;
 
 /// Slots per chunk: the chunk's K and V (CHUNK · D floats each) stay in L1 between the scores
@@ -154,19 +154,14 @@ pub(crate) fn first(n: usize) -> __mmask16 {
 #[target_feature(enable = "avx512f,avx512dq")]
 pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>(
     q: &[f32],
-    k: Kv,
-    v: Kv,
+    kv: Segs,
     len: usize,
     masked: &[u32],
     out: &mut [f32],
 ) {
-    let ((kp, kn, kh), (vp, vn, vh)) = (k.raw(), v.raw());
     assert!(16usize.is_multiple_of(R) && D.is_multiple_of(16) && D <= 128);
-    assert!(q.len() == R * D && out.len() == R * D && kn >= len * D && vn >= len * D);
-    assert!(
-        kh == H && vh == H,
-        "group_attend: cache element type mismatch"
-    );
+    assert!(q.len() == R * D && out.len() == R * D);
+    let seg_len = kv.seg_len();
     let es = if H { 2 } else { 4 }; // bytes per element
     let s = 16 / R; // slots per score tree
     let nv = D / 16; // vectors per head
@@ -180,24 +175,47 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
     let mut mi = 0; // cursor into `masked`
     let mut t0 = 0;
     while t0 < len {
-        let cn = CHUNK.min(len - t0);
+        // The chunk's segment, and its first slot o there: a chunk never crosses a segment.
+        let (si, o) = if seg_len == usize::MAX {
+            (0, t0)
+        } else {
+            (t0 / seg_len, t0 % seg_len)
+        };
+        let cn = CHUNK.min(len - t0).min(seg_len - o);
+        let (ks, vs) = kv.seg(si);
+        let ((kp, kn, kh), (vp, vn, vh)) = (ks.raw(), vs.raw());
+        assert!(kn >= (o + cn) * D && vn >= (o + cn) * D);
+        assert!(
+            kh == H && vh == H,
+            "group_attend: cache element type mismatch"
+        );
+        // Where the next chunk's keys start (none past the last chunk).
+        let next_k = if t0 + cn >= len {
+            None
+        } else if o + cn < seg_len {
+            Some(kp.wrapping_add((o + cn) * D * es))
+        } else {
+            Some(kv.seg(si + 1).0.raw().0)
+        };
         let mut b = 0;
         while b < cn {
             // Ask for this block's values (read after the chunk's scores) and the next chunk's
             // keys now: the hardware prefetcher stops at page boundaries, and each chunk
             // starts a new stream of K and then of V. A prefetch past the end of the cache is
             // harmless (it never faults; `wrapping_add` keeps the address computation defined).
-            let (kb, vb) = ((t0 + CHUNK + b) * D * es, (t0 + b) * D * es);
+            let vb = (o + b) * D * es;
             for x in (0..s * D * es).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(vp.wrapping_add(vb + x).cast());
-                _mm_prefetch::<_MM_HINT_T0>(kp.wrapping_add(kb + x).cast());
+                if let Some(nk) = next_k {
+                    _mm_prefetch::<_MM_HINT_T0>(nk.wrapping_add(b * D * es + x).cast());
+                }
             }
-            // SAFETY: kp holds len · D elements (asserted).
+            // SAFETY: the segment holds o + cn slots of D elements (asserted).
             let raw = unsafe {
-                if t0 + b + s <= len {
-                    block_scores::<R, D, H, false>(q, kp, t0 + b, len)
+                if b + s <= cn {
+                    block_scores::<R, D, H, false>(q, kp, o + b, o + cn)
                 } else {
-                    block_scores::<R, D, H, true>(q, kp, t0 + b, len)
+                    block_scores::<R, D, H, true>(q, kp, o + b, o + cn)
                 }
             };
             let lanes = _mm512_mul_ps(raw, _mm512_set1_ps(scale));
@@ -274,12 +292,12 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
                 let two = j + 1 < cn;
                 for i in 0..w {
                     let col = (c0 + i) * 16;
-                    // SAFETY: slot t0 + j (and t0 + j + 1 when `two`) < len, col + 16 <= D:
-                    // inside vp's len · D elements (asserted).
-                    let v0 = unsafe { load16::<H>(vp, (t0 + j) * D + col) };
+                    // SAFETY: slot o + j (and o + j + 1 when `two`) < o + cn, col + 16 <= D:
+                    // inside the segment's (o + cn) · D elements (asserted).
+                    let v0 = unsafe { load16::<H>(vp, (o + j) * D + col) };
                     let v1 = if two {
                         // SAFETY: as above.
-                        unsafe { load16::<H>(vp, (t0 + j + 1) * D + col) }
+                        unsafe { load16::<H>(vp, (o + j + 1) * D + col) }
                     } else {
                         _mm512_setzero_ps()
                     };
@@ -313,7 +331,7 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::Kv;
+    use super::super::common::{Kv, Segs};
     use super::super::rows::group_attend_shape;
     use half::f16;
     /// Softmax over the unmasked slots of scale · q_r·k_t, weighted values: plain loops.
@@ -384,7 +402,15 @@ mod tests {
                         let mut out = vec![f32::NAN; r * d];
                         // SAFETY: the features were checked above (AVX-512 implies AVX2, FMA).
                         let shaped = unsafe {
-                            group_attend_shape(true, r, &q, kv.0, kv.1, len, masked, &mut out)
+                            group_attend_shape(
+                                true,
+                                r,
+                                &q,
+                                Segs::Flat { k: kv.0, v: kv.1 },
+                                len,
+                                masked,
+                                &mut out,
+                            )
                         };
                         assert!(shaped, "shape R {r} D {d}");
                         let want = reference(&q, &kr, &vr, d, len, masked);

@@ -73,3 +73,130 @@ impl<'a> Kv<'a> {
         }
     }
 }
+
+/// One KV group's slots as the attention kernels read them: one contiguous run (the
+/// preallocated cache's row), or the blocks of a paged pool in block-table order. Segment i
+/// holds slots [i · seg_len, (i + 1) · seg_len); a kernel's chunk never crosses a segment, and
+/// with segments a multiple of its chunk (64 slots for AVX-512, 8 for AVX2) the sums run in the
+/// same order as over one contiguous run.
+#[derive(Clone, Copy)]
+pub(crate) enum Segs<'a> {
+    /// (len, D) keys and values, contiguous.
+    Flat { k: Kv<'a>, v: Kv<'a> },
+    /// Blocks of a paged pool.
+    Paged(PagedGroup<'a>),
+}
+
+/// A KV group of one sequence in a paged pool: block b's slots for this group start at element
+/// `b · stride + off` of the pool and hold `block` slots of `d` elements.
+#[derive(Clone, Copy)]
+pub(crate) struct PagedGroup<'a> {
+    pub pool: PoolPtr,
+    pub blocks: &'a [u32],
+    pub block: usize,
+    pub stride: usize,
+    pub off: usize,
+    pub d: usize,
+}
+
+/// The K and V pools of one layer as raw pointers, shared by the threads of a decode step: each
+/// thread writes only blocks its own sequences hold alone (the paged cache checks this before
+/// the step), and reads blocks no thread writes in the step (shared prefix blocks are never
+/// written: a write to a shared block copies it first).
+#[derive(Clone, Copy)]
+pub(crate) struct PoolPtr {
+    pub k: *mut u8,
+    pub v: *mut u8,
+    /// Elements in each pool.
+    pub n: usize,
+    pub f16: bool,
+}
+
+// SAFETY: the pointers are only dereferenced under the ownership rule above (disjoint blocks
+// written, unwritten blocks read), which the paged cache checks before each step.
+#[allow(unsafe_code)]
+unsafe impl Send for PoolPtr {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for PoolPtr {}
+
+impl<'a> Segs<'a> {
+    /// Whether the cache stores f16.
+    pub(crate) fn f16(&self) -> bool {
+        match self {
+            Segs::Flat { k, .. } => matches!(k, Kv::F16(_)),
+            Segs::Paged(p) => p.pool.f16,
+        }
+    }
+
+    /// Slots per segment (unbounded for a flat run).
+    #[inline(always)]
+    pub(crate) fn seg_len(&self) -> usize {
+        match self {
+            Segs::Flat { .. } => usize::MAX,
+            Segs::Paged(p) => p.block,
+        }
+    }
+
+    /// Keys and values of segment i (all its slots; the caller reads the ones in use).
+    #[inline(always)]
+    pub(crate) fn seg(&self, i: usize) -> (Kv<'a>, Kv<'a>) {
+        match *self {
+            Segs::Flat { k, v } => (k, v),
+            Segs::Paged(p) => {
+                let start = p.blocks[i] as usize * p.stride + p.off;
+                let n = p.block * p.d;
+                assert!(start + n <= p.pool.n, "paged cache block out of range");
+                // SAFETY: in bounds (asserted); the block is not written during this read (the
+                // ownership rule on `PoolPtr`).
+                #[allow(unsafe_code)]
+                unsafe {
+                    if p.pool.f16 {
+                        let (k, v) = (p.pool.k.cast::<half::f16>(), p.pool.v.cast::<half::f16>());
+                        (
+                            Kv::F16(std::slice::from_raw_parts(k.add(start), n)),
+                            Kv::F16(std::slice::from_raw_parts(v.add(start), n)),
+                        )
+                    } else {
+                        let (k, v) = (p.pool.k.cast::<f32>(), p.pool.v.cast::<f32>());
+                        (
+                            Kv::F32(std::slice::from_raw_parts(k.add(start), n)),
+                            Kv::F32(std::slice::from_raw_parts(v.add(start), n)),
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first `len` slots' keys and values as contiguous f32 (borrowed when stored so in one
+    /// run, else gathered and converted into the buffers): the two-pass fallback's input.
+    pub(crate) fn gather_f32<'b>(
+        &self,
+        len: usize,
+        d: usize,
+        kbuf: &'b mut Vec<f32>,
+        vbuf: &'b mut Vec<f32>,
+    ) -> (&'b [f32], &'b [f32])
+    where
+        'a: 'b,
+    {
+        if let Segs::Flat { k, v } = *self {
+            let (k, v) = (k.slice(0, len * d), v.slice(0, len * d));
+            return (k.f32s(kbuf), v.f32s(vbuf));
+        }
+        kbuf.clear();
+        vbuf.clear();
+        let seg = self.seg_len();
+        let mut t = 0;
+        let mut tmp = Vec::new();
+        while t < len {
+            let n = seg.min(len - t);
+            let (k, v) = self.seg(t / seg);
+            kbuf.extend_from_slice(k.slice(0, n * d).f32s(&mut tmp));
+            vbuf.extend_from_slice(v.slice(0, n * d).f32s(&mut tmp));
+            t += n;
+        }
+        (kbuf, vbuf)
+    }
+}

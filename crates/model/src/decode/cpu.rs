@@ -9,13 +9,12 @@
 //! RoPE / SiLU loops (`rows`), K/V written into the cache slot in place, attention over the
 //! unmasked slots (`avx512`, else `avx2`), scratch reused. Same math as `Qwen3::layer` (tested).
 
-use super::common::Kv;
+use super::access::{with_all_mut, KvMut};
 use super::matmul::{matmul_wt, pack_panels, Packed};
-use super::rows::{self as rows, simd_dispatch, CacheRow};
+use super::rows::{self as rows, simd_dispatch, CacheRow, RowKv};
 use crate::cache::KvCache;
 use crate::config::Config;
-use candle_core::{CpuStorage, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
-use half::f16;
+use candle_core::{CpuStorage, Layout, Result, Storage, StorageRef, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -40,106 +39,6 @@ impl<'a> Weights<'a> {
     }
 }
 
-/// The contents of one KV cache tensor (or a part's rows of it), as stored.
-enum KvMut<'a> {
-    F32(&'a mut [f32]),
-    F16(&'a mut [f16]),
-}
-
-impl<'a> KvMut<'a> {
-    fn view(&self) -> Kv<'_> {
-        match self {
-            KvMut::F32(x) => Kv::F32(x),
-            KvMut::F16(x) => Kv::F16(x),
-        }
-    }
-
-    /// Splits a (B, ...) buffer of `block` elements per row into the parts' row ranges.
-    fn split_rows(self, parts: &[Rows], block: usize) -> Vec<KvMut<'a>> {
-        fn split<'s, T>(mut all: &'s mut [T], parts: &[Rows], block: usize) -> Vec<&'s mut [T]> {
-            parts
-                .iter()
-                .map(|r| {
-                    let (mine, rest) = std::mem::take(&mut all).split_at_mut(r.n * block);
-                    all = rest;
-                    mine
-                })
-                .collect()
-        }
-        match self {
-            KvMut::F32(x) => split(x, parts, block).into_iter().map(KvMut::F32).collect(),
-            KvMut::F16(x) => split(x, parts, block).into_iter().map(KvMut::F16).collect(),
-        }
-    }
-
-    /// Writes a part's new K or V (n, s, Hkv, D) into slots `off..off + s` of its (n, Hkv, C,
-    /// D) cache (rounded to f16 in an f16 cache).
-    fn write_slots(&mut self, src: &[f32], dims: [usize; 4], off: usize) {
-        let [s, hkv, cap, d] = dims;
-        for (t, head) in src.chunks_exact(d).enumerate() {
-            let (tok, h) = (t / hkv, t % hkv);
-            let (row, j) = (tok / s, tok % s);
-            let at = ((row * hkv + h) * cap + off + j) * d;
-            match self {
-                KvMut::F32(c) => c[at..][..d].copy_from_slice(head),
-                KvMut::F16(c) => {
-                    for (o, &x) in c[at..][..d].iter_mut().zip(head) {
-                        *o = f16::from_f32(x);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Mutable access to the contents of a contiguous CPU tensor (the KV cache) through candle's
-/// in-place op, which takes the storage's write lock for the call.
-struct MutAccess<'a> {
-    f: std::cell::RefCell<&'a mut SliceFn<'a>>,
-}
-
-type SliceFn<'a> = dyn FnMut(KvMut<'_>) -> Result<()> + 'a;
-
-impl InplaceOp1 for MutAccess<'_> {
-    fn name(&self) -> &'static str {
-        "terse-decode-cache-access"
-    }
-
-    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
-        match (s, l.is_contiguous() && l.start_offset() == 0) {
-            (CpuStorage::F32(c), true) => (self.f.borrow_mut())(KvMut::F32(c)),
-            (CpuStorage::F16(c), true) => (self.f.borrow_mut())(KvMut::F16(c)),
-            _ => crate::fail!("decode: the KV cache must be a contiguous f32 or f16 CPU tensor"),
-        }
-    }
-}
-
-fn with_mut(t: &Tensor, f: &mut dyn FnMut(KvMut<'_>) -> Result<()>) -> Result<()> {
-    t.inplace_op1(&MutAccess {
-        f: std::cell::RefCell::new(f),
-    })
-}
-
-/// Runs `f` with mutable access to the contents of all `tensors` at once (in order), holding
-/// each one's write lock for the call.
-fn with_all_mut<'h>(
-    tensors: &[&Tensor],
-    held: Vec<KvMut<'h>>,
-    f: &mut dyn FnMut(Vec<KvMut<'_>>) -> Result<()>,
-) -> Result<()> {
-    let Some((t, rest)) = tensors.split_first() else {
-        return f(held);
-    };
-    let mut held = Some(held);
-    with_mut(t, &mut |s| {
-        let Some(mut h) = held.take() else {
-            crate::fail!("decode: cache access re-entered");
-        };
-        h.push(s);
-        with_all_mut(rest, h, f)
-    })
-}
-
 /// Weight order in the locked list: embedding, final norm, head, then 11 per layer.
 pub(super) const PER_LAYER: [&str; 11] = [
     "input_layernorm.weight",
@@ -159,15 +58,16 @@ pub(super) const PER_LAYER: [&str; 11] = [
 const PROJECTIONS: [usize; 7] = [1, 2, 3, 6, 8, 9, 10];
 
 /// Dimensions of one decode step.
-struct Dims {
-    hs: usize,
-    hkv: usize,
-    d: usize,
-    qd: usize,
-    kvd: usize,
-    inter: usize,
-    vocab: usize,
-    eps: f32,
+pub(super) struct Dims {
+    pub hs: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub qd: usize,
+    pub kvd: usize,
+    pub inter: usize,
+    pub vocab: usize,
+    pub eps: f32,
+    pub theta: f64,
 }
 
 thread_local! {
@@ -175,40 +75,44 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<Rows>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Rows [start, start + n) of the batch with their scratch: one unit of parallel work.
-struct Rows {
-    start: usize,
-    n: usize,
-    /// New slots per row this step (1 when decoding; the prompt length in a prefill).
-    s: usize,
-    /// Residual stream (n * s, H): token j of row i at i * s + j.
-    x: Vec<f32>,
+/// Rows [start, start + n) of the batch with their scratch: one unit of parallel work. Row i
+/// of the part has tokens ends[i - 1]..ends[i] (ends[-1] = 0) of the part, which start at token
+/// `tok0` of the batch's flattened ids.
+pub(super) struct Rows {
+    pub start: usize,
+    pub n: usize,
+    pub tok0: usize,
+    pub ends: Vec<usize>,
+    /// Residual stream (tokens, H).
+    pub x: Vec<f32>,
     h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
     att: Vec<f32>,
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    /// Rotary tables (n * s, d/2).
+    /// Rotary tables (tokens, d/2).
     cos: Vec<f32>,
     sin: Vec<f32>,
-    scores: Vec<f32>,
-    /// (n, V) for each row's last new slot, filled after the last layer.
-    logits: Vec<f32>,
+    pub scores: Vec<f32>,
+    /// (n, V) for each row's last new token, filled after the last layer.
+    pub logits: Vec<f32>,
     /// Padding slots of each row (row i: masked[masked_at[i]..masked_at[i + 1]]), this step.
-    masked: Vec<u32>,
-    masked_at: Vec<usize>,
+    pub masked: Vec<u32>,
+    pub masked_at: Vec<usize>,
 }
 
 impl Rows {
-    fn new(start: usize, n: usize, s: usize, dm: &Dims) -> Self {
-        let z = |w: usize| vec![0f32; n * s * w];
+    pub(super) fn new(start: usize, tok0: usize, ends: Vec<usize>, dm: &Dims) -> Self {
+        let tokens = ends.last().copied().unwrap_or(0);
+        let z = |w: usize| vec![0f32; tokens * w];
         Self {
             start,
-            n,
-            s,
+            n: ends.len(),
+            tok0,
+            ends,
             x: z(dm.hs),
             h: z(dm.hs),
             q: z(dm.qd),
@@ -227,14 +131,28 @@ impl Rows {
         }
     }
 
-    /// Embedding rows and rotary tables (f32, as `ops::rope_tables` computes them); ids and
-    /// positions are (B, s).
-    fn embed(&mut self, embed: &[f32], ids: &[u32], pos: &[u32], theta: f64, dm: &Dims) {
+    /// Tokens in this part.
+    pub(super) fn tokens(&self) -> usize {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    /// Whether this scratch serves the given part (reused from the previous step).
+    pub(super) fn fits(&self, start: usize, tok0: usize, ends: &[usize], dm: &Dims) -> bool {
+        self.start == start
+            && self.tok0 == tok0
+            && self.ends == ends
+            && self.q.len() == self.tokens() * dm.qd
+            && self.gate.len() == self.tokens() * dm.inter
+    }
+
+    /// Embedding rows and rotary tables (f32, as `ops::rope_tables` computes them) of the
+    /// part's tokens; ids and positions are the whole batch's, flattened.
+    pub(super) fn embed(&mut self, embed: &[f32], ids: &[u32], pos: &[u32], theta: f64, dm: &Dims) {
         let (hs, half) = (dm.hs, dm.d / 2);
         for (r, row) in self.x.chunks_exact_mut(hs).enumerate() {
-            let id = ids[self.start * self.s + r] as usize;
+            let id = ids[self.tok0 + r] as usize;
             row.copy_from_slice(&embed[id * hs..(id + 1) * hs]);
-            let p = pos[self.start * self.s + r] as f32;
+            let p = pos[self.tok0 + r] as f32;
             for i in 0..half {
                 let inv = (1.0 / theta.powf((2 * i) as f64 / dm.d as f64)) as f32;
                 self.cos[r * half + i] = (p * inv).cos();
@@ -242,16 +160,35 @@ impl Rows {
             }
         }
     }
+
+    /// The final norm and the head over each row's last token: (n, H) -> logits (n, V).
+    pub(super) fn head(
+        &mut self,
+        norm: &[f32],
+        w: &[f32],
+        wt: Option<&[f32]>,
+        dm: &Dims,
+        par: bool,
+    ) {
+        let mut last = Vec::with_capacity(self.n * dm.hs);
+        for &e in &self.ends {
+            last.extend_from_slice(&self.x[(e - 1) * dm.hs..e * dm.hs]);
+        }
+        final_norm(&mut last, norm, dm.eps);
+        self.logits.resize(self.n * dm.vocab, 0.0);
+        matmul_wt(&last, w, wt, &mut self.logits, self.n, dm.hs, dm.vocab, par);
+        // (n, V)
+    }
 }
 
 simd_dispatch!(
     /// RMSNorm, the q/k/v projections, the q/k head norms and RoPE of one layer.
-    fn qkv(r: &mut Rows, lw: &[&[f32]], lt: &[Option<&[f32]>], dm: &Dims, par: bool) => qkv_body
+    pub(super) fn qkv(r: &mut Rows, lw: &[&[f32]], lt: &[Option<&[f32]>], dm: &Dims, par: bool) => qkv_body
 );
 
 #[inline(always)]
 fn qkv_body(r: &mut Rows, lw: &[&[f32]], lt: &[Option<&[f32]>], dm: &Dims, par: bool) {
-    let n = r.n * r.s; // tokens
+    let n = r.tokens();
     r.h.copy_from_slice(&r.x);
     rows::rms_norm_rows(&mut r.h, lw[0], dm.eps);
     matmul_wt(&r.h, lw[1], lt[1], &mut r.q, n, dm.hs, dm.qd, par); // (n, Hq*D)
@@ -268,13 +205,13 @@ fn qkv_body(r: &mut Rows, lw: &[&[f32]], lt: &[Option<&[f32]>], dm: &Dims, par: 
 }
 
 simd_dispatch!(
-    /// Attention over this layer's cache, the output projection and the MLP block, both with
-    /// their residual adds.
-    fn attend_mlp(
+    /// Attention of each token over its cache view (`views[i]` for token i), the output
+    /// projection and the MLP block, both with their residual adds.
+    pub(super) fn attend_mlp(
         r: &mut Rows,
         lw: &[&[f32]],
         lt: &[Option<&[f32]>],
-        cache: &LayerCache,
+        views: &[CacheRow],
         dm: &Dims,
         par: bool,
     ) => attend_mlp_body
@@ -285,27 +222,16 @@ fn attend_mlp_body(
     r: &mut Rows,
     lw: &[&[f32]],
     lt: &[Option<&[f32]>],
-    cache: &LayerCache,
+    views: &[CacheRow],
     dm: &Dims,
     par: bool,
 ) {
-    let (n, cap) = (r.n * r.s, cache.cap);
-    let block = dm.hkv * cap * dm.d;
-    for i in 0..n {
-        // Token j of row `row`: causal, it sees the slots up to its own.
-        let (row, j) = (i / r.s, i % r.s);
-        let cr = CacheRow {
-            k: cache.k.slice(row * block, block),
-            v: cache.v.slice(row * block, block),
-            masked: &r.masked[r.masked_at[row]..r.masked_at[row + 1]],
-            cap,
-            len: cache.len - r.s + j + 1,
-            hkv: dm.hkv,
-        };
+    let n = r.tokens();
+    for (i, cr) in views.iter().enumerate() {
         let q = &r.q[i * dm.qd..][..dm.qd];
         rows::attend_row(
             q,
-            &cr,
+            cr,
             dm.d,
             &mut r.att[i * dm.qd..][..dm.qd],
             &mut r.scores,
@@ -328,31 +254,37 @@ simd_dispatch!(
     fn final_norm(x: &mut [f32], w: &[f32], eps: f32) => rows::rms_norm_rows
 );
 
-/// One part's rows of a layer's cache: k/v (n, Hkv, C, D), `len` slots in use.
-struct LayerCache<'a> {
-    k: Kv<'a>,
-    v: Kv<'a>,
-    len: usize,
-    cap: usize,
-}
-
 /// Weights above this size (bytes) stream from memory: split the matmuls' columns across
 /// threads (every thread reads a part of W) instead of the batch's rows (every thread reads
 /// all of W).
 const ROW_SPLIT_MAX_WEIGHTS: usize = 16 << 20;
 
-/// One forward over `slots` new slots per row (1 when decoding, the prompt in a prefill):
-/// ids/positions (B, slots) for the cache's last `slots` slots (already appended), `weights`
-/// in `weight_names` order -> logits (B, V) of each row's last slot.
-pub(crate) fn step(
+/// What a step's parts share: the weights in `weight_names` order (`w`), their packed panels
+/// where the CPU has the kernel (`t`), the dimensions, whether rows split across threads
+/// (`parts` at most) and whether the matmuls do (`par`).
+pub(super) struct StepWeights<'a> {
+    pub w: Vec<&'a [f32]>,
+    pub t: Vec<Option<&'a [f32]>>,
+    pub dm: Dims,
+    pub max_parts: usize,
+    pub par: bool,
+}
+
+impl StepWeights<'_> {
+    /// Layer l's weights (in `PER_LAYER` order) and their panels.
+    pub(super) fn layer(&self, l: usize) -> (&[&[f32]], &[Option<&[f32]>]) {
+        let at = 3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len();
+        (&self.w[at.clone()], &self.t[at])
+    }
+}
+
+/// Locks the weights, packs the snapshot's panels on first use, and runs `f` with them.
+pub(super) fn with_weights<R>(
     c: &Config,
     weights: &[Tensor],
     snapshot: &super::DecodeWeights,
-    cache: &KvCache,
-    ids: &[u32],
-    positions: &[u32],
-    slots: usize,
-) -> Result<Tensor> {
+    f: impl FnOnce(&StepWeights) -> Result<R>,
+) -> Result<R> {
     let locked = Weights::lock(weights);
     let w = (0..weights.len())
         .map(|i| locked.get(i))
@@ -367,20 +299,12 @@ pub(crate) fn step(
         inter: c.intermediate_size,
         vocab: c.vocab_size,
         eps: c.rms_norm_eps as f32,
+        theta: c.rope_theta,
     };
-    let b = ids.len() / slots;
-    if let Some(&id) = ids.iter().find(|&&id| id as usize >= dm.vocab) {
-        crate::fail!(
-            "decode: token id {id} out of range for vocabulary {}",
-            dm.vocab
-        );
-    }
     // Rows split across threads when the weights stay in cache (one fork-join per step is
     // worth it from two rows on).
     let threads = rayon::current_num_threads();
     let small = 4 * c.num_parameters() <= ROW_SPLIT_MAX_WEIGHTS;
-    let parts = if small { b.clamp(1, threads) } else { 1 };
-    let par = !small && threads > 1;
     // Small models' projections as outer products over weights packed once per snapshot, where
     // the CPU has the kernel: each row's sums then run in one order whatever the batch (a
     // sample's logits are bit-identical with more or fewer rows beside it).
@@ -406,94 +330,169 @@ pub(crate) fn step(
     let t: Vec<Option<&[f32]>> = (0..w.len())
         .map(|i| packed.as_ref().and_then(|tr| tr.0[i].as_deref()))
         .collect();
-    // Scratch from the previous step of this thread when the shapes match: fresh buffers every
-    // step cost more in page faults (the allocator hands them back to the OS) than the step.
-    let mut chunks = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    let fits = |r: &Rows, i: usize| {
-        let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
-        r.start == lo
-            && r.n == hi - lo
-            && r.s == slots
-            && r.q.len() == r.n * slots * dm.qd
-            && r.gate.len() == r.n * slots * dm.inter
-    };
-    if chunks.len() != parts || !chunks.iter().enumerate().all(|(i, r)| fits(r, i)) {
-        chunks = (0..parts)
-            .map(|i| {
-                let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
-                Rows::new(lo, hi - lo, slots, &dm)
-            })
-            .collect();
+    f(&StepWeights {
+        w,
+        t,
+        dm,
+        max_parts: if small { threads } else { 1 },
+        par: !small && threads > 1,
+    })
+}
+
+/// Scratch for `parts` parts of the batch, part i holding the rows `bounds(i)` = (first row,
+/// first token, per-row token ends): the previous step's from this thread when the shapes
+/// match (fresh buffers every step cost more in page faults, as the allocator hands them back
+/// to the OS, than the step).
+pub(super) fn scratch(
+    parts: usize,
+    bounds: impl Fn(usize) -> (usize, usize, Vec<usize>),
+    dm: &Dims,
+) -> Vec<Rows> {
+    let chunks = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let want: Vec<_> = (0..parts).map(bounds).collect();
+    if chunks.len() == parts
+        && chunks
+            .iter()
+            .zip(&want)
+            .all(|(r, (s, t, e))| r.fits(*s, *t, e, dm))
+    {
+        return chunks;
     }
-    // Rows never interact in a forward, so each part runs every layer (projections, its rows'
-    // cache slots, attention, MLP) on its own: one fork-join per step, with every layer's
-    // cache locked for the step.
-    let (off, len, cap) = (cache.len() - slots, cache.len(), cache.capacity());
-    let layers = c.num_hidden_layers;
-    let block = hkv * cap * d;
-    let part = |r: &mut Rows, kv: &mut [(KvMut, KvMut)]| {
-        r.embed(w[0], ids, positions, c.rope_theta, &dm);
-        let valid = &cache.valid()[r.start * cap..(r.start + r.n) * cap];
-        r.masked.clear();
-        r.masked_at.clear();
-        r.masked_at.push(0);
-        for row in valid.chunks_exact(cap) {
-            rows::masked_slots(row, len, &mut r.masked);
-            r.masked_at.push(r.masked.len());
-        }
-        for (l, (kp, vp)) in kv.iter_mut().enumerate() {
-            let at = 3 + l * PER_LAYER.len()..3 + (l + 1) * PER_LAYER.len();
-            let (lw, lt) = (&w[at.clone()], &t[at]);
-            qkv(r, lw, lt, &dm, par);
-            kp.write_slots(&r.k, [slots, hkv, cap, d], off);
-            vp.write_slots(&r.v, [slots, hkv, cap, d], off);
-            let lc = LayerCache {
-                k: kp.view(),
-                v: vp.view(),
-                len,
-                cap,
-            };
-            attend_mlp(r, lw, lt, &lc, &dm, par);
-        }
-        // Each row's last slot only: (n, H) -> (n, V).
-        let mut last = Vec::with_capacity(r.n * dm.hs);
-        for row in r.x.chunks_exact(slots * dm.hs) {
-            last.extend_from_slice(&row[(slots - 1) * dm.hs..]);
-        }
-        final_norm(&mut last, w[1], dm.eps);
-        r.logits.resize(r.n * dm.vocab, 0.0);
-        matmul_wt(&last, w[2], t[2], &mut r.logits, r.n, dm.hs, dm.vocab, par); // (n, V)
-    };
-    let tensors: Vec<&Tensor> = (0..layers)
-        .flat_map(|l| {
-            let (k, v) = cache.layer(l);
-            [k, v]
-        })
-        .collect();
-    with_all_mut(&tensors, Vec::new(), &mut |all| {
-        // all = [k0, v0, k1, v1, ...], each (B, Hkv, C, D): per part, its rows of each layer.
-        let mut per_part: Vec<Vec<(KvMut, KvMut)>> =
-            (0..parts).map(|_| Vec::with_capacity(layers)).collect();
-        let mut it = all.into_iter();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            let (ks, vs) = (k.split_rows(&chunks, block), v.split_rows(&chunks, block));
-            for (p, kv) in per_part.iter_mut().zip(ks.into_iter().zip(vs)) {
-                p.push(kv);
-            }
-        }
-        let mut work: Vec<_> = chunks.iter_mut().zip(per_part).collect();
-        match &mut work[..] {
-            [(r, kv)] => part(r, kv),
-            many => many.par_iter_mut().for_each(|(r, kv)| part(r, kv)),
-        }
-        Ok(())
-    })?;
+    want.into_iter()
+        .map(|(s, t, e)| Rows::new(s, t, e, dm))
+        .collect()
+}
+
+/// The parts' logits (B, V) in row order; their scratch is kept for the next step.
+pub(super) fn finish(chunks: Vec<Rows>, dm: &Dims) -> Result<Tensor> {
+    let b: usize = chunks.iter().map(|r| r.n).sum();
     let mut logits = Vec::with_capacity(b * dm.vocab);
     for r in &chunks {
         logits.extend_from_slice(&r.logits);
     }
     SCRATCH.with(|s| *s.borrow_mut() = chunks);
     Tensor::from_vec(logits, (b, dm.vocab), &candle_core::Device::Cpu) // (B, V)
+}
+
+/// Runs `part` on each of the parts (in parallel when there are several).
+pub(super) fn run_parts<P: Send>(
+    work: &mut [(&mut Rows, P)],
+    part: impl Fn(&mut Rows, &mut P) + Sync,
+) {
+    match work {
+        [(r, p)] => part(r, p),
+        many => many.par_iter_mut().for_each(|(r, p)| part(r, p)),
+    }
+}
+
+/// One forward over `slots` new slots per row (1 when decoding, the prompt in a prefill):
+/// ids/positions (B, slots) for the cache's last `slots` slots (already appended), `weights`
+/// in `weight_names` order -> logits (B, V) of each row's last slot.
+pub(crate) fn step(
+    c: &Config,
+    weights: &[Tensor],
+    snapshot: &super::DecodeWeights,
+    cache: &KvCache,
+    ids: &[u32],
+    positions: &[u32],
+    slots: usize,
+) -> Result<Tensor> {
+    let b = ids.len() / slots;
+    check_ids(ids, c.vocab_size)?;
+    with_weights(c, weights, snapshot, |sw| {
+        let dm = &sw.dm;
+        let (hkv, d) = (dm.hkv, dm.d);
+        let parts = b.clamp(1, sw.max_parts);
+        let chunks = scratch(
+            parts,
+            |i| {
+                let (lo, hi) = (i * b / parts, (i + 1) * b / parts);
+                (lo, lo * slots, (1..=hi - lo).map(|r| r * slots).collect())
+            },
+            dm,
+        );
+        let (off, len, cap) = (cache.len() - slots, cache.len(), cache.capacity());
+        let layers = c.num_hidden_layers;
+        let block = hkv * cap * d;
+        // Rows never interact in a forward, so each part runs every layer (projections, its
+        // rows' cache slots, attention, MLP) on its own: one fork-join per step, with every
+        // layer's cache locked for the step.
+        let part = |r: &mut Rows, kv: &mut Vec<(KvMut, KvMut)>| {
+            r.embed(sw.w[0], ids, positions, dm.theta, dm);
+            let valid = &cache.valid()[r.start * cap..(r.start + r.n) * cap];
+            // Taken out of the scratch for the step (the views borrow it while the layers
+            // write the rest), put back after.
+            let (mut masked, mut masked_at) = (
+                std::mem::take(&mut r.masked),
+                std::mem::take(&mut r.masked_at),
+            );
+            masked.clear();
+            masked_at.clear();
+            masked_at.push(0);
+            for row in valid.chunks_exact(cap) {
+                rows::masked_slots(row, len, &mut masked);
+                masked_at.push(masked.len());
+            }
+            for (l, (kp, vp)) in kv.iter_mut().enumerate() {
+                let (lw, lt) = sw.layer(l);
+                qkv(r, lw, lt, dm, sw.par);
+                kp.write_slots(&r.k, [slots, hkv, cap, d], off);
+                vp.write_slots(&r.v, [slots, hkv, cap, d], off);
+                let (k, v) = (kp.view(), vp.view());
+                // Token j of a row: causal, it sees the slots up to its own.
+                let views: Vec<CacheRow> = (0..r.tokens())
+                    .map(|i| {
+                        let (row, j) = (i / slots, i % slots);
+                        CacheRow {
+                            kv: RowKv::Flat {
+                                k: k.slice(row * block, block),
+                                v: v.slice(row * block, block),
+                                cap,
+                            },
+                            masked: &masked[masked_at[row]..masked_at[row + 1]],
+                            len: len - slots + j + 1,
+                            hkv,
+                        }
+                    })
+                    .collect();
+                attend_mlp(r, lw, lt, &views, dm, sw.par);
+            }
+            (r.masked, r.masked_at) = (masked, masked_at);
+            r.head(sw.w[1], sw.w[2], sw.t[2], dm, sw.par);
+        };
+        let tensors: Vec<&Tensor> = (0..layers)
+            .flat_map(|l| {
+                let (k, v) = cache.layer(l);
+                [k, v]
+            })
+            .collect();
+        let mut chunks = chunks;
+        with_all_mut(&tensors, Vec::new(), &mut |all| {
+            // all = [k0, v0, k1, v1, ...], each (B, Hkv, C, D): per part, its rows of each layer.
+            let sizes: Vec<usize> = chunks.iter().map(|r| r.n).collect();
+            let mut per_part: Vec<Vec<(KvMut, KvMut)>> =
+                (0..parts).map(|_| Vec::with_capacity(layers)).collect();
+            let mut it = all.into_iter();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                let (ks, vs) = (k.split_rows(&sizes, block), v.split_rows(&sizes, block));
+                for (p, kv) in per_part.iter_mut().zip(ks.into_iter().zip(vs)) {
+                    p.push(kv);
+                }
+            }
+            let mut work: Vec<_> = chunks.iter_mut().zip(per_part).collect();
+            run_parts(&mut work, part);
+            Ok(())
+        })?;
+        finish(chunks, dm)
+    })
+}
+
+/// A one-line error for a token id outside the vocabulary.
+pub(super) fn check_ids(ids: &[u32], vocab: usize) -> Result<()> {
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+        crate::fail!("decode: token id {id} out of range for vocabulary {vocab}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,14 +10,17 @@ use crate::config::Config;
 use candle_core::DType;
 use std::sync::{Arc, OnceLock};
 
+mod access;
 mod avx2;
 mod avx512;
 mod common;
 mod cpu;
 pub(crate) mod matmul;
+pub(crate) mod paged;
 mod rows;
 
 pub(crate) use cpu::step;
+pub(crate) use paged::step as paged_step;
 
 /// The decode step's view of the weights, separate from any K/V cache: on the CPU the
 /// projections packed into panels at the first step that reads them, so each row's sums run in

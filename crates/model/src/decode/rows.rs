@@ -6,7 +6,7 @@
 //! is built for the x86-64 baseline, so without it these loops would be SSE2).
 #![allow(unsafe_code)] // the target-feature trampoline in `simd_dispatch!`
 
-use super::common::{exp, Kv};
+use super::common::{exp, Kv, PagedGroup, PoolPtr, Segs};
 
 const LANES: usize = 8;
 
@@ -15,10 +15,10 @@ const LANES: usize = 8;
 /// `#[inline(always)]`: only code inlined into the target-feature function gets the wide
 /// registers (a closure would not be).
 macro_rules! simd_dispatch {
-    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:path) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:path) => {
         $(#[$m])*
         #[allow(unsafe_code)] // the target-feature call below, guarded by a feature check
-        fn $name($($a: $t),*) {
+        $vis fn $name($($a: $t),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
@@ -97,16 +97,50 @@ pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
 /// One row's view of the cache for `attend_row`.
 #[derive(Clone, Copy)]
 pub(crate) struct CacheRow<'a> {
-    /// (Hkv, C, D) keys and values of this row.
-    pub k: Kv<'a>,
-    pub v: Kv<'a>,
+    pub kv: RowKv<'a>,
     /// The slots below `len` that hold no token (padding), ascending.
     pub masked: &'a [u32],
-    /// Slots per head block.
-    pub cap: usize,
     /// Slots in use.
     pub len: usize,
     pub hkv: usize,
+}
+
+/// Where a row's keys and values live.
+#[derive(Clone, Copy)]
+pub(crate) enum RowKv<'a> {
+    /// The preallocated cache: (Hkv, C, D) keys and values of this row.
+    Flat { k: Kv<'a>, v: Kv<'a>, cap: usize },
+    /// A paged pool (NB, Hkv, block, D) and the row's block table.
+    Paged {
+        pool: PoolPtr,
+        blocks: &'a [u32],
+        block: usize,
+    },
+}
+
+impl<'a> CacheRow<'a> {
+    /// KV group g's slots (head size d).
+    #[inline(always)]
+    pub(crate) fn group(&self, g: usize, d: usize) -> Segs<'a> {
+        match self.kv {
+            RowKv::Flat { k, v, cap } => Segs::Flat {
+                k: k.slice(g * cap * d, self.len * d),
+                v: v.slice(g * cap * d, self.len * d),
+            },
+            RowKv::Paged {
+                pool,
+                blocks,
+                block,
+            } => Segs::Paged(PagedGroup {
+                pool,
+                blocks,
+                block,
+                stride: self.hkv * block * d,
+                off: g * block * d,
+                d,
+            }),
+        }
+    }
 }
 
 /// The one-pass attention of one KV group, `avx512`'s kernel when `wider` else
@@ -121,8 +155,7 @@ pub(crate) unsafe fn group_attend_shape(
     wider: bool,
     rep: usize,
     q: &[f32],
-    k: Kv,
-    v: Kv,
+    kv: Segs,
     len: usize,
     masked: &[u32],
     out: &mut [f32],
@@ -130,17 +163,17 @@ pub(crate) unsafe fn group_attend_shape(
     use super::{avx2 as decode_avx2, avx512 as decode_avx512};
     macro_rules! shapes {
         ($(($r:literal, $d:literal)),*) => {
-            match (rep, out.len() / rep.max(1), k, v) {
+            match (rep, out.len() / rep.max(1), kv.f16()) {
                 // SAFETY (all arms): the caller guarantees the features of the kernel it asks
                 // for.
-                $(($r, $d, Kv::F32(_), Kv::F32(_)) if wider => unsafe {
-                    decode_avx512::group_attend::<$r, $d, false>(q, k, v, len, masked, out)
+                $(($r, $d, false) if wider => unsafe {
+                    decode_avx512::group_attend::<$r, $d, false>(q, kv, len, masked, out)
                 },)*
-                $(($r, $d, Kv::F16(_), Kv::F16(_)) if wider => unsafe {
-                    decode_avx512::group_attend::<$r, $d, true>(q, k, v, len, masked, out)
+                $(($r, $d, true) if wider => unsafe {
+                    decode_avx512::group_attend::<$r, $d, true>(q, kv, len, masked, out)
                 },)*
-                $(($r, $d, Kv::F32(k), Kv::F32(v)) => unsafe {
-                    decode_avx2::group_attend::<$r, $d>(q, k, v, len, masked, out)
+                $(($r, $d, false) => unsafe {
+                    decode_avx2::group_attend::<$r, $d>(q, kv, len, masked, out)
                 },)*
                 _ => return false,
             }
@@ -176,7 +209,7 @@ pub(crate) fn attend_row(
     portable: bool,
 ) {
     let rep = q.len() / d / c.hkv;
-    let (cap, len) = (c.cap, c.len);
+    let len = c.len;
     // A prefill's earlier tokens see fewer slots than the row's padding list covers.
     let c = &CacheRow {
         masked: &c.masked[..c.masked.partition_point(|&t| (t as usize) < len)],
@@ -197,20 +230,17 @@ pub(crate) fn attend_row(
     out.fill(0.0);
     let (mut kbuf, mut vbuf) = (vec![], vec![]);
     for g in 0..c.hkv {
-        let (kg, vg) = (
-            c.k.slice(g * cap * d, len * d),
-            c.v.slice(g * cap * d, len * d),
-        );
+        let kv = c.group(g, d);
         let qg = &q[g * rep * d..][..rep * d];
         let og = &mut out[g * rep * d..][..rep * d];
         // SAFETY: `fast` implies the CPU has AVX2 and FMA, `wider` AVX-512F/DQ besides.
         #[cfg(target_arch = "x86_64")]
-        if fast && unsafe { group_attend_shape(wider, rep, qg, kg, vg, len, c.masked, og) } {
+        if fast && unsafe { group_attend_shape(wider, rep, qg, kv, len, c.masked, og) } {
             continue;
         }
-        // An f16 cache reaches here when no one-pass kernel serves it (no AVX-512, or another
-        // shape): convert the group.
-        let (kb, vb) = (kg.f32s(&mut kbuf), vg.f32s(&mut vbuf));
+        // An f16 or paged cache reaches here when no one-pass kernel serves it (no AVX-512, or
+        // another shape): gather and convert the group.
+        let (kb, vb) = kv.gather_f32(len, d, &mut kbuf, &mut vbuf);
         // Two passes: the scores of the group's query heads (rep, len), then the weighted sum.
         let (scores, inv) = scores.split_at_mut(rep * len); // and (rep) normalisers
         if fast {
@@ -352,10 +382,12 @@ mod tests {
         let mut masked = vec![];
         masked_slots(valid, len, &mut masked);
         let c = CacheRow {
-            k: Kv::F32(&k),
-            v: Kv::F32(&v),
+            kv: RowKv::Flat {
+                k: Kv::F32(&k),
+                v: Kv::F32(&v),
+                cap,
+            },
             masked: &masked,
-            cap,
             len,
             hkv: 1,
         };
