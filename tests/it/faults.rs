@@ -170,6 +170,7 @@ fn item12_prompts_longer_than_the_context_are_errors_and_generation_stops_at_it(
         pad_id: 0,
         step_exit: None,
         kv_cache: Default::default(),
+        paging: Default::default(),
     };
     let no_text = |_: &[u32]| String::new();
     let prompt = |n: usize| Prompt {

@@ -9,6 +9,7 @@ mod gpu;
 mod gradients;
 mod kv_cache;
 mod optim;
+mod paged_rollout;
 mod paper_configs;
 mod rollout;
 mod tasks;

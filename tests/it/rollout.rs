@@ -10,11 +10,11 @@ use terse_model::{Batch, Config, Padding, Qwen3};
 use terse_rollout::sampling::{distribution, uniform};
 use terse_rollout::*;
 
-fn tiny() -> Qwen3 {
+pub(crate) fn tiny() -> Qwen3 {
     Qwen3::load(&fixture("qwen3-tiny"), &Device::Cpu, DType::F32).expect("load")
 }
 
-fn no_text(_: &[u32]) -> String {
+pub(crate) fn no_text(_: &[u32]) -> String {
     String::new()
 }
 
@@ -198,7 +198,7 @@ fn sampler_matches_softmax_and_truncations_by_chi_square() {
     assert!(gamma_q(2.5, 40.0 / 2.0) < 0.001);
 }
 
-fn params(max_new: usize) -> GenParams {
+pub(crate) fn params(max_new: usize) -> GenParams {
     GenParams {
         sampling: SamplingParams::default(),
         max_new_tokens: max_new,
@@ -207,6 +207,7 @@ fn params(max_new: usize) -> GenParams {
         pad_id: 0,
         step_exit: None,
         kv_cache: Default::default(),
+        paging: Default::default(),
     }
 }
 
@@ -351,13 +352,13 @@ const VOCAB: [&str; 8] = [
     "<close>",
 ];
 
-fn detok(ids: &[u32]) -> String {
+pub(crate) fn detok(ids: &[u32]) -> String {
     ids.iter().map(|&i| VOCAB[i as usize]).collect()
 }
 
 /// A one-layer Qwen3 whose attention and MLP are zero, so the next-token logits depend only on
 /// the current token: logits(t -> u) = lm_head[u, t] · sqrt(H). `p7` is p("7" | "\boxed{").
-fn markov_model(p7: f64) -> Qwen3 {
+pub(crate) fn markov_model(p7: f64) -> Qwen3 {
     let v = VOCAB.len();
     let cfg = Config::synthetic(v, v, 4, 1, 2, 1, 4, false).expect("cfg");
     let mut m = vec![vec![0f64; v]; v]; // m[t][u]: logit of u after t
@@ -388,7 +389,7 @@ fn markov_model(p7: f64) -> Qwen3 {
     Qwen3::from_tensors(cfg, t, DType::F32).expect("model")
 }
 
-fn step_params(delta: f64, include_trigger: bool) -> GenParams {
+pub(crate) fn step_params(delta: f64, include_trigger: bool) -> GenParams {
     GenParams {
         sampling: SamplingParams::default(),
         max_new_tokens: 12,
@@ -410,6 +411,7 @@ fn step_params(delta: f64, include_trigger: bool) -> GenParams {
             include_trigger_on_exit: include_trigger,
         }),
         kv_cache: Default::default(),
+        paging: Default::default(),
     }
 }
 

@@ -298,6 +298,7 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
         pad_id: 0,
         step_exit: None,
         kv_cache: Default::default(),
+        paging: Default::default(),
     };
     let prompts = |b: usize, len: usize, v: usize| -> Vec<Prompt> {
         (0..b)

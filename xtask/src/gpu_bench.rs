@@ -38,6 +38,7 @@ pub fn decode(dev: &Device) -> Result<Value> {
         pad_id: 0,
         step_exit: None,
         kv_cache: Default::default(),
+        paging: Default::default(),
     };
     let mut rows = vec![];
     for b in [1usize, 64, 256] {

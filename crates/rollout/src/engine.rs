@@ -1,17 +1,21 @@
-//! The generation engine: prefill each prompt once, copy its KV cache into its G sample rows,
-//! then decode all rows together, one batched forward and one sampling pass per step. Finished
-//! rows are compacted out of the cache; Step-GRPO probes fork a row's cache and never touch its
-//! random stream.
+//! The generation API and what one sample step does: `generate`'s types (`GenParams`,
+//! `Sample`, `Finish`), the per-token sampling and stop logic (`sample_next`) and Step-GRPO's
+//! probe (`try_exit`, over a fork of the sequence's block table). The scheduler
+//! (scheduler.rs) drives them over the paged KV cache. Probes never touch a sample's random
+//! stream.
 //!
-//! Data flow: prompts -> `generate` -> one `Sample` per (prompt, g) with tokens, sampled mask,
-//! sampler log-probs, finish reason and Step-GRPO records -> the trainer's scoring.
+//! Data flow: prompts -> `generate` -> scheduler -> one `Sample` per (prompt, g) with tokens,
+//! sampled mask, sampler log-probs, finish reason and Step-GRPO records -> the trainer's
+//! scoring.
 
-use crate::sampling::{sample_row, sample_stream, uniform, SamplingParams};
+use crate::paging::KvPaging;
+use crate::sampling::{sample_row, uniform, SamplingParams};
+use crate::scheduler::RolloutStats;
 use crate::step_exit::{confidence, StepExit};
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{Device, Result, Tensor, D};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use terse_model::{Batch, DecodeWeights, KvCache, Padding, Qwen3};
+use terse_model::{Batch, BlockTable, DecodeWeights, Padding, PagedKvCache, PagedSeq, Qwen3};
 
 /// Turns token ids into text, for stop strings and trigger words. Any `Fn(&[u32]) -> String`
 /// works; the trainer passes its tokenizer.
@@ -51,6 +55,9 @@ pub struct GenParams {
     /// What the KV cache stores.
     #[serde(default)]
     pub kv_cache: KvCacheDtype,
+    /// The paged cache's block size and memory budget, and how many sequences run at once.
+    #[serde(default)]
+    pub paging: KvPaging,
 }
 
 /// What the KV cache stores during generation.
@@ -120,12 +127,31 @@ impl Sample {
     }
 }
 
-struct Row {
-    out: Sample,
-    rng: ChaCha8Rng,
-    /// Position id of the next token fed for this row.
-    pos: u32,
-    done: bool,
+pub(crate) struct Row {
+    pub out: Sample,
+    pub rng: ChaCha8Rng,
+}
+
+impl Row {
+    pub(crate) fn new(prompt_id: u64, index: usize, rng: ChaCha8Rng) -> Self {
+        Row {
+            out: Sample {
+                prompt_id,
+                index,
+                tokens: vec![],
+                sampled: vec![],
+                logp_sampled: vec![],
+                logp_plain: vec![],
+                finish: Finish::Length,
+                judge_count: 0,
+                exit_step: None,
+                exit_token: None,
+                entropy_sum: 0.0,
+                entropy_tokens: 0,
+            },
+            rng,
+        }
+    }
 }
 
 /// How many trailing tokens to decode for stop strings and triggers.
@@ -144,219 +170,129 @@ pub fn generate(
     seed: u64,
     detok: &dyn Detokenizer,
 ) -> Result<Vec<Sample>> {
-    if let Err(e) = params.sampling.validate() {
-        return Err(candle_core::Error::Msg(e));
-    }
+    Ok(generate_with_stats(model, prompts, g, params, seed, detok)?.0)
+}
+
+/// `generate`, also saying what the rollout used (steps, preemptions, peak KV memory).
+pub fn generate_with_stats(
+    model: &Qwen3,
+    prompts: &[Prompt],
+    g: usize,
+    params: &GenParams,
+    seed: u64,
+    detok: &dyn Detokenizer,
+) -> Result<(Vec<Sample>, RolloutStats)> {
+    let msg = candle_core::Error::Msg;
+    params.sampling.validate().map_err(msg)?;
+    params.paging.validate().map_err(msg)?;
     if let Some(se) = &params.step_exit {
-        se.validate().map_err(candle_core::Error::Msg)?;
+        se.validate().map_err(msg)?;
         if se.induction_ids.is_empty() {
-            return Err(candle_core::Error::Msg(
+            return Err(msg(
                 "step_exit.induction_ids is empty (call StepExit::resolve with a tokenizer)".into(),
             ));
         }
     }
     if prompts.is_empty() || g == 0 {
-        return Ok(vec![]);
+        return Ok((vec![], RolloutStats::default()));
     }
     // Positions past the model's context were never trained (and RoPE tables may end there):
     // a prompt must leave room for one token, and every row stops at the limit.
     let limit = model.config.max_position_embeddings;
     if let Some(p) = prompts.iter().find(|p| p.tokens.len() >= limit) {
-        return Err(candle_core::Error::Msg(format!(
+        return Err(msg(format!(
             "prompt {} has {} tokens: no room for a completion within the model's max_position_embeddings ({limit})",
             p.id,
             p.tokens.len()
         )));
     }
-    let dev = model.device().clone();
-    let rows_in: Vec<Vec<u32>> = prompts.iter().map(|p| p.tokens.clone()).collect();
-    let prefill = Batch::from_rows(&rows_in, params.pad_id, Padding::Left, &dev)?;
-    let extra = params
-        .step_exit
-        .as_ref()
-        .map_or(0, |s| s.induction_ids.len() + s.max_ans_tokens + 2);
-    let cap = prefill.t + params.max_new_tokens + extra;
-    let mut cache = match params.kv_cache {
-        KvCacheDtype::Model => model.new_cache(prompts.len(), cap)?,
-        KvCacheDtype::F16 => model.new_cache_in(prompts.len(), cap, DType::F16)?,
-    };
-    // One decode snapshot of the weights for the whole rollout (its probes included).
-    let snap = model.decode_weights();
-    let logits = model.forward_cached(
-        &snap,
-        &mut cache,
-        &prefill.input_ids,
-        &prefill.position_ids,
-        &prefill.mask,
-    )?;
-
-    // Copy each prompt's prefill into its G rows.
-    let expand: Vec<usize> = (0..prompts.len())
-        .flat_map(|p| std::iter::repeat_n(p, g))
-        .collect();
-    // One sample per prompt: the prefill rows already are the sample rows.
-    let mut cache = if g == 1 {
-        cache
-    } else {
-        cache.select_rows(&expand)?
-    };
-    let idx = Tensor::from_vec(
-        expand.iter().map(|&p| p as u32).collect::<Vec<_>>(),
-        expand.len(),
-        &dev,
-    )?;
-    let mut logits = logits.index_select(&idx, 0)?; // (A, V)
-    let mut rows: Vec<Row> = expand
-        .iter()
-        .enumerate()
-        .map(|(r, &p)| Row {
-            out: Sample {
-                prompt_id: prompts[p].id,
-                index: r % g,
-                tokens: vec![],
-                sampled: vec![],
-                logp_sampled: vec![],
-                logp_plain: vec![],
-                finish: Finish::Length,
-                judge_count: 0,
-                exit_step: None,
-                exit_token: None,
-                entropy_sum: 0.0,
-                entropy_tokens: 0,
-            },
-            rng: sample_stream(seed, prompts[p].id, (r % g) as u64),
-            pos: prompts[p].tokens.len() as u32,
-            done: false,
-        })
-        .collect();
-    // Cache slot -> row, for the rows still in the cache.
-    let mut slots: Vec<usize> = (0..rows.len()).collect();
-
-    while rows.iter().any(|r| !r.done) {
-        let host = logits.to_vec2::<f32>()?;
-        let mut feed = Vec::with_capacity(slots.len());
-        for (slot, &r) in slots.iter().enumerate() {
-            let row = &mut rows[r];
-            if row.done {
-                feed.push(None);
-                continue;
-            }
-            let d = sample_row(&host[slot], &params.sampling, uniform(&mut row.rng));
-            row.out.push(d.token, true, d.logp_sampled, d.logp_plain);
-            row.out.entropy_sum += f64::from(d.entropy);
-            row.out.entropy_tokens += 1;
-            let text_now = || detok.decode(tail(&row.out.tokens));
-            if params.eos_ids.contains(&d.token) {
-                row.out.finish = Finish::Eos;
-                row.done = true;
-            } else if !params.stop_strings.is_empty() && {
-                let now = text_now();
-                let before = detok.decode(tail(&row.out.tokens[..row.out.tokens.len() - 1]));
-                params
-                    .stop_strings
-                    .iter()
-                    .any(|s| now.contains(s.as_str()) && !before.contains(s.as_str()))
-            } {
-                row.out.finish = Finish::Stop;
-                row.done = true;
-            } else if row.out.tokens.len() >= params.max_new_tokens || row.pos as usize + 1 >= limit
-            {
-                // row.pos + 1 tokens in the sequence now: the context is full.
-                row.out.finish = Finish::Length;
-                row.done = true;
-            } else if let Some(se) = &params.step_exit {
-                let probe_len = 1 + se.induction_ids.len() + se.max_ans_tokens + se.close_ids.len();
-                if row.out.judge_count < se.max_judge_steps
-                    && row.pos as usize + probe_len < limit
-                    && se.trigger_at_end(&text_now()).is_some()
-                {
-                    row.out.judge_count += 1;
-                    if try_exit(model, &snap, &cache, slot, row, se, detok)? {
-                        row.done = true;
-                    }
-                }
-            }
-            feed.push((!row.done).then_some(d.token));
-        }
-        if rows.iter().all(|r| r.done) {
-            break;
-        }
-        // Drop finished rows from the cache once they are a noticeable share of it.
-        let finished = feed.iter().filter(|f| f.is_none()).count();
-        if finished > 0 && finished * 8 >= slots.len() {
-            let keep: Vec<usize> = (0..slots.len()).filter(|&s| feed[s].is_some()).collect();
-            cache = cache.select_rows(&keep)?;
-            slots = keep.iter().map(|&s| slots[s]).collect();
-            feed = keep.iter().map(|&s| feed[s]).collect();
-        }
-        let ids: Vec<u32> = feed.iter().map(|f| f.unwrap_or(params.pad_id)).collect();
-        let valid: Vec<u8> = feed.iter().map(|f| u8::from(f.is_some())).collect();
-        let pos: Vec<u32> = slots.iter().map(|&r| rows[r].pos).collect();
-        for (&r, f) in slots.iter().zip(&feed) {
-            if f.is_some() {
-                rows[r].pos += 1;
-            }
-        }
-        let n = slots.len();
-        logits = model.forward_cached(
-            &snap,
-            &mut cache,
-            &Tensor::from_vec(ids, (n, 1), &dev)?,
-            &Tensor::from_vec(pos, (n, 1), &dev)?,
-            &valid,
-        )?;
+    if let Some(p) = prompts.iter().find(|p| p.tokens.is_empty()) {
+        return Err(msg(format!("prompt {} has no tokens", p.id)));
     }
-    Ok(rows.into_iter().map(|r| r.out).collect())
+    crate::scheduler::run(model, prompts, g, params, seed, detok)
 }
 
-/// Runs one Step-GRPO probe for the row in cache slot `slot` whose last sampled token completed
-/// a trigger: fork its cache, feed that token and the induction text, decode a greedy trial
-/// answer, and on confidence > δ finish the row with path ⊕ induction ⊕ answer ⊕ close.
-/// The row's random stream is not touched.
-fn try_exit(
+/// What follows a sampled token.
+pub(crate) enum Next {
+    /// The sample is finished (EOS, stop string, length).
+    Done,
+    /// Feed this token and go on.
+    Feed(u32),
+    /// This token completed a Step-GRPO trigger: probe before feeding it.
+    Probe(u32),
+}
+
+/// Samples the next token of a row from its logits (its own uniform), records it, and says
+/// whether the sample stops, goes on, or reached a Step-GRPO trigger. `plen` is the prompt's
+/// length; `limit` the model's context.
+pub(crate) fn sample_next(
+    row: &mut Row,
+    logits: &[f32],
+    params: &GenParams,
+    detok: &dyn Detokenizer,
+    plen: usize,
+    limit: usize,
+) -> Next {
+    let d = sample_row(logits, &params.sampling, uniform(&mut row.rng));
+    row.out.push(d.token, true, d.logp_sampled, d.logp_plain);
+    row.out.entropy_sum += f64::from(d.entropy);
+    row.out.entropy_tokens += 1;
+    // Position of the sampled token, were it fed.
+    let pos = plen + row.out.tokens.len() - 1;
+    let text_now = || detok.decode(tail(&row.out.tokens));
+    if params.eos_ids.contains(&d.token) {
+        row.out.finish = Finish::Eos;
+        return Next::Done;
+    }
+    if !params.stop_strings.is_empty() && {
+        let now = text_now();
+        let before = detok.decode(tail(&row.out.tokens[..row.out.tokens.len() - 1]));
+        params
+            .stop_strings
+            .iter()
+            .any(|s| now.contains(s.as_str()) && !before.contains(s.as_str()))
+    } {
+        row.out.finish = Finish::Stop;
+        return Next::Done;
+    }
+    if row.out.tokens.len() >= params.max_new_tokens || pos + 1 >= limit {
+        // pos + 1 tokens in the sequence now: the context is full.
+        row.out.finish = Finish::Length;
+        return Next::Done;
+    }
+    if let Some(se) = &params.step_exit {
+        let probe_len = 1 + se.induction_ids.len() + se.max_ans_tokens + se.close_ids.len();
+        if row.out.judge_count < se.max_judge_steps
+            && pos + probe_len < limit
+            && se.trigger_at_end(&text_now()).is_some()
+        {
+            row.out.judge_count += 1;
+            return Next::Probe(d.token);
+        }
+    }
+    Next::Feed(d.token)
+}
+
+/// Runs one Step-GRPO probe for a sequence (its table holds everything before its last sampled
+/// token, at position `pos`) whose last token completed a trigger: fork its table, feed that
+/// token and the induction text, decode a greedy trial answer, and on confidence > δ finish the
+/// row with path ⊕ induction ⊕ answer ⊕ close. The probe's blocks are freed on return; the
+/// row's random stream is not touched.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn try_exit(
     model: &Qwen3,
     snap: &DecodeWeights,
-    cache: &KvCache,
-    slot: usize,
+    cache: &mut PagedKvCache,
+    table: &BlockTable,
     row: &mut Row,
+    pos: u32,
     se: &StepExit,
     detok: &dyn Detokenizer,
 ) -> Result<bool> {
-    let dev = model.device().clone();
-    let mut probe = cache.select_rows(&[slot])?;
-    let last = *row.out.tokens.last().unwrap_or(&0);
-    let mut ids = vec![last];
-    ids.extend_from_slice(&se.induction_ids);
-    let n = ids.len();
-    let pos: Vec<u32> = (0..n as u32).map(|i| row.pos + i).collect();
-    let mut logits = model.forward_cached(
-        snap,
-        &mut probe,
-        &Tensor::from_vec(ids, (1, n), &dev)?,
-        &Tensor::from_vec(pos, (1, n), &dev)?,
-        &vec![1; n],
-    )?;
-    let (mut ans, mut lps) = (vec![], vec![]);
-    for next_pos in (row.pos + n as u32..).take(se.max_ans_tokens) {
-        let row_logits = logits.squeeze(0)?;
-        let tok = row_logits.argmax(D::Minus1)?.to_scalar::<u32>()?;
-        let lse = log_sum_exp(&row_logits)?;
-        let lp = row_logits.get(tok as usize)?.to_scalar::<f32>()? - lse;
-        ans.push(tok);
-        let text = detok.decode(&ans);
-        if se.answer_stops.iter().any(|s| text.contains(s.as_str())) {
-            ans.pop();
-            break;
-        }
-        lps.push(lp);
-        logits = model.forward_cached(
-            snap,
-            &mut probe,
-            &Tensor::from_vec(vec![tok], (1, 1), &dev)?,
-            &Tensor::from_vec(vec![next_pos], (1, 1), &dev)?,
-            &[1],
-        )?;
-    }
+    let mut probe = cache.fork(table);
+    let out = probe_answer(model, snap, cache, &mut probe, row, pos, se, detok);
+    cache.release(&mut probe);
+    let (ans, lps) = out?;
     if confidence(&lps, se.confidence, se.skip_first_token) <= se.delta {
         return Ok(false);
     }
@@ -389,6 +325,53 @@ fn try_exit(
     Ok(true)
 }
 
+/// The probe's greedy trial answer and its log-probs, decoded through the forked table.
+#[allow(clippy::too_many_arguments)]
+fn probe_answer(
+    model: &Qwen3,
+    snap: &DecodeWeights,
+    cache: &mut PagedKvCache,
+    probe: &mut BlockTable,
+    row: &Row,
+    pos: u32,
+    se: &StepExit,
+    detok: &dyn Detokenizer,
+) -> Result<(Vec<u32>, Vec<f32>)> {
+    let feed = |cache: &mut PagedKvCache, probe: &mut BlockTable, ids: &[u32]| {
+        // The scheduler keeps enough blocks free for one probe.
+        if !cache.reserve(probe, ids.len())? {
+            return Err(candle_core::Error::Msg(
+                "rollout: no kv block left for a Step-GRPO probe".into(),
+            ));
+        }
+        let mut s = [PagedSeq {
+            table: probe,
+            tokens: ids,
+        }];
+        model.forward_paged(snap, cache, &mut s)?.squeeze(0) // (V)
+    };
+    debug_assert_eq!(probe.len(), pos as usize);
+    let last = *row.out.tokens.last().unwrap_or(&0);
+    let mut ids = vec![last];
+    ids.extend_from_slice(&se.induction_ids);
+    let mut logits = feed(cache, probe, &ids)?;
+    let (mut ans, mut lps) = (vec![], vec![]);
+    for _ in 0..se.max_ans_tokens {
+        let tok = logits.argmax(D::Minus1)?.to_scalar::<u32>()?;
+        let lse = log_sum_exp(&logits)?;
+        let lp = logits.get(tok as usize)?.to_scalar::<f32>()? - lse;
+        ans.push(tok);
+        let text = detok.decode(&ans);
+        if se.answer_stops.iter().any(|s| text.contains(s.as_str())) {
+            ans.pop();
+            break;
+        }
+        lps.push(lp);
+        logits = feed(cache, probe, &[tok])?;
+    }
+    Ok((ans, lps))
+}
+
 fn log_sum_exp(x: &Tensor) -> Result<f32> {
     let m = x.max(D::Minus1)?.to_scalar::<f32>()?;
     Ok(m + (x - f64::from(m))?
@@ -408,6 +391,7 @@ pub fn greedy(model: &Qwen3, prompt: &[u32], new_tokens: usize) -> Result<Vec<u3
         pad_id: 0,
         step_exit: None,
         kv_cache: KvCacheDtype::Model,
+        paging: KvPaging::default(),
     };
     let none = |_: &[u32]| String::new();
     let out = generate(

@@ -40,6 +40,7 @@ pub fn gen_params(cfg: &RunConfig, model: &Qwen3) -> GenParams {
         pad_id: model.config.pad_token_id.unwrap_or(0),
         step_exit: None,
         kv_cache: cfg.grpo.kv_cache,
+        paging: cfg.grpo.paging.clone(),
     }
 }
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use terse_optim::Schedule;
-use terse_rollout::{KvCacheDtype, SamplingParams, StepExit};
+use terse_rollout::{KvCacheDtype, KvPaging, SamplingParams, StepExit};
 
 /// Where a run's records go besides metrics.jsonl and the plots.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -256,6 +256,9 @@ pub struct GrpoSection {
     pub sampling: SamplingParams,
     /// What the rollout's KV cache stores: "model" (the compute dtype, exact) or "f16".
     pub kv_cache: KvCacheDtype,
+    /// The rollout's paged KV cache: block size, memory budget, sequences at once, prefill
+    /// chunk (`[grpo.paging]`).
+    pub paging: KvPaging,
     pub schedule: Schedule,
     pub clip_low: f64,
     pub clip_high: f64,
@@ -307,6 +310,7 @@ impl Default for GrpoSection {
             max_new_tokens: 96,
             sampling: SamplingParams::default(),
             kv_cache: KvCacheDtype::Model,
+            paging: KvPaging::default(),
             schedule: Schedule {
                 peak_lr: 2e-4,
                 ..Schedule::default()

@@ -1,0 +1,202 @@
+//! The rollout's memory settings (`GenParams.paging`, TOML `[grpo.paging]`): block size, the
+//! KV budget (GiB, a share of device memory, or blocks), how many sequences decode at once and
+//! the prefill chunk; and the budget's resolution into a number of blocks for one `generate`.
+//!
+//! Data flow: config -> `KvPaging` -> `pool_blocks` (at the start of `generate`) ->
+//! `PagedKvCache::new` -> the scheduler's admission and preemption.
+
+use serde::{Deserialize, Serialize};
+
+/// How the rollout pages its KV cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvPaging {
+    /// Tokens per block: a positive multiple of 16. 64 (the default) makes the CPU kernels sum
+    /// exactly as over one contiguous run.
+    pub block_size: usize,
+    /// Memory for K/V: "auto", a number of GiB, "N%" of the device's memory, or "N blocks".
+    pub kv_budget: KvBudget,
+    /// Sequences decoding at once (more wait for a slot).
+    pub max_num_seqs: usize,
+    /// Tokens a sequence feeds per step while prefilling (its prompt, or its tokens after a
+    /// preemption), so a long prompt does not stall the running decodes.
+    pub prefill_chunk: usize,
+}
+
+impl Default for KvPaging {
+    fn default() -> Self {
+        Self {
+            block_size: 64,
+            kv_budget: KvBudget::Auto,
+            max_num_seqs: 256,
+            prefill_chunk: 512,
+        }
+    }
+}
+
+/// The KV memory a rollout may use. Never more than every sequence at full length needs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "BudgetRepr", into = "BudgetRepr")]
+pub enum KvBudget {
+    /// CUDA: 80 % of the free device memory when the rollout starts; CPU: half the available
+    /// RAM.
+    Auto,
+    /// GiB.
+    Gib(f64),
+    /// A share (0, 1] of the device's total memory (RAM on the CPU).
+    Fraction(f64),
+    /// An exact number of blocks (tests, benchmarks).
+    Blocks(usize),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum BudgetRepr {
+    Num(f64),
+    Text(String),
+}
+
+impl TryFrom<BudgetRepr> for KvBudget {
+    type Error = String;
+
+    fn try_from(r: BudgetRepr) -> Result<Self, String> {
+        let bad = |s: &str| {
+            format!("kv_budget `{s}`: expected \"auto\", a number of GiB, \"N%\" or \"N blocks\"")
+        };
+        match r {
+            BudgetRepr::Num(g) if g > 0.0 && g.is_finite() => Ok(KvBudget::Gib(g)),
+            BudgetRepr::Num(g) => Err(bad(&g.to_string())),
+            BudgetRepr::Text(s) => {
+                let t = s.trim();
+                if t == "auto" {
+                    return Ok(KvBudget::Auto);
+                }
+                if let Some(p) = t.strip_suffix('%') {
+                    return match p.trim().parse::<f64>() {
+                        Ok(p) if p > 0.0 && p <= 100.0 => Ok(KvBudget::Fraction(p / 100.0)),
+                        _ => Err(bad(&s)),
+                    };
+                }
+                if let Some(n) = t.strip_suffix("blocks") {
+                    return match n.trim().parse::<usize>() {
+                        Ok(n) if n > 0 => Ok(KvBudget::Blocks(n)),
+                        _ => Err(bad(&s)),
+                    };
+                }
+                Err(bad(&s))
+            }
+        }
+    }
+}
+
+impl From<KvBudget> for BudgetRepr {
+    fn from(b: KvBudget) -> Self {
+        match b {
+            KvBudget::Auto => BudgetRepr::Text("auto".into()),
+            KvBudget::Gib(g) => BudgetRepr::Num(g),
+            KvBudget::Fraction(f) => BudgetRepr::Text(format!("{}%", f * 100.0)),
+            KvBudget::Blocks(n) => BudgetRepr::Text(format!("{n} blocks")),
+        }
+    }
+}
+
+impl KvPaging {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.block_size == 0 || !self.block_size.is_multiple_of(16) {
+            return Err(format!(
+                "paging.block_size = {}: must be a positive multiple of 16",
+                self.block_size
+            ));
+        }
+        if self.max_num_seqs == 0 {
+            return Err("paging.max_num_seqs = 0: at least one sequence must run".into());
+        }
+        if self.prefill_chunk == 0 {
+            return Err("paging.prefill_chunk = 0: a prefill must feed at least one token".into());
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of available RAM (`MemAvailable`), when the system says.
+fn ram_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Bytes of RAM in total (`MemTotal`), when the system says.
+fn ram_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The pool size in blocks for a rollout whose sequences need at most `worst` blocks all
+/// together, `block_bytes` each, on `device`: the budget, capped at `worst`.
+pub fn pool_blocks(
+    budget: KvBudget,
+    worst: usize,
+    block_bytes: usize,
+    device: &candle_core::Device,
+) -> usize {
+    let bytes = |b: f64| (b / block_bytes as f64).floor() as usize;
+    let mem = terse_model::device::memory(device);
+    let blocks = match budget {
+        KvBudget::Blocks(n) => n,
+        KvBudget::Gib(g) => bytes(g * f64::from(1u32 << 30)),
+        KvBudget::Fraction(f) => match mem.map(|m| m.1).or_else(ram_total) {
+            Some(total) => bytes(f * total as f64),
+            None => worst,
+        },
+        KvBudget::Auto => match mem {
+            Some((free, _)) => bytes(0.8 * free as f64),
+            None => ram_available().map_or(worst, |a| bytes(0.5 * a as f64)),
+        },
+    };
+    blocks.min(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct T {
+        b: KvBudget,
+    }
+
+    fn parse(s: &str) -> Result<KvBudget, String> {
+        toml::from_str::<T>(s)
+            .map(|t| t.b)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn budgets_parse_or_say_what_is_wrong() {
+        assert_eq!(parse("b = 2.5"), Ok(KvBudget::Gib(2.5)));
+        assert_eq!(parse("b = 3"), Ok(KvBudget::Gib(3.0)));
+        assert_eq!(parse("b = \"auto\""), Ok(KvBudget::Auto));
+        assert_eq!(parse("b = \"40%\""), Ok(KvBudget::Fraction(0.4)));
+        assert_eq!(parse("b = \"12 blocks\""), Ok(KvBudget::Blocks(12)));
+        for bad in ["b = -1", "b = \"140%\"", "b = \"lots\"", "b = \"0 blocks\""] {
+            let e = parse(bad).expect_err(bad);
+            assert!(e.contains("kv_budget"), "{bad}: {e}");
+        }
+        let dev = candle_core::Device::Cpu;
+        assert_eq!(pool_blocks(KvBudget::Blocks(7), 100, 1024, &dev), 7);
+        assert_eq!(pool_blocks(KvBudget::Blocks(700), 100, 1024, &dev), 100);
+        assert_eq!(
+            pool_blocks(KvBudget::Gib(1.0), 1 << 40, 1 << 20, &dev),
+            1024
+        );
+        assert!(KvPaging {
+            block_size: 24,
+            ..KvPaging::default()
+        }
+        .validate()
+        .is_err());
+    }
+}
