@@ -23,7 +23,8 @@ pub enum What {
         #[arg(long)]
         quick: bool,
     },
-    /// Decode tokens/s with and without the KV cache; cost per token at context 128 vs 1024.
+    /// Decode tokens/s with and without the KV cache; a GRPO-shaped rollout unbounded and at 1/8
+    /// of its KV memory; HF generate's ratio; decode attention's share of memory bandwidth.
     Rollout {
         /// Print one JSON object as the last line.
         #[arg(long)]
@@ -34,6 +35,10 @@ pub enum What {
         /// Only the testbed-sized model (skip the Qwen3-0.6B shape).
         #[arg(long)]
         tiny_only: bool,
+        /// A Python with torch and transformers, for HF generate's ratio
+        /// (scripts/bench_hf_generate.py).
+        #[arg(long, default_value = "python3")]
+        python: String,
     },
     /// Training forward+backward peak memory and tokens/s of a Qwen3-0.6B slice at 1k..16k
     /// tokens: composite attention with every activation kept vs flash + layer checkpointing.
@@ -80,7 +85,8 @@ pub fn run(w: &What) -> Result<ExitCode> {
             json,
             quick,
             tiny_only,
-        } => rollout(*json, *quick, *tiny_only),
+            python,
+        } => rollout(*json, *quick, *tiny_only, python),
     }
 }
 
@@ -283,33 +289,13 @@ pub fn optim(as_json: bool) -> Result<ExitCode> {
 }
 
 /// `bench rollout`: decode tokens/s with the KV cache and without it, for a testbed-sized and a
-/// Qwen3-0.6B-shaped model (random weights), and the cost per token at context 128 vs 1024.
-pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> {
-    use terse_rollout::{
-        generate, greedy_no_cache, GenParams, KvCacheDtype, Prompt, SamplingParams,
-    };
+/// Qwen3-0.6B-shaped model (random weights); then `bench_rollout`'s paged-cache rows.
+pub fn rollout(as_json: bool, quick: bool, tiny_only: bool, python: &str) -> Result<ExitCode> {
+    use crate::bench_rollout::prompts;
+    use terse_rollout::{generate, greedy_no_cache, GenParams, KvBudget, KvCacheDtype};
     let dev = Device::Cpu;
     let none = |_: &[u32]| String::new();
-    let params = |n: usize| GenParams {
-        sampling: SamplingParams::default(),
-        max_new_tokens: n,
-        eos_ids: vec![],
-        stop_strings: vec![],
-        pad_id: 0,
-        step_exit: None,
-        kv_cache: Default::default(),
-        paging: Default::default(),
-    };
-    let prompts = |b: usize, len: usize, v: usize| -> Vec<Prompt> {
-        (0..b)
-            .map(|i| Prompt {
-                id: i as u64,
-                tokens: (0..len)
-                    .map(|j| ((i * 31 + j * 7) % (v - 1) + 1) as u32)
-                    .collect(),
-            })
-            .collect()
-    };
+    let params = |n: usize| crate::bench_rollout::params(n, KvBudget::Auto);
     let mut out = serde_json::Map::new();
     let shapes = [
         (
@@ -370,61 +356,32 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool) -> Result<ExitCode> 
             json!({"batch": 64, "kv_tokens_per_s": tps}),
         );
     }
-    // Cost per decode token at context 128 vs 1024 (tiny model, batch 16), with the f32 cache
-    // (the default) and the f16 one.
-    for (cache, key) in [
-        (DType::F32, "per_token_us"),
-        (DType::F16, "per_token_us_f16"),
-    ] {
-        let mut per_token = vec![];
-        for ctx in [128usize, 1024] {
-            // Prefill a batch-16 cache to `ctx`, then time decode steps through it.
-            let b = 16;
-            let ps = prompts(b, ctx, 64);
-            let rows: Vec<Vec<u32>> = ps.iter().map(|p| p.tokens.clone()).collect();
-            let batch = Batch::from_rows(&rows, 0, Padding::Left, &dev)?;
-            // Each run decodes 32 steps from a copy of the prefilled cache, so every timed step
-            // sees a context of ctx + 1 ..= ctx + 32; one warm-up run, then the median of 7
-            // (the two contexts are timed moments apart on a shared machine, so one slow run
-            // must not decide the ratio).
-            let (steps, runs) = (32, 7);
-            let mut base = m.new_cache_in(b, ctx + steps, cache)?;
-            let snap = m.decode_weights();
-            m.forward_cached(
-                &snap,
-                &mut base,
-                &batch.input_ids,
-                &batch.position_ids,
-                &batch.mask,
-            )?;
-            let all: Vec<usize> = (0..b).collect();
-            let decode = || -> Result<f64> {
-                let mut kv = base.select_rows(&all)?;
-                let t0 = Instant::now();
-                for slot in 0..steps {
-                    let ids = Tensor::from_vec(vec![(slot % 63 + 1) as u32; b], (b, 1), &dev)?;
-                    let pos = Tensor::from_vec(vec![(ctx + slot) as u32; b], (b, 1), &dev)?;
-                    m.forward_cached(&snap, &mut kv, &ids, &pos, &vec![1; b])?
-                        .to_vec2::<f32>()?;
-                }
-                Ok(t0.elapsed().as_secs_f64() / (steps * b) as f64)
-            };
-            decode()?;
-            let mut times = (0..runs).map(|_| decode()).collect::<Result<Vec<_>>>()?;
-            times.sort_by(f64::total_cmp);
-            let per = times[runs / 2];
-            per_token.push(per);
-            println!(
-                "rollout tiny batch 16 context {ctx}, {cache:?} KV cache: {:.1} us per decoded token",
-                per * 1e6
-            );
+    // The paged cache under a budget, HF's generate for the ratio, and the attention's share of
+    // the memory bandwidth at long contexts.
+    out.insert(
+        "paged".into(),
+        crate::bench_rollout::paged(quick, tiny_only)?,
+    );
+    if !quick {
+        let hf = crate::bench_rollout::hf_generate(python);
+        let ours = out["tiny"]
+            .as_array()
+            .and_then(|r| r.iter().find(|x| x["batch"] == 64))
+            .and_then(|x| x["kv_tokens_per_s"].as_f64());
+        let theirs = hf["64"]["tokens_per_s"].as_f64();
+        match (ours, theirs) {
+            (Some(a), Some(b)) => println!(
+                "HF transformers generate, testbed shape, batch 64: {b:.0} tokens/s; terse x{:.1}",
+                a / b
+            ),
+            _ => println!("HF transformers generate skipped: {}", hf["skipped"]),
         }
-        println!(
-            "cost per token at context 1024 / 128, {cache:?} KV cache: x{:.2}",
-            per_token[1] / per_token[0]
-        );
-        out.insert(key.into(), json!({"ctx128": per_token[0] * 1e6, "ctx1024": per_token[1] * 1e6, "ratio": per_token[1] / per_token[0]}));
+        out.insert("hf_generate".into(), hf);
     }
+    out.insert(
+        "attention_bandwidth".into(),
+        crate::bench_rollout::attention_bandwidth(quick)?,
+    );
     if as_json {
         println!("{}", Value::Object(out));
     }

@@ -41,6 +41,7 @@ pub mod model;
 pub mod ops;
 pub mod paged;
 mod paged_forward;
+mod paged_gather;
 pub mod reference;
 pub mod testing;
 

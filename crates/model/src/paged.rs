@@ -163,6 +163,27 @@ impl PagedKvCache {
         Ok(true)
     }
 
+    /// Reserves room for `n` more tokens and counts them as stored, with every new block's K/V
+    /// set to `value` instead of a model's: for benchmarks that need a long context without
+    /// paying for its prefill (written, so the memory is really read: untouched zeroed pages
+    /// would all map to one page and read from cache). False, changing nothing, when the pool
+    /// is too small.
+    pub fn extend_filled(&mut self, t: &mut BlockTable, n: usize, value: f64) -> Result<bool> {
+        let before = t.blocks.len();
+        if !self.reserve(t, n)? {
+            return Ok(false);
+        }
+        for &b in &t.blocks[before..] {
+            for p in self.k.iter().chain(&self.v) {
+                let (_, h, s, d) = p.dims4()?;
+                let fill = Tensor::full(value, (1, h, s, d), p.device())?.to_dtype(p.dtype())?;
+                p.slice_set(&fill, 0, b as usize)?;
+            }
+        }
+        t.len += n;
+        Ok(true)
+    }
+
     /// A second table over the same tokens, sharing every block (counted).
     pub fn fork(&mut self, t: &BlockTable) -> BlockTable {
         for &b in &t.blocks {
@@ -216,7 +237,9 @@ impl PagedKvCache {
     /// Copies block src's K and V into block dst, every layer.
     fn copy_block(&self, src: u32, dst: u32) -> Result<()> {
         for t in self.k.iter().chain(&self.v) {
-            let from = t.narrow(0, src as usize, 1)?.copy()?; // (1, Hkv, block, D)
+            // (1, Hkv, block, D) in storage of its own: `copy` would clone the whole pool's
+            // storage, an identity affine op copies the block's elements only (exactly: x·1 + 0).
+            let from = t.narrow(0, src as usize, 1)?.affine(1.0, 0.0)?;
             t.slice_set(&from, 0, dst as usize)?;
         }
         Ok(())

@@ -1,13 +1,16 @@
 //! The forward the rollout scheduler decodes through: `Qwen3::forward_paged` feeds each
 //! sequence its new tokens (one when decoding, a chunk of a prompt or of a recomputed sequence
 //! when prefilling), writes their K/V into the sequence's blocks of a `PagedKvCache` and
-//! returns each sequence's last logits. Two paths compute the same function: the CPU step of
-//! `decode::paged` (f32 on the CPU), and the composite reference (any device), which gathers a
-//! sequence's blocks into a contiguous `KvCache`, runs `forward_cached`'s composite path and
-//! writes the touched blocks back.
+//! returns each sequence's last logits. Three paths compute the same function: the CPU step of
+//! `decode::paged` (f32 on the CPU); for a decode step elsewhere (CUDA), a batched gather of
+//! every sequence's blocks into one contiguous (B, Hkv, L + 1, D) copy per layer, attended by
+//! the fused one-slot ops (`fused::kv_write` / `decode_attention`, the CUDA kernels), the new
+//! K/V scattered back into the pool; and the composite reference (any device, any number of
+//! new tokens: prefill chunks on CUDA), which runs one sequence at a time through a gathered
+//! `KvCache` and `forward_cached`'s composite path, writing the touched blocks back.
 //!
-//! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged_step` or per-sequence
-//! `forward_cached_with(Composite)` -> logits (B, V).
+//! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged_step`, `gathered_decode`
+//! or per-sequence `forward_cached_with(Composite)` -> logits (B, V).
 
 use crate::cache::KvCache;
 use crate::cached::DecodePath;
@@ -30,6 +33,8 @@ pub(crate) enum PagedPath {
     Cpu,
     /// Per sequence: gather its blocks, the composite cached forward, write back.
     Composite,
+    /// One new token per sequence, batched: gather, fused one-slot ops, scatter back.
+    Gathered,
 }
 
 impl Qwen3 {
@@ -75,6 +80,8 @@ impl Qwen3 {
     ) -> Result<Tensor> {
         let path = if decode::supported(&self.device, self.compute_dtype, cache.dtype()) {
             PagedPath::Cpu
+        } else if seqs.iter().all(|s| s.tokens.len() == 1) && cache.dtype() == self.compute_dtype {
+            PagedPath::Gathered
         } else {
             PagedPath::Composite
         };
@@ -125,6 +132,11 @@ impl Qwen3 {
                     })
                     .collect();
                 decode::paged_step(c, &ws, weights, cache, &rows, &ids, &pos)?
+            }
+            PagedPath::Gathered => {
+                let tables: Vec<&BlockTable> = seqs.iter().map(|s| &*s.table).collect();
+                let ids: Vec<u32> = seqs.iter().map(|s| s.tokens[0]).collect();
+                self.gathered_decode(cache, &tables, &ids)?
             }
             PagedPath::Composite => {
                 let rows = seqs

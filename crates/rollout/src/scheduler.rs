@@ -320,7 +320,12 @@ fn admit(
     while i < waiting.len() && running.len() < pg.max_num_seqs {
         let s = waiting[i];
         let p = seqs[s].p;
-        let room = cache.free_blocks().saturating_sub(probe_blocks);
+        // Headroom of one block per running sequence (each needs a new block every
+        // `block_size` tokens): admitting into the last free blocks would only preempt the
+        // newcomer again at its next block (recomputing it each time).
+        let room = cache
+            .free_blocks()
+            .saturating_sub(probe_blocks + running.len());
         if let Some(pre) = &prefixes[p].table {
             let mut t = cache.fork(pre);
             let first = seqs[s].pending.len().clamp(1, pg.prefill_chunk);

@@ -175,20 +175,51 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
         3 * chunk * c.vocab_size as u64 * 4,
         format!("{chunk} rows x vocabulary {}, f32", c.vocab_size),
     );
-    let rows = (g.prompts_per_step * g.group_size) as u64 / world;
-    let slots = (t.prompt_tokens + g.max_new_tokens) as u64;
+    // The rollout's paged KV pool: each prompt stored once and shared by its samples, each
+    // sample's completion (and its copy of the prompt's partial last block) on top; the pool is
+    // the budget, capped at that worst case. "auto" sizes it from the memory left at rollout
+    // time, so the plan counts what one sequence needs (the scheduler runs fewer at once, never
+    // out of memory).
+    let prompts = (g.prompts_per_step as u64).div_ceil(world);
+    let rows = prompts * g.group_size as u64;
     let kv_value = match g.kv_cache {
         terse_rollout::KvCacheDtype::F16 => 2,
         terse_rollout::KvCacheDtype::Model => value,
     };
     let per_token =
         2 * (c.num_hidden_layers * c.num_key_value_heads * c.head_dim) as u64 * kv_value;
+    let block = g.paging.block_size as u64;
+    let blocks = |tokens: u64| tokens.div_ceil(block);
+    let pt = t.prompt_tokens as u64;
+    let worst = prompts * blocks(pt) + rows * (blocks(g.max_new_tokens as u64) + 1);
+    let one = blocks(pt + g.max_new_tokens as u64) + 1;
+    let block_bytes = block * per_token;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let budget = match g.paging.kv_budget {
+        terse_rollout::KvBudget::Auto => None,
+        terse_rollout::KvBudget::Gib(x) => Some((x * (1u64 << 30) as f64) as u64 / block_bytes),
+        terse_rollout::KvBudget::Fraction(f) => {
+            t.device_bytes.map(|d| (f * d as f64) as u64 / block_bytes)
+        }
+        terse_rollout::KvBudget::Blocks(n) => Some(n as u64),
+    };
+    let pool = budget.map_or(one, |b| b.min(worst));
     add(
-        "rollout KV cache",
-        rows * slots * per_token,
+        "rollout KV cache (paged)",
+        pool * block_bytes,
         format!(
-            "{rows} rows x {slots} slots (prompt {} + {}), preallocated",
-            t.prompt_tokens, g.max_new_tokens
+            "{rows} sequences x (prompt {pt} shared + {} new); all at once {:.2} GiB; budget {}{}",
+            g.max_new_tokens,
+            gib(worst * block_bytes),
+            match budget {
+                None => "auto: the memory left at rollout time (counted here: one sequence)".into(),
+                Some(b) => format!("{:.2} GiB", gib(b * block_bytes)),
+            },
+            if pool < one {
+                " -- below one sequence: the rollout will refuse it"
+            } else {
+                ""
+            }
         ),
     );
     let total: u64 = comps.iter().map(|x| x.bytes).sum();
@@ -296,10 +327,15 @@ mod tests {
         let d = p.device_bytes.expect("device");
         assert!(rest + activation_bytes(&c, t, 2, true) <= d);
         assert!(rest + activation_bytes(&c, t + 1, 2, true) > d);
-        // A paper-sized rollout with today's preallocated cache does not fit on one GPU.
+        // A paper-sized rollout (256 x 16 x 6k) fits with the paged cache's budget, and not
+        // with a budget that asks for more than the device has.
         cfg.grpo.prompts_per_step = 256;
         cfg.grpo.group_size = 16;
         cfg.grpo.max_new_tokens = 6144;
+        let p = plan(&cfg, &c, target(true, Some(141.0)));
+        assert!(p.fits(), "{}", p.table());
+        assert!(p.table().contains("all at once"), "{}", p.table());
+        cfg.grpo.paging.kv_budget = terse_rollout::KvBudget::Gib(400.0);
         let p = plan(&cfg, &c, target(true, Some(141.0)));
         assert!(
             !p.fits() && p.table().contains("does NOT fit"),

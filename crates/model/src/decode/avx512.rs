@@ -189,25 +189,30 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>
             kh == H && vh == H,
             "group_attend: cache element type mismatch"
         );
-        // Where the next chunk's keys start (none past the last chunk).
-        let next_k = if t0 + cn >= len {
+        // Where the next chunk's keys and values start (none past the last chunk).
+        let next = if t0 + cn >= len {
             None
         } else if o + cn < seg_len {
-            Some(kp.wrapping_add((o + cn) * D * es))
+            let at = (o + cn) * D * es;
+            Some((kp.wrapping_add(at), vp.wrapping_add(at)))
         } else {
-            Some(kv.seg(si + 1).0.raw().0)
+            let (nk, nv) = kv.seg(si + 1);
+            Some((nk.raw().0, nv.raw().0))
         };
         let mut b = 0;
         while b < cn {
-            // Ask for this block's values (read after the chunk's scores) and the next chunk's
-            // keys now: the hardware prefetcher stops at page boundaries, and each chunk
-            // starts a new stream of K and then of V. A prefetch past the end of the cache is
-            // harmless (it never faults; `wrapping_add` keeps the address computation defined).
-            let vb = (o + b) * D * es;
+            // Ask for the next chunk's keys and values a chunk ahead: the hardware prefetcher
+            // stops at page boundaries and does not follow a paged cache's blocks, and each
+            // chunk starts a new stream of K and then of V. This chunk's values were asked for
+            // a chunk ago (the first chunk's here). A prefetch never faults.
+            let at = b * D * es;
             for x in (0..s * D * es).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(vp.wrapping_add(vb + x).cast());
-                if let Some(nk) = next_k {
-                    _mm_prefetch::<_MM_HINT_T0>(nk.wrapping_add(b * D * es + x).cast());
+                if t0 == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(vp.wrapping_add((o + b) * D * es + x).cast());
+                }
+                if let Some((nk, nv)) = next {
+                    _mm_prefetch::<_MM_HINT_T1>(nk.wrapping_add(at + x).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(nv.wrapping_add(at + x).cast());
                 }
             }
             // SAFETY: the segment holds o + cn slots of D elements (asserted).
