@@ -18,6 +18,7 @@
 #error "TERSE_FLASH_WARPS is passed by crates/model/build.rs"
 #endif
 #include <cuda_bf16.h>
+#include <math.h>
 #include <stdint.h>
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -26,4 +27,35 @@ template <typename T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
     return __float2bfloat16(x);
+}
+
+// The end of a single-query decode attention (kv_cache.cu, paged_attention.cu): one block of
+// 32 * TERSE_DECODE_WARPS threads per (row, query head), each warp holding an online-softmax
+// state (running max m, sum s, and its lanes' D / 32 output accumulators acc) over its subset
+// of the slots. Merges the warps' states and writes the normalised output row (zeros when no
+// slot was attended, like a fully masked softmax).
+template <typename T>
+__device__ void decode_merge_write(float m, float s, const float* acc, T* orow, int d) {
+    const int warps = TERSE_DECODE_WARPS, per = TERSE_DECODE_MAX_HEAD_DIM / 32;
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    __shared__ float sm[warps], ss[warps], sacc[warps][TERSE_DECODE_MAX_HEAD_DIM];
+    if (lane == 0) { sm[w] = m; ss[w] = s; }
+    for (int j = 0; j < per; j++) {
+        int i = lane + 32 * j;
+        if (i < d) sacc[w][i] = acc[j];
+    }
+    __syncthreads();
+    if (w != 0) return;
+    float M = -INFINITY;
+    for (int k = 0; k < warps; k++) M = fmaxf(M, sm[k]);
+    float S = 0.f;
+    for (int k = 0; k < warps; k++) S += sm[k] == -INFINITY ? 0.f : ss[k] * __expf(sm[k] - M);
+    for (int j = 0; j < per; j++) {
+        int i = lane + 32 * j;
+        if (i >= d) continue;
+        float o = 0.f;
+        for (int k = 0; k < warps; k++)
+            if (sm[k] != -INFINITY) o += sacc[k][i] * __expf(sm[k] - M);
+        orow[i] = from_f<T>(S > 0.f ? o / S : 0.f);
+    }
 }

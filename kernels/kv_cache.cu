@@ -57,30 +57,7 @@ __device__ void decode_attention(const T* q, const T* kc, const T* vc, const uin
         }
         m = mn;
     }
-    // Merge the warps' (m, s, acc) states.
-    __shared__ float sm[WARPS], ss[WARPS], sacc[WARPS][MAXD];
-    if (lane == 0) { sm[w] = m; ss[w] = s; }
-    for (int j = 0; j < per; j++) {
-        int i = lane + 32 * j;
-        if (i < d) sacc[w][i] = acc[j];
-    }
-    __syncthreads();
-    if (w == 0) {
-        float M = -INFINITY;
-        for (int k = 0; k < WARPS; k++) M = fmaxf(M, sm[k]);
-        float S = 0.f;
-        for (int k = 0; k < WARPS; k++) S += sm[k] == -INFINITY ? 0.f : ss[k] * __expf(sm[k] - M);
-        T* orow = out + ((size_t)b * hq + h) * d;
-        for (int j = 0; j < per; j++) {
-            int i = lane + 32 * j;
-            if (i >= d) continue;
-            float o = 0.f;
-            for (int k = 0; k < WARPS; k++)
-                if (sm[k] != -INFINITY) o += sacc[k][i] * __expf(sm[k] - M);
-            // A row with no valid slot (a pad row) gets zeros, like a fully masked softmax.
-            orow[i] = from_f<T>(S > 0.f ? o / S : 0.f);
-        }
-    }
+    decode_merge_write<T>(m, s, acc, out + ((size_t)b * hq + h) * d, d);
 }
 
 #define INSTANTIATE(T, S)                                                                      \

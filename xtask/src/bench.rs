@@ -368,7 +368,7 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool, python: &str) -> Res
             .as_array()
             .and_then(|r| r.iter().find(|x| x["batch"] == 64))
             .and_then(|x| x["kv_tokens_per_s"].as_f64());
-        let theirs = hf["64"]["tokens_per_s"].as_f64();
+        let theirs = hf["hf_generate_tokens_per_s"]["64"].as_f64();
         match (ours, theirs) {
             (Some(a), Some(b)) => println!(
                 "HF transformers generate, testbed shape, batch 64: {b:.0} tokens/s; terse x{:.1}",

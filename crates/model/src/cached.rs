@@ -8,7 +8,7 @@
 
 use crate::cache::KvCache;
 use crate::decode::{self, DecodeWeights};
-use crate::model::{Mask, Qwen3};
+use crate::model::{LayerKv, Mask, Qwen3};
 use crate::ops::{attention_bias, rms_norm, rope_tables};
 use candle_core::{DType, Result, Tensor};
 
@@ -111,7 +111,7 @@ impl Qwen3 {
         let mut x = self.embed(ids, false)?;
         for l in 0..c.num_hidden_layers {
             let (k, v) = cache.layer(l);
-            let slots = Some((k, v, off, valid_dev.as_ref()));
+            let slots = Some(LayerKv::Flat(k, v, off, valid_dev.as_ref()));
             x = self.layer(
                 l,
                 &x,

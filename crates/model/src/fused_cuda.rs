@@ -349,3 +349,125 @@ pub fn decode_attention(
     };
     Ok((out, lq.shape().clone()))
 }
+
+/// One of a paged step's u32 tensors (tables, lengths, slots) as a device view.
+fn meta_view<'a>(
+    storage: &'a candle_core::Storage,
+    layout: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, u32>> {
+    match storage {
+        candle_core::Storage::Cuda(s) => view::<u32>(s, layout, what),
+        _ => crate::fail!("paged step: the {what} are not on the GPU"),
+    }
+}
+
+pub fn paged_kv_write(
+    pool: &mut CudaStorage,
+    lp: &Layout,
+    src: &CudaStorage,
+    ls: &Layout,
+    meta: &crate::fused_paged::PagedMeta,
+) -> Result<()> {
+    let [b, hkv, _, bs, d] = crate::kernel_checks::paged_kv_write(lp.dims(), ls.dims())?;
+    if !lp.is_contiguous() || lp.start_offset() != 0 {
+        crate::fail!(
+            "paged kv write: the pool {:?} must be contiguous",
+            lp.shape()
+        );
+    }
+    let dev = pool.device().clone();
+    let sfx = suffix(pool.dtype(), "paged kv write")?;
+    let f = dev.get_or_load_custom_func(
+        &format!("paged_kv_write_{sfx}"),
+        "terse_paged_attention",
+        ptx::PAGED_ATTENTION,
+    )?;
+    let guard = meta.dev[2].storage_and_layout();
+    let slots = meta_view(&guard.0, guard.1, "write slots")?;
+    let args = [b as i32, hkv as i32, bs as i32, d as i32];
+    macro_rules! launch {
+        ($t:ty) => {{
+            let sv = view::<$t>(src, ls, "paged kv src")?;
+            let p = pool.as_cuda_slice_mut::<$t>()?;
+            let mut bld = f.builder();
+            bld.arg(&sv).arg(p).arg(&slots);
+            for a in &args {
+                bld.arg(a);
+            }
+            // SAFETY: argument types and counts match the kernel's signature; every slot was
+            // checked to lie in the pool (`kernel_checks::paged_tables`).
+            unsafe { bld.launch(elementwise(b * hkv * d)) }.w()?;
+        }};
+    }
+    match pool.dtype() {
+        DType::BF16 => launch!(half::bf16),
+        _ => launch!(f32),
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_attention(
+    q: &CudaStorage,
+    lq: &Layout,
+    k: &CudaStorage,
+    lk: &Layout,
+    v: &CudaStorage,
+    lv: &Layout,
+    meta: &crate::fused_paged::PagedMeta,
+) -> Result<(CudaStorage, Shape)> {
+    let dev: &CudaDevice = q.device();
+    let [b, hq, hkv, _, bs, d] = crate::kernel_checks::paged_decode_attention(
+        lq.dims(),
+        lk.dims(),
+        lv.dims(),
+        meta.lens.len(),
+    )?;
+    let sfx = suffix(q.dtype(), "paged attention")?;
+    let f = dev.get_or_load_custom_func(
+        &format!("paged_decode_attention_{sfx}"),
+        "terse_paged_attention",
+        ptx::PAGED_ATTENTION,
+    )?;
+    let (gt, gl) = (
+        meta.dev[0].storage_and_layout(),
+        meta.dev[1].storage_and_layout(),
+    );
+    let tables = meta_view(&gt.0, gt.1, "block tables")?;
+    let lens = meta_view(&gl.0, gl.1, "lengths")?;
+    let ints = [hq as i32, hkv as i32, bs as i32, meta.maxb as i32, d as i32];
+    let scale = 1.0f32 / (d as f32).sqrt();
+    let cfg = grid(b * hq, 32 * DECODE_WARPS);
+    macro_rules! launch {
+        ($t:ty) => {{
+            let (qv, kv, vv) = (
+                view::<$t>(q, lq, "q")?,
+                view::<$t>(k, lk, "k pool")?,
+                view::<$t>(v, lv, "v pool")?,
+            );
+            // SAFETY: every element is written by the kernel.
+            let mut out = unsafe { dev.alloc::<$t>(b * hq * d)? };
+            let mut bld = f.builder();
+            bld.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&tables)
+                .arg(&lens)
+                .arg(&mut out);
+            for a in &ints {
+                bld.arg(a);
+            }
+            bld.arg(&scale);
+            // SAFETY: argument types and counts match the kernel's signature; the tables were
+            // checked to hold blocks of the pool and lengths within them.
+            unsafe { bld.launch(cfg) }.w()?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    let out = match q.dtype() {
+        DType::BF16 => launch!(half::bf16),
+        _ => launch!(f32),
+    };
+    Ok((out, lq.shape().clone()))
+}

@@ -97,6 +97,79 @@ pub fn kv_write(cache: &[usize], src: &[usize], slot: usize) -> Result<[usize; 4
     Ok([b, hkv, cap, d])
 }
 
+/// The block tables of a paged decode step: each row's blocks (padded to `maxb` per row),
+/// slots attended (`lens`, its new token included) and where its new token goes (`slots`), all
+/// inside a pool of `nb` blocks of `bs` slots; every value fits an i32 (the kernels' type).
+pub fn paged_tables(
+    tables: &[u32],
+    maxb: usize,
+    lens: &[u32],
+    slots: &[u32],
+    [nb, bs]: [usize; 2],
+) -> Result<()> {
+    let b = lens.len();
+    if tables.len() != b * maxb || slots.len() != b || nb * bs > i32::MAX as usize {
+        crate::fail!(
+            "paged tables: {} table entries, {} slots for {b} rows of {maxb} blocks (pool {nb} x {bs})",
+            tables.len(),
+            slots.len()
+        );
+    }
+    if let Some(t) = tables.iter().find(|&&t| t as usize >= nb) {
+        crate::fail!("paged tables: block {t} outside a pool of {nb} blocks");
+    }
+    for (r, (&len, &slot)) in lens.iter().zip(slots).enumerate() {
+        let row = &tables[r * maxb..(r + 1) * maxb];
+        let (len, slot) = (len as usize, slot as usize);
+        if len == 0
+            || len > maxb * bs
+            || slot / bs >= nb
+            || row[(len - 1) / bs] as usize != slot / bs
+            || slot % bs != (len - 1) % bs
+        {
+            crate::fail!("paged tables: row {r} attends {len} slots and writes slot {slot}, which its table does not hold");
+        }
+    }
+    Ok(())
+}
+
+/// Paged decode attention's shapes: q (B, Hq, D), pools (NB, Hkv, BS, D) alike, Hq a multiple of
+/// Hkv, D even and at most [`DECODE_MAX_HEAD_DIM`], B rows of tables -> [B, Hq, Hkv, NB, BS, D].
+pub fn paged_decode_attention(
+    q: &[usize],
+    k: &[usize],
+    v: &[usize],
+    rows: usize,
+) -> Result<[usize; 6]> {
+    let (&[b, hq, d], &[nb, hkv, bs, kd]) = (q, k) else {
+        crate::fail!(
+            "paged attention: q must be (B, Hq, D) and the pools (NB, Hkv, BS, D), got {q:?} and {k:?}"
+        );
+    };
+    if k != v || kd != d || hkv == 0 || hq % hkv != 0 || b != rows {
+        crate::fail!(
+            "paged attention: q {q:?} does not fit the pools {k:?} / {v:?} and {rows} table rows"
+        );
+    }
+    if d % 2 != 0 || d > DECODE_MAX_HEAD_DIM {
+        crate::fail!(
+            "paged attention: head size {d} must be even and at most {DECODE_MAX_HEAD_DIM}"
+        );
+    }
+    Ok([b, hq, hkv, nb, bs, d])
+}
+
+/// A paged KV write: pool (NB, Hkv, BS, D), src (B, Hkv, D) -> [B, Hkv, NB, BS, D].
+pub fn paged_kv_write(pool: &[usize], src: &[usize]) -> Result<[usize; 5]> {
+    let (&[nb, hkv, bs, d], &[b, sh, sd]) = (pool, src) else {
+        crate::fail!("paged kv write: pool must be (NB, Hkv, BS, D) and src (B, Hkv, D), got {pool:?} and {src:?}");
+    };
+    if sh != hkv || sd != d {
+        crate::fail!("paged kv write: src {src:?} does not fit the pool {pool:?}");
+    }
+    Ok([b, hkv, nb, bs, d])
+}
+
 /// Decode attention: q (B, Hq, D), k and v (B, Hkv, C, D) with Hq a multiple of Hkv, D even and
 /// at most [`DECODE_MAX_HEAD_DIM`], `len` ≤ C slots attended, one validity flag per (row, slot).
 pub fn decode_attention(
@@ -230,7 +303,13 @@ mod tests {
                 "{k} = {v}"
             );
         }
-        for f in ["rmsnorm.cu", "logprob.cu", "kv_cache.cu", "flash_attn.cu"] {
+        for f in [
+            "rmsnorm.cu",
+            "logprob.cu",
+            "kv_cache.cu",
+            "flash_attn.cu",
+            "paged_attention.cu",
+        ] {
             let src = std::fs::read_to_string(dir.join(f)).expect("kernel");
             for l in src
                 .lines()

@@ -113,6 +113,67 @@ pub fn kv_write(src: &[f32], cache: &mut [f32], dims: [usize; 3], cap: usize, sl
     }
 }
 
+/// Writes new (B, Hkv, D) into a paged pool (NB, Hkv, BS, D): row b's token at slot
+/// `slots[b]` (block id · BS + offset). kernels/paged_attention.cu `paged_kv_write_*`.
+pub fn paged_kv_write(
+    src: &[f32],
+    pool: &mut [f32],
+    slots: &[u32],
+    hkv: usize,
+    bs: usize,
+    d: usize,
+) {
+    for (b, &slot) in slots.iter().enumerate() {
+        let (blk, off) = (slot as usize / bs, slot as usize % bs);
+        for h in 0..hkv {
+            let at = ((blk * hkv + h) * bs + off) * d;
+            pool[at..at + d].copy_from_slice(&src[(b * hkv + h) * d..][..d]);
+        }
+    }
+}
+
+/// Single-query attention of q (B, Hq, D) over the first `lens[b]` slots of row b's blocks
+/// (`tables`, `maxb` per row) in paged pools (NB, Hkv, BS, D) -> (B, Hq, D).
+/// kernels/paged_attention.cu `paged_decode_attention_*`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    tables: &[u32],
+    maxb: usize,
+    lens: &[u32],
+    [hq, hkv, bs, d]: [usize; 4],
+) -> Vec<f32> {
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![0f32; q.len()];
+    for (bi, &len) in lens.iter().enumerate() {
+        for h in 0..hq {
+            let g = h / (hq / hkv);
+            let qr = &q[(bi * hq + h) * d..][..d];
+            let at = |t: usize| ((tables[bi * maxb + t / bs] as usize * hkv + g) * bs + t % bs) * d;
+            let scores: Vec<f32> = (0..len as usize)
+                .map(|t| {
+                    qr.iter()
+                        .zip(&k[at(t)..at(t) + d])
+                        .map(|(a, b)| a * scale * b)
+                        .sum()
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let z: f32 = scores.iter().map(|s| (s - m).exp()).sum();
+            let o = &mut out[(bi * hq + h) * d..][..d];
+            for (t, &s) in scores.iter().enumerate() {
+                let p = (s - m).exp() / z;
+                for (oi, vi) in o.iter_mut().zip(&v[at(t)..at(t) + d]) {
+                    *oi += p * vi;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Single-query attention over the first `len` slots of a (B, Hkv, C, D) cache, skipping slots
 /// whose `valid` (B, C) flag is 0; q (B, Hq, D) -> (B, Hq, D); a row with no valid slot gives 0.
 /// kernels/kv_cache.cu `decode_attention_*`.

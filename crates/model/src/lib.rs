@@ -34,6 +34,7 @@ pub mod flash;
 pub(crate) mod fused;
 #[cfg(feature = "cuda")]
 mod fused_cuda;
+mod fused_paged;
 pub mod kernel_checks;
 pub(crate) mod kernels;
 pub mod logprob;
@@ -41,7 +42,7 @@ pub mod model;
 pub mod ops;
 pub mod paged;
 mod paged_forward;
-mod paged_gather;
+mod paged_kernels;
 pub mod reference;
 pub mod testing;
 

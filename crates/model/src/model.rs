@@ -55,6 +55,18 @@ impl Default for ForwardOptions {
     }
 }
 
+/// The KV cache a decoder layer writes and attends over: the preallocated cache (K, V, the
+/// slot the new tokens start at, and for a one-slot step the validity flags on the device), or
+/// a paged pool's K and V with one decode step's block tables.
+pub(crate) enum LayerKv<'a> {
+    Flat(&'a Tensor, &'a Tensor, usize, Option<&'a Tensor>),
+    Paged(
+        &'a Tensor,
+        &'a Tensor,
+        &'a std::sync::Arc<crate::fused_paged::PagedMeta>,
+    ),
+}
+
 /// Which attention a layer runs: the composite ops with an additive bias (B, 1, 1, T, S), or
 /// flash attention over key ranges (full sequences only, no cache).
 #[derive(Clone, Copy)]
@@ -224,7 +236,7 @@ impl Qwen3 {
         cos: &Tensor,
         sin: &Tensor,
         mask: Option<Mask>,
-        cache: Option<(&Tensor, &Tensor, usize, Option<&Tensor>)>,
+        cache: Option<LayerKv>,
         train: bool,
     ) -> Result<Tensor> {
         let c = &self.config;
@@ -264,7 +276,18 @@ impl Qwen3 {
         let k = rope(&k, cos, sin)?.contiguous()?;
         let (k, v) = match cache {
             None => (k, v),
-            Some((ck, cv, off, Some(valid))) if t == 1 => {
+            Some(LayerKv::Paged(pk, pv, meta)) => {
+                // One new token per sequence, into its block; attention over its block table.
+                crate::fused_paged::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
+                crate::fused_paged::paged_kv_write(pv, &v.squeeze(2)?, meta)?;
+                let attn =
+                    crate::fused_paged::paged_decode_attention(&q.squeeze(2)?, pk, pv, meta)?; // (B, Hq, hd)
+                let attn = attn.reshape((b, 1, hq * hd))?;
+                let x =
+                    (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
+                return self.mlp_block(&p, x, train);
+            }
+            Some(LayerKv::Flat(ck, cv, off, Some(valid))) if t == 1 => {
                 // One new slot: write it in place and attend over the valid slots only, with
                 // no bias tensor and no (B, Hq, 1, S) score matrix. `valid` is on the device
                 // already: uploaded once per step, not once per layer.
@@ -276,7 +299,7 @@ impl Qwen3 {
                     (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
                 return self.mlp_block(&p, x, train);
             }
-            Some((ck, cv, off, _)) => {
+            Some(LayerKv::Flat(ck, cv, off, _)) => {
                 // A cache in another dtype (f16) stores rounded K/V and hands them back
                 // converted.
                 let dt = k.dtype();

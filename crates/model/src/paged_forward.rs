@@ -2,15 +2,14 @@
 //! sequence its new tokens (one when decoding, a chunk of a prompt or of a recomputed sequence
 //! when prefilling), writes their K/V into the sequence's blocks of a `PagedKvCache` and
 //! returns each sequence's last logits. Three paths compute the same function: the CPU step of
-//! `decode::paged` (f32 on the CPU); for a decode step elsewhere (CUDA), a batched gather of
-//! every sequence's blocks into one contiguous (B, Hkv, L + 1, D) copy per layer, attended by
-//! the fused one-slot ops (`fused::kv_write` / `decode_attention`, the CUDA kernels), the new
-//! K/V scattered back into the pool; and the composite reference (any device, any number of
-//! new tokens: prefill chunks on CUDA), which runs one sequence at a time through a gathered
-//! `KvCache` and `forward_cached`'s composite path, writing the touched blocks back.
+//! `decode::paged` (f32 on the CPU); for a decode step elsewhere (CUDA), the fused paged ops
+//! over block tables (paged_kernels.rs: kernels/paged_attention.cu); and the composite
+//! reference (any device, any number of new tokens: prefill chunks on CUDA), which runs one
+//! sequence at a time through a gathered `KvCache` and `forward_cached`'s composite path,
+//! writing the touched blocks back.
 //!
-//! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged_step`, `gathered_decode`
-//! or per-sequence `forward_cached_with(Composite)` -> logits (B, V).
+//! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged_step`,
+//! `paged_kernels_decode` or per-sequence `forward_cached_with(Composite)` -> logits (B, V).
 
 use crate::cache::KvCache;
 use crate::cached::DecodePath;
@@ -33,8 +32,8 @@ pub(crate) enum PagedPath {
     Cpu,
     /// Per sequence: gather its blocks, the composite cached forward, write back.
     Composite,
-    /// One new token per sequence, batched: gather, fused one-slot ops, scatter back.
-    Gathered,
+    /// One new token per sequence, batched through the fused paged ops.
+    Kernels,
 }
 
 impl Qwen3 {
@@ -81,7 +80,7 @@ impl Qwen3 {
         let path = if decode::supported(&self.device, self.compute_dtype, cache.dtype()) {
             PagedPath::Cpu
         } else if seqs.iter().all(|s| s.tokens.len() == 1) && cache.dtype() == self.compute_dtype {
-            PagedPath::Gathered
+            PagedPath::Kernels
         } else {
             PagedPath::Composite
         };
@@ -133,10 +132,16 @@ impl Qwen3 {
                     .collect();
                 decode::paged_step(c, &ws, weights, cache, &rows, &ids, &pos)?
             }
-            PagedPath::Gathered => {
+            PagedPath::Kernels => {
+                if let Some(s) = seqs.iter().find(|s| s.tokens.len() != 1) {
+                    crate::fail!(
+                        "forward_paged: the kernels path feeds one token per sequence, not {}",
+                        s.tokens.len()
+                    );
+                }
                 let tables: Vec<&BlockTable> = seqs.iter().map(|s| &*s.table).collect();
                 let ids: Vec<u32> = seqs.iter().map(|s| s.tokens[0]).collect();
-                self.gathered_decode(cache, &tables, &ids)?
+                self.paged_kernels_decode(cache, &tables, &ids)?
             }
             PagedPath::Composite => {
                 let rows = seqs

@@ -218,15 +218,15 @@ fn forked_prefixes_decode_like_separate_copies() {
 }
 
 #[test]
-fn the_gathered_decode_step_matches_the_cpu_step() {
+fn the_kernels_decode_step_matches_the_cpu_step() {
     let m = model(32);
     let snap = m.decode_weights();
     // Three sequences of different lengths (one crossing a block), prefilled alike on both
-    // caches, then 20 decode steps: the gathered path (CUDA's) writes its K/V through the
-    // scatter, so later steps also check what it wrote.
+    // caches, then 20 decode steps: the kernels path (CUDA's; here the kernels' CPU loops)
+    // writes its K/V through the paged write, so later steps also check what it wrote.
     let lens = [5usize, 19, 40];
     let mut logits = vec![];
-    for path in [PagedPath::Cpu, PagedPath::Gathered] {
+    for path in [PagedPath::Cpu, PagedPath::Kernels] {
         let mut c = m.new_paged_cache(16, 24, DType::F32).expect("cache");
         let mut tables: Vec<BlockTable> = lens
             .iter()

@@ -38,6 +38,8 @@ pub fn groups() -> Vec<Group> {
         ("rmsnorm bf16", rmsnorm_bf16),
         ("rope bf16", rope_bf16),
         ("kv cache bf16", kv_cache_bf16),
+        ("paged attention f32", super::parity_paged::paged_f32),
+        ("paged attention bf16", super::parity_paged::paged_bf16),
         ("flash attention f32", flash_f32),
         ("flash attention bf16", flash_bf16),
         ("model decode bf16", model_decode),
@@ -68,7 +70,7 @@ pub fn diff(gpu: &Tensor, cpu: &Tensor) -> Result<f64> {
     }))
 }
 
-fn row(name: &str, g: &Tensor, c: &Tensor, tolerance: f64) -> Result<Row> {
+pub(crate) fn row(name: &str, g: &Tensor, c: &Tensor, tolerance: f64) -> Result<Row> {
     Ok(Row {
         name: name.to_string(),
         max_diff: diff(g, c)?,
@@ -77,7 +79,7 @@ fn row(name: &str, g: &Tensor, c: &Tensor, tolerance: f64) -> Result<Row> {
 }
 
 /// Deterministic values in [−1, 1).
-fn rnd(shape: &[usize], seed: u64) -> Result<Tensor> {
+pub(crate) fn rnd(shape: &[usize], seed: u64) -> Result<Tensor> {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n as u64)
         .map(|i| (((i * 2654435761 + seed * 97) % 1000) as f32 / 500.0) - 1.0)
@@ -86,7 +88,7 @@ fn rnd(shape: &[usize], seed: u64) -> Result<Tensor> {
 }
 
 /// bf16 rounding, back in f32: what the bf16 kernels read.
-fn bf16_round(t: &Tensor) -> Result<Tensor> {
+pub(crate) fn bf16_round(t: &Tensor) -> Result<Tensor> {
     t.to_dtype(DType::BF16)?.to_dtype(DType::F32)
 }
 

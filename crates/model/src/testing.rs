@@ -5,6 +5,8 @@
 
 #[path = "parity.rs"]
 pub mod parity;
+#[path = "parity_paged.rs"]
+mod parity_paged;
 
 /// ||a − b|| / ||a|| (Frobenius, in f32): how far `b` is from the reference `a`, relative to
 /// its size. 0 when both are zero.

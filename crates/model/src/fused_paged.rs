@@ -1,0 +1,181 @@
+//! The paged cache's decode-step ops as candle custom ops: `paged_kv_write` (a new token's K or
+//! V into its block, in place) and `paged_decode_attention` (one query per sequence over its
+//! block table). CPU: the plain loops of kernels.rs (the reference); CUDA: the kernels of
+//! kernels/paged_attention.cu (fused_cuda.rs launches them). `PagedMeta` holds a step's block
+//! tables, lengths and write slots, checked on the host and uploaded once for every layer.
+//!
+//! Data flow: `forward_paged` (one token per sequence, off the CPU step) -> `Qwen3::layer`
+//! with `LayerKv::Paged` -> here.
+
+use crate::kernel_checks as check;
+use crate::paged::{BlockTable, PagedKvCache};
+use candle_core::{CpuStorage, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
+
+/// One decode step's block tables: row r attends `lens[r]` slots of its blocks
+/// (`tables[r * maxb..]`, padded with block 0) and writes its new token at `slots[r]`.
+pub struct PagedMeta {
+    pub(crate) tables: Vec<u32>,
+    pub(crate) maxb: usize,
+    pub(crate) lens: Vec<u32>,
+    pub(crate) slots: Vec<u32>,
+    /// The same three on the pools' device (u32, read as i32 by the kernels).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) dev: [Tensor; 3],
+}
+
+impl PagedMeta {
+    /// The step that appends one token to each of `tables` (room reserved).
+    pub fn new(
+        cache: &PagedKvCache,
+        tables: &[&BlockTable],
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let bs = cache.block_size();
+        let maxb = tables
+            .iter()
+            .map(|t| (t.len + 1).div_ceil(bs))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut flat = Vec::with_capacity(tables.len() * maxb);
+        let (mut lens, mut slots) = (vec![], vec![]);
+        for t in tables {
+            let used = (t.len + 1).div_ceil(bs);
+            if t.blocks.len() < used {
+                crate::fail!(
+                    "paged step: a table of {} blocks has no room for token {}",
+                    t.blocks.len(),
+                    t.len
+                );
+            }
+            flat.extend_from_slice(&t.blocks[..used]);
+            flat.extend(std::iter::repeat_n(0, maxb - used));
+            lens.push((t.len + 1) as u32);
+            slots.push(t.blocks[t.len / bs] * bs as u32 + (t.len % bs) as u32);
+        }
+        check::paged_tables(&flat, maxb, &lens, &slots, [cache.num_blocks(), bs])?;
+        let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
+        let dev = [up(&flat)?, up(&lens)?, up(&slots)?];
+        Ok(Self {
+            tables: flat,
+            maxb,
+            lens,
+            slots,
+            dev,
+        })
+    }
+}
+
+/// Writes src (B, Hkv, D), row r at `meta.slots[r]`, into the pool (NB, Hkv, BS, D), in place.
+pub fn paged_kv_write(pool: &Tensor, src: &Tensor, meta: &PagedMeta) -> Result<()> {
+    let [b, ..] = check::paged_kv_write(pool.dims(), src.dims())?;
+    if b != meta.slots.len() {
+        crate::fail!("paged kv write: {b} rows for {} slots", meta.slots.len());
+    }
+    pool.inplace_op2(src, &PagedKvWrite { meta })
+}
+
+/// q (B, Hq, D) over each row's block table in the pools (NB, Hkv, BS, D) -> (B, Hq, D).
+pub fn paged_decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    meta: &Arc<PagedMeta>,
+) -> Result<Tensor> {
+    check::paged_decode_attention(q.dims(), k.dims(), v.dims(), meta.lens.len())?;
+    q.apply_op3(
+        k,
+        v,
+        PagedAttention {
+            meta: Arc::clone(meta),
+        },
+    )
+}
+
+struct PagedKvWrite<'a> {
+    meta: &'a PagedMeta,
+}
+
+impl InplaceOp2 for PagedKvWrite<'_> {
+    fn name(&self) -> &'static str {
+        "terse-paged-kv-write"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        let (_, hkv, bs, d) = l1.shape().dims4()?;
+        let src = crate::fused::f32s(s2, l2, "paged kv src")?.to_vec();
+        match (s1, l1.is_contiguous() && l1.start_offset() == 0) {
+            (CpuStorage::F32(p), true) => {
+                crate::kernels::paged_kv_write(&src, p, &self.meta.slots, hkv, bs, d);
+                Ok(())
+            }
+            _ => crate::fail!("paged kv write: the pool must be a contiguous f32 tensor"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        crate::fused_cuda::paged_kv_write(s1, l1, s2, l2, self.meta)
+    }
+}
+
+/// Shares the step's tables: candle keeps a custom op in the graph, so it owns what it reads.
+struct PagedAttention {
+    meta: Arc<PagedMeta>,
+}
+
+impl CustomOp3 for PagedAttention {
+    fn name(&self) -> &'static str {
+        "terse-paged-decode-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, hq, d) = l1.shape().dims3()?;
+        let (_, hkv, bs, _) = l2.shape().dims4()?;
+        let m = &self.meta;
+        let out = crate::kernels::paged_decode_attention(
+            crate::fused::f32s(s1, l1, "q")?,
+            crate::fused::f32s(s2, l2, "k pool")?,
+            crate::fused::f32s(s3, l3, "v pool")?,
+            &m.tables,
+            m.maxb,
+            &m.lens,
+            [hq, hkv, bs, d],
+        );
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::fused_cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
+    }
+}
