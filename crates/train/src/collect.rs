@@ -9,7 +9,7 @@ use anyhow::Result;
 use terse_model::Qwen3;
 use terse_reward::step_grpo::{count_steps, StepScope};
 use terse_reward::{Group, SampleStat};
-use terse_rollout::{generate, Finish, GenParams, Prompt, Sample};
+use terse_rollout::{generate_with_stats, Finish, GenParams, Prompt, Sample};
 
 /// The groups a step trains on.
 #[derive(Debug, Clone)]
@@ -25,6 +25,9 @@ pub struct Collected {
     pub dropped: usize,
     /// Samples generated in all rounds (for tokens/s).
     pub generated_tokens: usize,
+    /// The rollouts' peak KV memory (bytes, the largest round) and preemptions (all rounds).
+    pub kv_peak_bytes: usize,
+    pub preemptions: usize,
 }
 
 /// The sampling settings of training rollouts: evaluation's plus Step-GRPO's early exit, its
@@ -65,6 +68,8 @@ pub fn collect(
         rounds: 0,
         dropped: 0,
         generated_tokens: 0,
+        kv_peak_bytes: 0,
+        preemptions: 0,
     };
     let mut last_round = vec![];
     while out.rounds < max_rounds && out.groups.len() < g.prompts_per_step {
@@ -84,7 +89,7 @@ pub fn collect(
             })
             .collect::<Result<_>>()?;
         cursor += need as u64;
-        let samples = generate(
+        let (samples, used) = generate_with_stats(
             model,
             &prompts,
             g.group_size,
@@ -92,6 +97,8 @@ pub fn collect(
             crate::data::mix(cfg.run.seed, crate::data::TRAIN, step),
             &detok,
         )?;
+        out.kv_peak_bytes = out.kv_peak_bytes.max(used.peak_bytes());
+        out.preemptions += used.preemptions;
         out.generated_tokens += samples.iter().map(|s| s.tokens.len()).sum::<usize>();
         out.rounds += 1;
         let mut round = vec![];

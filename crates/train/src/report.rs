@@ -29,14 +29,20 @@ pub struct SftReport {
     pub lr: f64,
 }
 
-/// Wall-clock figures of a GRPO step: the only part of a line that differs between runs.
+/// Wall-clock and rollout-memory figures of a GRPO step: the only part of a line that can
+/// differ between runs of one config (times always; preemptions when `kv_budget = "auto"`
+/// sizes the pool from the machine's free memory).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Timing {
     pub rollout_s: f64,
     pub score_s: f64,
     pub logprob_s: f64,
     pub update_s: f64,
     pub tokens_per_s: f64,
+    /// The rollout's peak KV memory (GiB) and sequences preempted for memory.
+    pub kv_peak_gib: f64,
+    pub preemptions: usize,
 }
 
 /// What one GRPO step did: rollout statistics, the update's figures, the shaper's diagnostics.

@@ -199,6 +199,8 @@ impl GrpoTrainer {
             logprob_s: up.logprob_s,
             update_s: t_update - up.logprob_s,
             tokens_per_s: c.generated_tokens as f64 / (t_rollout + t_update),
+            kv_peak_gib: c.kv_peak_bytes as f64 / f64::from(1u32 << 30),
+            preemptions: c.preemptions,
         };
         let report = self.report(&c, &scored, &up, timing);
         self.cursor = c.cursor;
