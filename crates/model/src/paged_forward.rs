@@ -32,7 +32,7 @@ pub(crate) enum PagedPath {
     Cpu,
     /// Per sequence: gather its blocks, the composite cached forward, write back.
     Composite,
-    /// One new token per sequence, batched through the fused paged ops.
+    /// One-token sequences batched through the fused paged ops; longer chunks as `Composite`.
     Kernels,
 }
 
@@ -79,7 +79,7 @@ impl Qwen3 {
     ) -> Result<Tensor> {
         let path = if decode::supported(&self.device, self.compute_dtype, cache.dtype()) {
             PagedPath::Cpu
-        } else if seqs.iter().all(|s| s.tokens.len() == 1) && cache.dtype() == self.compute_dtype {
+        } else if cache.dtype() == self.compute_dtype {
             PagedPath::Kernels
         } else {
             PagedPath::Composite
@@ -133,15 +133,29 @@ impl Qwen3 {
                 decode::paged_step(c, &ws, weights, cache, &rows, &ids, &pos)?
             }
             PagedPath::Kernels => {
-                if let Some(s) = seqs.iter().find(|s| s.tokens.len() != 1) {
-                    crate::fail!(
-                        "forward_paged: the kernels path feeds one token per sequence, not {}",
-                        s.tokens.len()
-                    );
+                // The one-token sequences through the kernels in one batch; prefill chunks (a
+                // prompt, a recompute) one at a time through the composite path; rows back in
+                // order.
+                let (one, many): (Vec<usize>, Vec<usize>) =
+                    (0..seqs.len()).partition(|&i| seqs[i].tokens.len() == 1);
+                let mut parts = vec![];
+                if !one.is_empty() {
+                    let tables: Vec<&BlockTable> = one.iter().map(|&i| &*seqs[i].table).collect();
+                    let ids: Vec<u32> = one.iter().map(|&i| seqs[i].tokens[0]).collect();
+                    parts.push(self.paged_kernels_decode(cache, &tables, &ids)?);
                 }
-                let tables: Vec<&BlockTable> = seqs.iter().map(|s| &*s.table).collect();
-                let ids: Vec<u32> = seqs.iter().map(|s| s.tokens[0]).collect();
-                self.paged_kernels_decode(cache, &tables, &ids)?
+                for &i in &many {
+                    let s = &seqs[i];
+                    parts.push(self.composite_paged(weights, cache, s.table, s.tokens)?);
+                }
+                // Row r of the concatenation is sequence order[r]; invert.
+                let order: Vec<usize> = one.iter().chain(&many).copied().collect();
+                let mut at = vec![0u32; order.len()];
+                for (r, &i) in order.iter().enumerate() {
+                    at[i] = r as u32;
+                }
+                let idx = Tensor::from_vec(at, order.len(), &self.device)?;
+                Tensor::cat(&parts, 0)?.index_select(&idx, 0)? // (B, V)
             }
             PagedPath::Composite => {
                 let rows = seqs

@@ -222,8 +222,9 @@ fn the_kernels_decode_step_matches_the_cpu_step() {
     let m = model(32);
     let snap = m.decode_weights();
     // Three sequences of different lengths (one crossing a block), prefilled alike on both
-    // caches, then 20 decode steps: the kernels path (CUDA's; here the kernels' CPU loops)
-    // writes its K/V through the paged write, so later steps also check what it wrote.
+    // caches, then 20 steps: the kernels path (CUDA's; here the kernels' CPU loops) writes its
+    // K/V through the paged write, so later steps also check what it wrote; one step mixes a
+    // prefill chunk (the composite path) into the batch.
     let lens = [5usize, 19, 40];
     let mut logits = vec![];
     for path in [PagedPath::Cpu, PagedPath::Kernels] {
@@ -235,10 +236,14 @@ fn the_kernels_decode_step_matches_the_cpu_step() {
             .collect();
         let mut steps = vec![];
         for step in 0..20u32 {
-            for t in &mut tables {
-                assert!(c.reserve(t, 1).expect("reserve"));
+            // At step 7 the middle sequence feeds a 3-token chunk (a prefill beside decodes).
+            let n = |i: u32| if step == 7 && i == 1 { 3 } else { 1 };
+            let ids: Vec<Vec<u32>> = (0..3u32)
+                .map(|i| (0..n(i)).map(|j| (i * 7 + step * 5 + j) % 47 + 1).collect())
+                .collect();
+            for (t, id) in tables.iter_mut().zip(&ids) {
+                assert!(c.reserve(t, id.len()).expect("reserve"));
             }
-            let ids: Vec<[u32; 1]> = (0..3u32).map(|i| [(i * 7 + step * 5) % 47 + 1]).collect();
             let mut seqs: Vec<PagedSeq> = tables
                 .iter_mut()
                 .zip(&ids)
