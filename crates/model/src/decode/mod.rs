@@ -41,15 +41,21 @@ pub(crate) struct Features {
     pub avx512: bool,
 }
 
+/// `TERSE_CPU_ISA=avx2` (or `portable`) caps the kernels the CPU paths pick below what the CPU
+/// has: how an AVX2-only (or a non-x86) machine runs, measured on this one.
 pub(crate) fn features() -> Features {
     static F: OnceLock<Features> = OnceLock::new();
     *F.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
+            let cap = std::env::var("TERSE_CPU_ISA").unwrap_or_default();
+            let (no512, none) = (cap == "avx2" || cap == "portable", cap == "portable");
             Features {
-                avx2_fma: std::arch::is_x86_feature_detected!("avx2")
+                avx2_fma: !none
+                    && std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma"),
-                avx512: std::arch::is_x86_feature_detected!("avx512f")
+                avx512: !no512
+                    && std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512dq"),
             }
         }
