@@ -95,6 +95,16 @@ impl AdamW {
         })
     }
 
+    /// Keeps the state of the parameters `keep` accepts and drops the rest (a ZeRO shard).
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.state.retain(|k, _| keep(k));
+    }
+
+    /// Parameters this optimizer holds state for.
+    pub fn num_params(&self) -> usize {
+        self.state.len()
+    }
+
     /// Optimizer steps taken so far.
     pub fn steps(&self) -> u64 {
         self.steps

@@ -43,6 +43,7 @@ pub mod task;
 pub mod tensorboard;
 pub mod trainer;
 pub mod update;
+pub mod zero;
 
 pub use config::RunConfig;
 pub use observe::Observer;

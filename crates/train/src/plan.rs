@@ -113,7 +113,7 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
     let checkpointing = cfg.model.forward_options_for(t.cuda).checkpoint_layers;
     let shard = |b: u64| b.div_ceil(world);
     let sharded = if world > 1 {
-        format!(", 1/{world} per GPU as ZeRO-2 would shard it (not implemented yet)")
+        format!(", 1/{world} per GPU (ZeRO-2)")
     } else {
         String::new()
     };

@@ -43,7 +43,9 @@ pub struct GrpoTrainer {
     pub policy_loss: Option<Box<dyn PolicyLoss>>,
     /// Data-parallel ranks (None: one process). Every rank rolls out and shapes the whole
     /// step (the samples depend only on seed, prompt and sample index, so they agree) and
-    /// differentiates its share of each mini-batch; gradients are summed over ranks.
+    /// differentiates its share of each mini-batch; the optimizer is ZeRO-2 (`zero`): each
+    /// rank keeps AdamW state for its parameter shard only (`opt` is dropped to it at the
+    /// first update), and the updated weights are all-gathered.
     pub collective: Option<Box<dyn terse_dist::Collective>>,
 }
 

@@ -2,8 +2,9 @@
 //! sampler log-probs -> (reference log-probs for the KL term) -> for each PPO epoch and
 //! mini-batch: micro-batched gradients with the mini-batch's aggregation weights, clipping, a
 //! non-finite check, and one AdamW step. Called by the loop in run.rs after shaping. With a
-//! `Collective`, each rank differentiates its share of every mini-batch and the gradients are
-//! summed over ranks before clipping (every rank then takes the same AdamW step).
+//! `Collective` of several ranks, each rank differentiates its share of every mini-batch and
+//! the optimizer step is ZeRO-2 (`zero::sharded_step`: gradients reduce-scattered, the global
+//! norm clipped, each rank's parameter shard updated, the new weights all-gathered).
 
 use crate::batches::{gradients, logprobs, MicroBatching, Objective, Seq};
 use crate::config::GrpoSection;
@@ -108,11 +109,17 @@ pub fn policy_update(
                 &share
             };
             let (mut grads, mut st) = gradients(model, part, objective, how)?;
-            if let Some(c) = dp.as_deref_mut() {
-                crate::dp::all_reduce_grads(c, model.vars(), &mut grads)?;
-                st = crate::dp::all_reduce_stats(c, st)?;
-            }
-            let grad_norm = clip_grad_norm(&mut grads, g.grad_clip)?;
+            // Several ranks: ZeRO-2 (gradients reduce-scattered, each rank's optimizer shard
+            // stepped, the new weights all-gathered); the step is skipped when the loss or the
+            // global norm is not finite. One process: clip and step here.
+            let grad_norm = match dp.as_deref_mut() {
+                Some(c) if world > 1 => {
+                    st = crate::dp::all_reduce_stats(c, st)?;
+                    let ok = st.loss.is_finite();
+                    crate::zero::sharded_step(c, model.vars(), opt, &grads, g.grad_clip, lr, ok)?
+                }
+                _ => clip_grad_norm(&mut grads, g.grad_clip)?,
+            };
             if !st.loss.is_finite() || !grad_norm.is_finite() {
                 bail!(
                     "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating; {}",
@@ -121,7 +128,9 @@ pub fn policy_update(
                     crate::checkpoint::last_good(run_dir)
                 );
             }
-            opt.step(model.vars(), &grads, lr)?;
+            if world == 1 {
+                opt.step(model.vars(), &grads, lr)?;
+            }
             if out.updates == 0 {
                 out.logp_gap = st.logp_gap_sum / st.tokens.max(1) as f64;
             }
