@@ -305,10 +305,10 @@ pub(super) fn with_weights<R>(
     // worth it from two rows on).
     let threads = rayon::current_num_threads();
     let small = 4 * c.num_parameters() <= ROW_SPLIT_MAX_WEIGHTS;
-    // Small models' projections as outer products over weights packed once per snapshot, where
-    // the CPU has the kernel: each row's sums then run in one order whatever the batch (a
+    // Small models' projections as outer products over weights packed once per snapshot (AVX-512
+    // or AVX2): each row's sums then run in one order whatever the batch (a
     // sample's logits are bit-identical with more or fewer rows beside it).
-    let packed = (small && super::matmul::available_512()).then(|| {
+    let packed = (small && super::matmul::available_packed()).then(|| {
         let t = snapshot.packed.get_or_init(|| {
             // The head (2) and each layer's projections.
             let is_proj =
