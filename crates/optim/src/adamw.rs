@@ -174,6 +174,55 @@ impl AdamW {
             .map_err(|e| Error::Msg(e.to_string()))
     }
 
+    /// Restores the state of `params` from ZeRO shards (each saved by `to_safetensors` on one
+    /// rank, any number of them): entries of other parameters are skipped, so a run resumes on
+    /// a different number of ranks. The shards must agree on the step count; a parameter no
+    /// shard holds is an error naming it.
+    pub fn from_shards(
+        config: AdamWConfig,
+        params: &BTreeMap<String, Var>,
+        shards: &[Vec<u8>],
+    ) -> Result<Self> {
+        let mut merged: Vec<(String, Tensor)> = vec![];
+        let mut steps: Option<String> = None;
+        for (i, bytes) in shards.iter().enumerate() {
+            let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
+                Error::Msg(format!("optimizer shard {i}: corrupt safetensors: {e}"))
+            })?;
+            let s = meta
+                .metadata()
+                .as_ref()
+                .and_then(|m| m.get("steps"))
+                .cloned();
+            match (&steps, s) {
+                (_, None) => {
+                    return Err(Error::Msg(format!(
+                        "optimizer shard {i}: metadata `steps` missing"
+                    )))
+                }
+                (Some(a), Some(b)) if *a != b => {
+                    return Err(Error::Msg(format!(
+                        "optimizer shards disagree on the step count ({a} vs {b} in shard {i})"
+                    )))
+                }
+                (_, Some(b)) => steps = Some(b),
+            }
+            for (k, t) in candle_core::safetensors::load_buffer(bytes, &Device::Cpu)? {
+                let owner = k.rsplit_once('.').map_or(k.as_str(), |(n, _)| n);
+                if params.contains_key(owner) {
+                    merged.push((k, t));
+                }
+            }
+        }
+        let meta = std::collections::HashMap::from([
+            ("format".to_string(), "terse-adamw".to_string()),
+            ("steps".to_string(), steps.unwrap_or_else(|| "0".into())),
+        ]);
+        let bytes = safetensors::serialize(merged.iter().map(|(k, t)| (k.as_str(), t)), Some(meta))
+            .map_err(|e| Error::Msg(e.to_string()))?;
+        Self::from_safetensors(config, params, &bytes)
+    }
+
     /// Restores state saved by `to_safetensors` for exactly these parameters; an extra, missing
     /// or mis-shaped entry is an error naming it.
     pub fn from_safetensors(

@@ -11,8 +11,9 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, Var};
 use std::collections::BTreeMap;
+use std::path::Path;
 use terse_dist::Collective;
-use terse_optim::{AdamW, Grads};
+use terse_optim::{AdamW, AdamWConfig, Grads};
 
 /// Which rank owns each parameter, and where it sits in the reduce-scatter buffer: rank r's
 /// parameters fill part r (`len` values, zero-padded) in key order.
@@ -157,13 +158,77 @@ pub fn sharded_step(
     Ok(norm)
 }
 
+/// The file rank `rank` of `world` writes its optimizer shard to.
+pub fn shard_file(rank: usize, world: usize) -> String {
+    format!("optimizer.rank{rank}-of-{world}.safetensors")
+}
+
+/// Writes this rank's optimizer shard (its parameters' state) into `dir`, through a temporary
+/// file and a rename.
+pub fn save_shard(dir: &Path, opt: &AdamW, rank: usize, world: usize) -> Result<()> {
+    let path = dir.join(shard_file(rank, world));
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, opt.to_safetensors()?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// The optimizer of rank `rank` of `world` from the shards in `dir`, whatever world size wrote
+/// them: every shard of that world is read (one missing is an error naming its file, never a
+/// fresh state), and this rank keeps its parameters' state under the new partition.
+pub fn load_shards(
+    dir: &Path,
+    config: AdamWConfig,
+    params: &BTreeMap<String, Var>,
+    rank: usize,
+    world: usize,
+) -> Result<AdamW> {
+    let written: Vec<usize> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let rest = name
+                .strip_prefix("optimizer.rank")?
+                .strip_suffix(".safetensors")?;
+            rest.split_once("-of-")?.1.parse().ok()
+        })
+        .collect();
+    let Some(&old) = written.iter().max() else {
+        bail!(
+            "{}: no optimizer shard (optimizer.rank<r>-of-<n>.safetensors)",
+            dir.display()
+        );
+    };
+    if written.iter().any(|&w| w != old) {
+        bail!(
+            "{}: optimizer shards of different world sizes",
+            dir.display()
+        );
+    }
+    let shards = (0..old)
+        .map(|r| {
+            let path = dir.join(shard_file(r, old));
+            std::fs::read(&path)
+                .with_context(|| format!("optimizer shard {} is missing", path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mine = Partition::new(params, world).owned(params, rank);
+    AdamW::from_shards(config, &mine, &shards).with_context(|| {
+        format!(
+            "{}: resharding {old} optimizer shards for rank {rank} of {world}",
+            dir.display()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::Device;
     use std::time::Duration;
     use terse_dist::TcpGroup;
-    use terse_optim::{clip_grad_norm, AdamWConfig};
+    use terse_optim::clip_grad_norm;
 
     fn params() -> BTreeMap<String, Var> {
         (0..5)
@@ -264,5 +329,105 @@ mod tests {
         }
         // Each parameter's optimizer state lives on exactly one rank.
         assert_eq!(states, full.len());
+    }
+
+    /// Steps `from..to` of a sharded run on `world` ranks (threads), each rank's optimizer from
+    /// the shards in `load` (else fresh) and saved into `save`; rank 0's gradients carry the
+    /// whole step's (the others' are zero), so the sum is the same for any world size. Returns
+    /// the final weights (every rank's, checked equal).
+    fn sharded_run(
+        world: usize,
+        start: Option<&BTreeMap<String, Tensor>>,
+        (from, to): (usize, usize),
+        load: Option<&Path>,
+        save: &Path,
+    ) -> Result<BTreeMap<String, Tensor>> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let mut listener = Some(listener);
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let l = listener.take();
+                let (start, load, save) = (
+                    start.cloned(),
+                    load.map(Path::to_path_buf),
+                    save.to_path_buf(),
+                );
+                std::thread::spawn(move || -> Result<BTreeMap<String, Tensor>> {
+                    let t = Duration::from_secs(20);
+                    let mut c = match l {
+                        Some(l) => TcpGroup::root(l, world, t)?,
+                        None => TcpGroup::join(addr, r, world, t)?,
+                    };
+                    let p = params();
+                    if let Some(w) = &start {
+                        for (k, v) in &p {
+                            v.set(&w[k])?;
+                        }
+                    }
+                    let cfg = AdamWConfig::default();
+                    let mut opt = match &load {
+                        Some(d) => load_shards(d, cfg, &p, r, world)?,
+                        None => AdamW::new(cfg, &p)?,
+                    };
+                    for step in from..to {
+                        let g = grads(&p, 0, 1, step);
+                        let g = if r == 0 {
+                            g
+                        } else {
+                            g.into_iter()
+                                .map(|(k, t)| (k, t.zeros_like().expect("z")))
+                                .collect()
+                        };
+                        sharded_step(&mut c, &p, &mut opt, &g, 0.5, 1e-2, true)?;
+                    }
+                    save_shard(&save, &opt, r, world)?;
+                    Ok(p.iter()
+                        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+                        .collect())
+                })
+            })
+            .collect();
+        let out: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect::<Result<_>>()?;
+        for w in &out[1..] {
+            for (k, a) in &out[0] {
+                assert_eq!(
+                    a.to_vec1::<f32>()?,
+                    w[k].to_vec1::<f32>()?,
+                    "ranks differ on {k}"
+                );
+            }
+        }
+        Ok(out.into_iter().next().expect("rank 0"))
+    }
+
+    #[test]
+    fn resuming_on_other_world_sizes_equals_an_uninterrupted_run() {
+        let root = std::env::temp_dir().join(format!("terse-zero-{}", std::process::id()));
+        let dirs: Vec<_> = (0..4).map(|i| root.join(i.to_string())).collect();
+        for d in &dirs {
+            std::fs::create_dir_all(d).expect("dir");
+        }
+        let whole = sharded_run(2, None, (0, 6), None, &dirs[0]).expect("uninterrupted");
+        // 2 ranks for two steps, then 1, then 4.
+        let w = sharded_run(2, None, (0, 2), None, &dirs[1]).expect("2 ranks");
+        let w = sharded_run(1, Some(&w), (2, 4), Some(&dirs[1]), &dirs[2]).expect("1 rank");
+        let w = sharded_run(4, Some(&w), (4, 6), Some(&dirs[2]), &dirs[3]).expect("4 ranks");
+        for (k, a) in &whole {
+            let d = terse_model::testing::relative_diff(a, &w[k]).expect("diff");
+            assert!(d < 1e-6, "{k}: {d}");
+        }
+        // A missing shard is an error naming it, never a fresh optimizer.
+        std::fs::remove_file(dirs[3].join(shard_file(2, 4))).expect("rm");
+        let e =
+            load_shards(&dirs[3], AdamWConfig::default(), &params(), 0, 2).expect_err("missing");
+        assert!(
+            format!("{e:#}").contains("optimizer.rank2-of-4.safetensors"),
+            "{e:#}"
+        );
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
