@@ -9,7 +9,7 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::needless_range_loop)] // register-block loops index several arrays by lane
 
-use super::common::{Kv, Segs};
+use super::common::Segs;
 use std::arch::x86_64::*;
 
 /// Sum of each of 8 vectors, in order, as one vector.
@@ -26,16 +26,39 @@ pub(crate) fn hsum8(a: [__m256; 8]) -> __m256 {
     _mm256_add_ps(lo, hi)
 }
 
-/// Scores of slots t..t + n (n <= 8/R) for the R heads of q (R, d): one horizontal-add tree,
-/// lane r * (8/R) + j = scale · q_r·k_(t+j); lanes past n hold 0. Each key chunk is loaded once
-/// for all R heads.
+/// Elements i..i + 8 of a cache stored as f16 (H) or f32, as f32 lanes.
+///
+/// # Safety
+/// The 8 elements must lie inside the allocation `base` points into.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-fn tree_scores<const R: usize>(q: &[f32], k: &[f32], t: usize, n: usize, scale: f32) -> [f32; 8] {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8<const H: bool>(base: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees the 8 elements are in bounds.
+    unsafe {
+        if H {
+            _mm256_cvtph_ps(_mm_loadu_si128(base.add(2 * i).cast()))
+        } else {
+            _mm256_loadu_ps(base.add(4 * i).cast())
+        }
+    }
+}
+
+/// Scores of slots t..t + n (n <= 8/R) for the R heads of q (R, d) against keys at `kp`
+/// (`klen` elements, f16 when H): one horizontal-add tree, lane r * (8/R) + j =
+/// scale · q_r·k_(t+j); lanes past n hold 0. Each key chunk is loaded once for all R heads.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tree_scores<const R: usize, const H: bool>(
+    q: &[f32],
+    (kp, klen): (*const u8, usize),
+    t: usize,
+    n: usize,
+    scale: f32,
+) -> [f32; 8] {
     let d = q.len() / R;
     let g = 8 / R;
-    assert!(n <= g && d.is_multiple_of(8) && k.len() >= (t + n) * d);
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    assert!(n <= g && d.is_multiple_of(8) && klen >= (t + n) * d);
+    let qp = q.as_ptr();
     let mut acc = [_mm256_setzero_ps(); 8]; // [r * g + j]
     for c in (0..d).step_by(8) {
         let mut qs = [_mm256_setzero_ps(); R];
@@ -44,8 +67,8 @@ fn tree_scores<const R: usize>(q: &[f32], k: &[f32], t: usize, n: usize, scale: 
             *qv = unsafe { _mm256_loadu_ps(qp.add(r * d + c)) };
         }
         for j in 0..n {
-            // SAFETY: (t + j) * d + c + 8 <= (t + n) * d <= k.len().
-            let kc = unsafe { _mm256_loadu_ps(kp.add((t + j) * d + c)) };
+            // SAFETY: (t + j) * d + c + 8 <= (t + n) * d <= klen.
+            let kc = unsafe { load8::<H>(kp, (t + j) * d + c) };
             for r in 0..R {
                 acc[r * g + j] = _mm256_fmadd_ps(qs[r], kc, acc[r * g + j]);
             }
@@ -83,7 +106,9 @@ pub(crate) unsafe fn group_scores<const R: usize>(
     let mut t = 0;
     while t < len {
         let n = g.min(len - t);
-        let lanes = tree_scores::<R>(q, k, t, n, scale);
+        // SAFETY: the CPU has AVX2, FMA and F16C (`available`).
+        let lanes =
+            unsafe { tree_scores::<R, false>(q, (k.as_ptr().cast(), k.len()), t, n, scale) };
         for r in 0..R {
             scores[r * len + t..][..n].copy_from_slice(&lanes[r * g..][..n]);
         }
@@ -173,9 +198,9 @@ fn exp8(x: __m256) -> __m256 {
 /// (0 for a head with no unmasked slot).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn group_attend<const R: usize, const D: usize, const H: bool>(
     q: &[f32],
     kv: Segs,
     len: usize,
@@ -200,12 +225,14 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
             (t / seg_len, t % seg_len)
         };
         let n = g.min(len - t).min(seg_len - o); // slots in this block
-        let (Kv::F32(k), Kv::F32(v)) = kv.seg(si) else {
-            panic!("group_attend (AVX2): the cache must be f32");
-        };
-        assert!(k.len() >= (o + n) * D && v.len() >= (o + n) * D);
-        let vp = v.as_ptr();
-        let mut s = tree_scores::<R>(q, k, o, n, scale);
+        let (ks, vs) = kv.seg(si);
+        let ((kp, kn, kh), (vp, vn, vh)) = (ks.raw(), vs.raw());
+        assert!(
+            kh == H && vh == H,
+            "group_attend (AVX2): cache element type mismatch"
+        );
+        assert!(kn >= (o + n) * D && vn >= (o + n) * D);
+        let mut s = tree_scores::<R, H>(q, (kp, kn), o, n, scale);
         for j in n..g {
             for r in 0..R {
                 s[r * g + j] = f32::NEG_INFINITY; // past the end
@@ -262,8 +289,8 @@ pub(crate) unsafe fn group_attend<const R: usize, const D: usize>(
                 pj[r] = _mm256_set1_ps(w);
             }
             for i in 0..D / 8 {
-                // SAFETY: (o + j) * D + 8i + 8 <= (o + n) * D <= v.len().
-                let vc = unsafe { _mm256_loadu_ps(vp.add((o + j) * D + 8 * i)) };
+                // SAFETY: (o + j) * D + 8i + 8 <= (o + n) * D <= vn.
+                let vc = unsafe { load8::<H>(vp, (o + j) * D + 8 * i) };
                 for r in 0..R {
                     acc[r][i] = _mm256_fmadd_ps(pj[r], vc, acc[r][i]);
                 }
@@ -333,6 +360,58 @@ mod tests {
             check::<1>(d, len);
             check::<2>(d, len);
             check::<4>(d, len);
+        }
+    }
+
+    /// The one-pass kernel over an f16 cache equals the f32 kernel over the same (rounded)
+    /// values, bit for bit: conversion is exact, the sums run alike.
+    #[test]
+    fn group_attend_reads_an_f16_cache_like_its_f32_values() {
+        if !available() {
+            eprintln!("skipped: this CPU lacks AVX2/FMA/F16C");
+            return;
+        }
+        use super::super::common::Kv;
+        use half::f16;
+        const D: usize = 64;
+        for len in [1usize, 7, 40, 130] {
+            let q: Vec<f32> = (0..2 * D).map(|i| (i as f32 * 0.37).sin()).collect();
+            let kh: Vec<f16> = (0..len * D)
+                .map(|i| f16::from_f32((i as f32 * 0.11).cos()))
+                .collect();
+            let vh: Vec<f16> = (0..len * D)
+                .map(|i| f16::from_f32((i as f32 * 0.07).sin()))
+                .collect();
+            let (kf, vf): (Vec<f32>, Vec<f32>) = (
+                kh.iter().map(|x| x.to_f32()).collect(),
+                vh.iter().map(|x| x.to_f32()).collect(),
+            );
+            let masked = [0u32, 3];
+            let (mut a, mut b) = (vec![f32::NAN; 2 * D], vec![f32::NAN; 2 * D]);
+            // SAFETY: features checked above.
+            unsafe {
+                group_attend::<2, D, true>(
+                    &q,
+                    Segs::Flat {
+                        k: Kv::F16(&kh),
+                        v: Kv::F16(&vh),
+                    },
+                    len,
+                    &masked,
+                    &mut a,
+                );
+                group_attend::<2, D, false>(
+                    &q,
+                    Segs::Flat {
+                        k: Kv::F32(&kf),
+                        v: Kv::F32(&vf),
+                    },
+                    len,
+                    &masked,
+                    &mut b,
+                );
+            }
+            assert_eq!(a, b, "len {len}");
         }
     }
 }

@@ -35,7 +35,8 @@ pub struct DecodeWeights {
 /// The SIMD features the kernels need, detected once per process.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Features {
-    /// AVX2 and FMA: the `wide` loops, the AVX2 attention and projections.
+    /// AVX2, FMA and F16C (every AVX2 CPU has it): the `wide` loops, the AVX2 attention (f32 or
+    /// f16 cache) and projections.
     pub avx2_fma: bool,
     /// AVX-512F and DQ: the `wider` loops, the AVX-512 attention and packed projections.
     pub avx512: bool,
@@ -53,7 +54,8 @@ pub(crate) fn features() -> Features {
             Features {
                 avx2_fma: !none
                     && std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma"),
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c"),
                 avx512: !no512
                     && std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512dq"),

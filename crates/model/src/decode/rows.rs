@@ -173,7 +173,10 @@ pub(crate) unsafe fn group_attend_shape(
                     decode_avx512::group_attend::<$r, $d, true>(q, kv, len, masked, out)
                 },)*
                 $(($r, $d, false) => unsafe {
-                    decode_avx2::group_attend::<$r, $d>(q, kv, len, masked, out)
+                    decode_avx2::group_attend::<$r, $d, false>(q, kv, len, masked, out)
+                },)*
+                $(($r, $d, true) => unsafe {
+                    decode_avx2::group_attend::<$r, $d, true>(q, kv, len, masked, out)
                 },)*
                 _ => return false,
             }
@@ -238,8 +241,8 @@ pub(crate) fn attend_row(
         if fast && unsafe { group_attend_shape(wider, rep, qg, kv, len, c.masked, og) } {
             continue;
         }
-        // An f16 or paged cache reaches here when no one-pass kernel serves it (no AVX-512, or
-        // another shape): gather and convert the group.
+        // A cache reaches here when no one-pass kernel serves it (another shape, or the
+        // portable mode): gather (and convert) the group.
         let (kb, vb) = kv.gather_f32(len, d, &mut kbuf, &mut vbuf);
         // Two passes: the scores of the group's query heads (rep, len), then the weighted sum.
         let (scores, inv) = scores.split_at_mut(rep * len); // and (rep) normalisers
