@@ -12,8 +12,9 @@ use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{CpuStorage, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-/// One decode step's block tables: row r attends `lens[r]` slots of its blocks
-/// (`tables[r * maxb..]`, padded with block 0) and writes its new token at `slots[r]`.
+/// One step's block tables, a row per new token: row r attends `lens[r]` slots of its
+/// sequence's blocks (`tables[r * maxb..]`, padded with block 0) and writes its token's K/V at
+/// `slots[r]`.
 pub struct PagedMeta {
     pub(crate) tables: Vec<u32>,
     pub(crate) maxb: usize,
@@ -25,34 +26,35 @@ pub struct PagedMeta {
 }
 
 impl PagedMeta {
-    /// The step that appends one token to each of `tables` (room reserved).
+    /// One row per new token: `rows[i]` = (its sequence's table, its position). The row writes
+    /// its K/V at that position and attends to positions 0..=it of its table, so a prefill
+    /// chunk's tokens are rows of one batch beside the decodes (room reserved first).
     pub fn new(
         cache: &PagedKvCache,
-        tables: &[&BlockTable],
+        rows: &[(&BlockTable, usize)],
         device: &candle_core::Device,
     ) -> Result<Self> {
         let bs = cache.block_size();
-        let maxb = tables
+        let maxb = rows
             .iter()
-            .map(|t| (t.len + 1).div_ceil(bs))
+            .map(|(_, p)| (p + 1).div_ceil(bs))
             .max()
             .unwrap_or(1)
             .max(1);
-        let mut flat = Vec::with_capacity(tables.len() * maxb);
+        let mut flat = Vec::with_capacity(rows.len() * maxb);
         let (mut lens, mut slots) = (vec![], vec![]);
-        for t in tables {
-            let used = (t.len + 1).div_ceil(bs);
+        for &(t, pos) in rows {
+            let used = (pos + 1).div_ceil(bs);
             if t.blocks.len() < used {
                 crate::fail!(
-                    "paged step: a table of {} blocks has no room for token {}",
-                    t.blocks.len(),
-                    t.len
+                    "paged step: a table of {} blocks has no room for position {pos}",
+                    t.blocks.len()
                 );
             }
             flat.extend_from_slice(&t.blocks[..used]);
             flat.extend(std::iter::repeat_n(0, maxb - used));
-            lens.push((t.len + 1) as u32);
-            slots.push(t.blocks[t.len / bs] * bs as u32 + (t.len % bs) as u32);
+            lens.push((pos + 1) as u32);
+            slots.push(t.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
         }
         check::paged_tables(&flat, maxb, &lens, &slots, [cache.num_blocks(), bs])?;
         let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);

@@ -2,14 +2,14 @@
 //! sequence its new tokens (one when decoding, a chunk of a prompt or of a recomputed sequence
 //! when prefilling), writes their K/V into the sequence's blocks of a `PagedKvCache` and
 //! returns each sequence's last logits. Three paths compute the same function: the CPU step of
-//! `decode::paged` (f32 on the CPU); for a decode step elsewhere (CUDA), the fused paged ops
-//! over block tables (paged_kernels.rs: kernels/paged_attention.cu); and the composite
-//! reference (any device, any number of new tokens: prefill chunks on CUDA), which runs one
+//! `decode::paged` (f32 on the CPU); elsewhere (CUDA), the fused paged ops over block tables,
+//! every new token a row of one batch, decodes and prefill chunks alike (paged_kernels.rs:
+//! kernels/paged_attention.cu); and the composite reference (any device), which runs one
 //! sequence at a time through a gathered `KvCache` and `forward_cached`'s composite path,
 //! writing the touched blocks back.
 //!
 //! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged_step`,
-//! `paged_kernels_decode` or per-sequence `forward_cached_with(Composite)` -> logits (B, V).
+//! `paged_kernels_step` or per-sequence `forward_cached_with(Composite)` -> logits (B, V).
 
 use crate::cache::KvCache;
 use crate::cached::DecodePath;
@@ -32,7 +32,7 @@ pub(crate) enum PagedPath {
     Cpu,
     /// Per sequence: gather its blocks, the composite cached forward, write back.
     Composite,
-    /// One-token sequences batched through the fused paged ops; longer chunks as `Composite`.
+    /// Every new token a row of one batch through the fused paged ops.
     Kernels,
 }
 
@@ -133,29 +133,9 @@ impl Qwen3 {
                 decode::paged_step(c, &ws, weights, cache, &rows, &ids, &pos)?
             }
             PagedPath::Kernels => {
-                // The one-token sequences through the kernels in one batch; prefill chunks (a
-                // prompt, a recompute) one at a time through the composite path; rows back in
-                // order.
-                let (one, many): (Vec<usize>, Vec<usize>) =
-                    (0..seqs.len()).partition(|&i| seqs[i].tokens.len() == 1);
-                let mut parts = vec![];
-                if !one.is_empty() {
-                    let tables: Vec<&BlockTable> = one.iter().map(|&i| &*seqs[i].table).collect();
-                    let ids: Vec<u32> = one.iter().map(|&i| seqs[i].tokens[0]).collect();
-                    parts.push(self.paged_kernels_decode(cache, &tables, &ids)?);
-                }
-                for &i in &many {
-                    let s = &seqs[i];
-                    parts.push(self.composite_paged(weights, cache, s.table, s.tokens)?);
-                }
-                // Row r of the concatenation is sequence order[r]; invert.
-                let order: Vec<usize> = one.iter().chain(&many).copied().collect();
-                let mut at = vec![0u32; order.len()];
-                for (r, &i) in order.iter().enumerate() {
-                    at[i] = r as u32;
-                }
-                let idx = Tensor::from_vec(at, order.len(), &self.device)?;
-                Tensor::cat(&parts, 0)?.index_select(&idx, 0)? // (B, V)
+                let rows: Vec<(&BlockTable, &[u32])> =
+                    seqs.iter().map(|s| (&*s.table, s.tokens)).collect();
+                self.paged_kernels_step(cache, &rows)?
             }
             PagedPath::Composite => {
                 let rows = seqs

@@ -1,8 +1,9 @@
-//! `forward_paged`'s decode step off the CPU step (CUDA, or any model whose cache is in its
-//! compute dtype): one token per sequence, batched, each layer writing the new K/V into the
-//! sequences' blocks and attending over their block tables through the fused paged ops
-//! (`fused_paged`: kernels/paged_attention.cu on CUDA, kernels.rs' loops on the CPU). The
-//! tables, lengths and write slots are uploaded once per step (`PagedMeta`).
+//! `forward_paged`'s step off the CPU step (CUDA, or any model whose cache is in its compute
+//! dtype): every new token of every sequence is one row of a batch (decodes and prefill chunks
+//! alike), each layer writing the rows' K/V into their blocks and attending over their block
+//! tables through the fused paged ops (`fused_paged`: kernels/paged_attention.cu on CUDA,
+//! kernels.rs' loops on the CPU). The tables, lengths and write slots are uploaded once per
+//! step (`PagedMeta`).
 //!
 //! Data flow: `forward_paged` (`PagedPath::Kernels`) -> here -> `Qwen3::layer` with
 //! `LayerKv::Paged` -> logits (B, V).
@@ -14,28 +15,41 @@ use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{Result, Tensor};
 
 impl Qwen3 {
-    /// One decode step: `ids[i]` fed after `tables[i]`'s tokens (room reserved) -> (B, V).
-    pub(crate) fn paged_kernels_decode(
+    /// One step: each sequence (its table, room reserved) feeds its tokens -> (B, V) logits of
+    /// each one's last token. Every token is a row of the batch (its own position and key range
+    /// over its table), so prefill chunks and decodes run together; within a layer all rows
+    /// write their K/V before any attends, so a chunk's tokens see each other causally.
+    pub(crate) fn paged_kernels_step(
         &self,
         cache: &PagedKvCache,
-        tables: &[&BlockTable],
-        ids: &[u32],
+        seqs: &[(&BlockTable, &[u32])],
     ) -> Result<Tensor> {
         let c = &self.config;
         let dev = &self.device;
-        let b = tables.len();
-        let meta = std::sync::Arc::new(PagedMeta::new(cache, tables, dev)?);
-        let pos: Vec<u32> = tables.iter().map(|t| t.len as u32).collect();
-        let pos = Tensor::from_vec(pos, (b, 1), dev)?;
+        let mut rows = vec![];
+        let (mut ids, mut last) = (vec![], vec![]);
+        for &(t, toks) in seqs {
+            for (j, &id) in toks.iter().enumerate() {
+                rows.push((t, t.len + j));
+                ids.push(id);
+            }
+            last.push((rows.len() - 1) as u32);
+        }
+        let n = rows.len();
+        let meta = std::sync::Arc::new(PagedMeta::new(cache, &rows, dev)?);
+        let pos: Vec<u32> = rows.iter().map(|&(_, p)| p as u32).collect();
+        let pos = Tensor::from_vec(pos, (n, 1), dev)?;
         let (cos, sin) = rope_tables(&pos, c.head_dim, c.rope_theta, self.compute_dtype)?;
-        let mut x = self.embed(&Tensor::from_slice(ids, (b, 1), dev)?, false)?;
+        let mut x = self.embed(&Tensor::from_vec(ids, (n, 1), dev)?, false)?;
         for l in 0..c.num_hidden_layers {
             let (pk, pv) = cache.layer(l);
             let kv = Some(LayerKv::Paged(pk, pv, &meta));
             x = self.layer(l, &x, &cos, &sin, None, kv, false)?;
         }
-        let last = x.squeeze(1)?; // (B, H)
-        let h = rms_norm(&last, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;
+        // Each sequence's last token only: (N, 1, H) -> (B, H).
+        let last = Tensor::from_vec(last, seqs.len(), dev)?;
+        let x = x.squeeze(1)?.index_select(&last, 0)?;
+        let h = rms_norm(&x, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;
         h.matmul(&self.w(self.head_name(), false)?.t()?)?
             .to_dtype(crate::ops::accum_dtype(self.compute_dtype)) // (B, V)
     }

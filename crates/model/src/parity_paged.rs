@@ -29,7 +29,8 @@ fn paged_attention(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
                 crate::fail!("parity: pool too small");
             }
         }
-        let refs: Vec<&BlockTable> = live.iter().map(|&r| &tables[r]).collect();
+        let refs: Vec<(&BlockTable, usize)> =
+            live.iter().map(|&r| (&tables[r], tables[r].len)).collect();
         let meta = PagedMeta::new(&cache, &refs, dev)?;
         let n = live.len();
         paged_kv_write(&pk, &prep(rnd(&[n, hkv, d], 10 + step as u64)?)?, &meta)?;
@@ -44,7 +45,7 @@ fn paged_attention(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
             crate::fail!("parity: pool too small");
         }
     }
-    let refs: Vec<&BlockTable> = tables.iter().collect();
+    let refs: Vec<(&BlockTable, usize)> = tables.iter().map(|t| (t, t.len)).collect();
     let meta = std::sync::Arc::new(PagedMeta::new(&cache, &refs, dev)?);
     paged_kv_write(&pk, &prep(rnd(&[4, hkv, d], 5000)?)?, &meta)?;
     paged_kv_write(&pv, &prep(rnd(&[4, hkv, d], 6000)?)?, &meta)?;
