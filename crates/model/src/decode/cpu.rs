@@ -10,8 +10,8 @@
 //! unmasked slots (`avx512`, else `avx2`), scratch reused. Same math as `Qwen3::layer` (tested).
 
 use super::access::{with_all_mut, KvMut};
-use super::matmul::{matmul_wt, pack_panels, Packed};
 use super::rows::{self as rows, simd_dispatch, CacheRow, RowKv};
+use super::{matmul::matmul_wt, panels::pack_panels, panels::Packed};
 use crate::cache::KvCache;
 use crate::config::Config;
 use candle_core::{CpuStorage, Layout, Result, Storage, StorageRef, Tensor};
@@ -308,7 +308,7 @@ pub(super) fn with_weights<R>(
     // Small models' projections as outer products over weights packed once per snapshot (AVX-512
     // or AVX2): each row's sums then run in one order whatever the batch (a
     // sample's logits are bit-identical with more or fewer rows beside it).
-    let packed = (small && super::matmul::available_packed()).then(|| {
+    let packed = (small && super::panels::available_packed()).then(|| {
         let t = snapshot.packed.get_or_init(|| {
             // The head (2) and each layer's projections.
             let is_proj =

@@ -1,10 +1,12 @@
-//! The CPU decode path of `Qwen3::forward_cached` (`DecodePath::Cpu`), one folder: `cpu.rs`
-//! (the step: projections, norms, RoPE, cache writes, attention, one fork-join per step),
-//! `rows.rs` (row-local loops compiled for AVX2/AVX-512 at run time, the attention dispatch),
-//! `avx2.rs` and `avx512.rs` (the grouped-query attention kernels), `matmul.rs` (the
-//! projections over packed weight panels), `common.rs` (e^x, the cache view). This file is
-//! the dispatcher: which models and caches the path takes, the weights it reads, and the one
-//! CPU-feature detection every kernel asks.
+//! The CPU decode path of `Qwen3::forward_cached` (`DecodePath::Cpu`) and of
+//! `Qwen3::forward_paged`, one folder: `cpu.rs` (the step over the preallocated cache and what
+//! both steps share: weights, scratch, the layer bodies, one fork-join per step), `paged.rs` (the
+//! step over block tables), `access.rs` (in-place cache access), `rows.rs` (row-local loops
+//! compiled for AVX2/AVX-512 at run time, the attention dispatch), `avx2.rs` and `avx512.rs`
+//! (the grouped-query attention kernels), `matmul.rs` (the projections' dispatcher),
+//! `panels.rs` (the projections over packed weight panels), `common.rs` (e^x, the cache views).
+//! This file is the dispatcher: which models and caches the path takes, the weights it reads,
+//! and the one CPU-feature detection every kernel asks.
 
 use crate::config::Config;
 use candle_core::DType;
@@ -17,6 +19,7 @@ mod common;
 mod cpu;
 pub(crate) mod matmul;
 pub(crate) mod paged;
+mod panels;
 mod rows;
 
 pub(crate) use cpu::step;
@@ -29,7 +32,7 @@ pub(crate) use paged::step as paged_step;
 /// make (nothing is packed until a step needs it); other paths ignore it.
 #[derive(Debug, Clone, Default)]
 pub struct DecodeWeights {
-    pub(crate) packed: Arc<OnceLock<Arc<matmul::Packed>>>,
+    pub(crate) packed: Arc<OnceLock<Arc<panels::Packed>>>,
 }
 
 /// The SIMD features the kernels need, detected once per process.
