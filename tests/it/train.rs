@@ -231,6 +231,31 @@ fn bad_input_gives_one_line_errors() {
         .expect_err("kv_cache");
     let msg = format!("{e:#}");
     assert!(msg.contains("kv.toml") && msg.contains("f8"), "{msg}");
+    // The paged cache's settings: a bad block size or budget names the file, key and value.
+    for (toml, want) in [
+        (
+            "[grpo.paging]\nblock_size = 24\n",
+            "grpo.paging.block_size = 24",
+        ),
+        ("[grpo.paging]\nkv_budget = \"lots\"\n", "kv_budget `lots`"),
+        (
+            "[grpo.paging]\nmax_num_seqs = 0\n",
+            "paging.max_num_seqs = 0",
+        ),
+    ] {
+        let e = RunConfig::from_toml(toml, Path::new("kv.toml"))
+            .map(|_| ())
+            .expect_err(toml);
+        let msg = format!("{e:#}");
+        assert!(msg.contains("kv.toml") && msg.contains(want), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+    }
+    let c = RunConfig::from_toml(
+        "[grpo.paging]\nkv_budget = 2.5\nblock_size = 32\n",
+        Path::new("kv.toml"),
+    )
+    .expect("paging");
+    assert_eq!(c.grpo.paging.kv_budget, terse_rollout::KvBudget::Gib(2.5));
     let c = RunConfig::from_toml("[grpo]\nkv_cache = \"f16\"\n", Path::new("kv.toml"));
     assert_eq!(
         c.expect("f16").grpo.kv_cache,

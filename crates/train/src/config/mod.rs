@@ -96,6 +96,9 @@ impl RunConfig {
                 bail!("grpo.dual_clip must be > 1, got {c}");
             }
         }
+        g.paging
+            .validate()
+            .map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
         if !(g.kl_coef >= 0.0 && g.kl_coef.is_finite()) {
             bail!(
                 "grpo.kl_coef must be a finite number >= 0, got {}",
