@@ -77,11 +77,8 @@ pub fn paged(quick: bool, tiny_only: bool) -> Result<Value> {
         let (small_tps, small) = run(KvBudget::Blocks(eighth))?;
         // Prompt storage: a rollout of one token per sample peaks at the prompts' blocks (stored
         // once per prompt) plus each sample's copy of its prompt's partial last block.
-        let (_, prompt_only) = {
-            let t0 = Instant::now();
-            let (s, st) = generate_with_stats(&m, &ps, g, &params(1, KvBudget::Auto), 0, &none)?;
-            (s.len() as f64 / t0.elapsed().as_secs_f64(), st)
-        };
+        let (_, prompt_only) =
+            generate_with_stats(&m, &ps, g, &params(1, KvBudget::Auto), 0, &none)?;
         let per_prompt = 32usize.div_ceil(full.block_size);
         let unshared = np * g * per_prompt * full.block_bytes;
         let gib = |b: usize| b as f64 / GIB;

@@ -33,14 +33,16 @@ impl KvCache {
         device: &Device,
     ) -> Result<Self> {
         let mk = || Tensor::zeros((b, kv_heads, capacity, head_dim), dtype, device);
-        Ok(Self {
-            k: (0..layers).map(|_| mk()).collect::<Result<_>>()?,
-            v: (0..layers).map(|_| mk()).collect::<Result<_>>()?,
-            valid: vec![0; b * capacity],
+        let k = (0..layers).map(|_| mk()).collect::<Result<_>>()?;
+        let v = (0..layers).map(|_| mk()).collect::<Result<_>>()?;
+        Ok(Self::from_parts(
+            k,
+            v,
+            vec![0; b * capacity],
             b,
             capacity,
-            len: 0,
-        })
+            0,
+        ))
     }
 
     /// A cache over given K/V tensors ((B, Hkv, capacity, D) per layer) whose first `len`

@@ -208,23 +208,6 @@ impl PagedKvCache {
         t.len = 0;
     }
 
-    /// Drops the table's tokens past `len` (a Step-GRPO probe's trailing ones are never kept;
-    /// used by tests of the table logic), freeing blocks no longer needed.
-    pub fn truncate(&mut self, t: &mut BlockTable, len: usize) {
-        if len >= t.len {
-            return;
-        }
-        let keep = len.div_ceil(self.block);
-        for b in t.blocks.drain(keep..) {
-            let r = &mut self.refs[b as usize];
-            *r -= 1;
-            if *r == 0 {
-                self.free.push(b);
-            }
-        }
-        t.len = len;
-    }
-
     fn take(&mut self) -> Result<u32> {
         let Some(b) = self.free.pop() else {
             crate::fail!("paged kv cache: no free block");

@@ -118,18 +118,27 @@ impl KvPaging {
     }
 }
 
-/// Bytes of available RAM (`MemAvailable`), when the system says.
-fn ram_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+/// Blocks of `block` tokens a rollout holds with every sequence at full length at once: each
+/// prompt's blocks once (its `g` samples share them) and, per sample, the blocks past the
+/// prompt's full ones (its copy of the prompt's partial last block, then its completion's).
+/// `seqs` gives (prompt tokens, full sequence tokens) per prompt. The rollout caps its pool
+/// here and `xtask plan` reports it.
+pub fn all_at_once_blocks(
+    seqs: impl IntoIterator<Item = (usize, usize)>,
+    g: usize,
+    block: usize,
+) -> usize {
+    seqs.into_iter()
+        .map(|(p, full)| p.div_ceil(block) + g * (full.div_ceil(block) - p / block))
+        .sum()
 }
 
-/// Bytes of RAM in total (`MemTotal`), when the system says.
-fn ram_total() -> Option<u64> {
+/// Bytes of RAM under `key` of /proc/meminfo (`MemAvailable`, `MemTotal`), when the system says.
+fn meminfo(key: &str) -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let line = info
+        .lines()
+        .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
@@ -147,13 +156,13 @@ pub fn pool_blocks(
     let blocks = match budget {
         KvBudget::Blocks(n) => n,
         KvBudget::Gib(g) => bytes(g * f64::from(1u32 << 30)),
-        KvBudget::Fraction(f) => match mem.map(|m| m.1).or_else(ram_total) {
+        KvBudget::Fraction(f) => match mem.map(|m| m.1).or_else(|| meminfo("MemTotal")) {
             Some(total) => bytes(f * total as f64),
             None => worst,
         },
         KvBudget::Auto => match mem {
             Some((free, _)) => bytes(0.8 * free as f64),
-            None => ram_available().map_or(worst, |a| bytes(0.5 * a as f64)),
+            None => meminfo("MemAvailable").map_or(worst, |a| bytes(0.5 * a as f64)),
         },
     };
     blocks.min(worst)
@@ -198,5 +207,17 @@ mod tests {
         }
         .validate()
         .is_err());
+    }
+
+    #[test]
+    fn all_at_once_counts_prompts_once_and_each_samples_own_blocks() {
+        // A 40-token prompt shares its partial block; each sample copies it and adds one.
+        assert_eq!(all_at_once_blocks([(40, 100)], 8, 64), 1 + 8 * 2);
+        // A prompt of whole blocks: no copy, the completion starts a block of its own.
+        assert_eq!(all_at_once_blocks([(64, 128)], 8, 64), 1 + 8);
+        assert_eq!(
+            all_at_once_blocks([(40, 100), (64, 128)], 2, 64),
+            (1 + 4) + (1 + 2)
+        );
     }
 }

@@ -18,7 +18,7 @@
 //! bit for bit the same whether it was decoded token by token or recomputed as a prefill.
 
 use crate::engine::{sample_next, try_exit, GenParams, KvCacheDtype, Next, Prompt, Row, Sample};
-use crate::paging::pool_blocks;
+use crate::paging::{all_at_once_blocks, pool_blocks};
 use crate::sampling::sample_stream;
 use crate::Detokenizer;
 use candle_core::{DType, Result};
@@ -105,11 +105,8 @@ pub(crate) fn run(
         .as_ref()
         .map_or(0, |s| s.induction_ids.len() + s.max_ans_tokens + 2);
     let full = |p: &Prompt| (p.tokens.len() + params.max_new_tokens + extra).min(limit);
-    let worst = prompts
-        .iter()
-        .map(|p| p.tokens.len().div_ceil(bs) + g * (full(p).div_ceil(bs) + 1))
-        .sum::<usize>()
-        + probe_blocks;
+    let seqs = prompts.iter().map(|p| (p.tokens.len(), full(p)));
+    let worst = all_at_once_blocks(seqs, g, bs) + probe_blocks;
     let longest = prompts.iter().map(full).max().unwrap_or(0);
     let one = longest.div_ceil(bs) + 1 + probe_blocks;
     let blocks = pool_blocks(pg.kv_budget, worst, block_bytes, model.device());
@@ -209,7 +206,7 @@ pub(crate) fn run(
             prompts,
             pg,
             probe_blocks,
-        )?;
+        );
         if running.is_empty() {
             // Nothing fits beside the cached prefixes of waiting prompts: give one back.
             evict_prefix(&mut prefixes, &mut cache)?;
@@ -315,7 +312,7 @@ fn admit(
     prompts: &[Prompt],
     pg: &crate::paging::KvPaging,
     probe_blocks: usize,
-) -> Result<()> {
+) {
     let mut i = 0;
     while i < waiting.len() && running.len() < pg.max_num_seqs {
         let s = waiting[i];
@@ -358,7 +355,6 @@ fn admit(
         running.push(s);
         waiting.remove(i);
     }
-    Ok(())
 }
 
 /// Frees sequence v's blocks and puts it at the front of the queue, to be recomputed.

@@ -189,10 +189,14 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
     let per_token =
         2 * (c.num_hidden_layers * c.num_key_value_heads * c.head_dim) as u64 * kv_value;
     let block = g.paging.block_size as u64;
-    let blocks = |tokens: u64| tokens.div_ceil(block);
     let pt = t.prompt_tokens as u64;
-    let worst = prompts * blocks(pt) + rows * (blocks(g.max_new_tokens as u64) + 1);
-    let one = blocks(pt + g.max_new_tokens as u64) + 1;
+    let full = pt + g.max_new_tokens as u64;
+    let worst = terse_rollout::paging::all_at_once_blocks(
+        std::iter::repeat_n((pt as usize, full as usize), prompts as usize),
+        g.group_size,
+        g.paging.block_size,
+    ) as u64;
+    let one = full.div_ceil(block) + 1;
     let block_bytes = block * per_token;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let budget = match g.paging.kv_budget {
