@@ -114,6 +114,46 @@ impl TcpGroup {
         })
     }
 
+    /// Runs `f` on every rank of a fresh loopback group of `world` ranks, one thread each (tests,
+    /// and CPU runs inside one process); results by rank, a rank that panicked as an error.
+    pub fn on_threads<R, F>(world: usize, timeout: Duration, f: F) -> Vec<Result<R>>
+    where
+        R: Send + 'static,
+        F: Fn(TcpGroup) -> Result<R> + Send + Sync + 'static,
+    {
+        let f = std::sync::Arc::new(f);
+        let bound = TcpListener::bind("127.0.0.1:0").and_then(|l| Ok((l.local_addr()?, l)));
+        let (addr, listener) = match bound {
+            Ok(b) => b,
+            Err(e) => {
+                return (0..world)
+                    .map(|_| Err(anyhow::anyhow!("binding a loopback port: {e}")))
+                    .collect()
+            }
+        };
+        let mut listener = Some(listener);
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let (f, l) = (std::sync::Arc::clone(&f), listener.take());
+                std::thread::spawn(move || {
+                    let g = match l {
+                        Some(l) => TcpGroup::root(l, world, timeout)?,
+                        None => TcpGroup::join(addr, r, world, timeout)?,
+                    };
+                    f(g)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {r} panicked")))
+            })
+            .collect()
+    }
+
     /// The stream to rank `r` (on rank 0), or to rank 0 (elsewhere).
     fn stream(&mut self, r: usize) -> &mut TcpStream {
         let i = if self.rank == 0 { r - 1 } else { 0 };
@@ -282,22 +322,7 @@ mod tests {
         world: usize,
         f: fn(&mut dyn Collective) -> Result<R>,
     ) -> Vec<Result<R>> {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let mut handles = vec![std::thread::spawn(move || {
-            let mut g = TcpGroup::root(listener, world, T)?;
-            f(&mut g)
-        })];
-        for r in 1..world {
-            handles.push(std::thread::spawn(move || {
-                let mut g = TcpGroup::join(addr, r, world, T)?;
-                f(&mut g)
-            }));
-        }
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("thread"))
-            .collect()
+        TcpGroup::on_threads(world, T, move |mut g| f(&mut g))
     }
 
     fn data(rank: usize, n: usize) -> Vec<f32> {

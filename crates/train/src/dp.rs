@@ -131,29 +131,17 @@ mod tests {
     fn ranks_summing_their_shares_equal_one_process() {
         let whole = grads_of(&model(), &seqs());
         for world in [2usize, 4] {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            let addr = listener.local_addr().expect("addr");
-            let mut listener = Some(listener);
-            let handles: Vec<_> = (0..world)
-                .map(|r| {
-                    let l = listener.take();
-                    std::thread::spawn(move || -> Result<Grads> {
-                        let t = Duration::from_secs(20);
-                        let mut g = match l {
-                            Some(l) => TcpGroup::root(l, world, t)?,
-                            None => TcpGroup::join(addr, r, world, t)?,
-                        };
-                        let m = model();
-                        // Rank r's share: every world-th sequence from r.
-                        let mine: Vec<Seq> = seqs().into_iter().skip(r).step_by(world).collect();
-                        let mut grads = grads_of(&m, &mine);
-                        all_reduce_grads(&mut g, m.vars(), &mut grads)?;
-                        Ok(grads)
-                    })
-                })
-                .collect();
-            for (r, h) in handles.into_iter().enumerate() {
-                let got = h.join().expect("thread").expect("rank");
+            let out = TcpGroup::on_threads(world, Duration::from_secs(20), move |mut g| {
+                let m = model();
+                // Rank r's share: every world-th sequence from r.
+                let r = g.rank();
+                let mine: Vec<Seq> = seqs().into_iter().skip(r).step_by(world).collect();
+                let mut grads = grads_of(&m, &mine);
+                all_reduce_grads(&mut g, m.vars(), &mut grads)?;
+                Ok(grads)
+            });
+            for (r, got) in out.into_iter().enumerate() {
+                let got = got.expect("rank");
                 for (k, a) in &whole {
                     let d = relative_diff(a, &got[k]).expect("diff");
                     assert!(d < 1e-6, "world {world} rank {r}: {k} differs by {d}");
@@ -165,52 +153,36 @@ mod tests {
     /// Runs `steps` GRPO steps of the testbed fixture on `world` ranks (threads); returns rank
     /// 0's reports and final weights (after checking every rank ended with the same weights).
     fn grpo_run(world: usize, steps: usize) -> (Vec<crate::StepReport>, BTreeMap<String, Tensor>) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let mut listener = Some(listener);
-        let handles: Vec<_> = (0..world)
-            .map(|r| {
-                let l = listener.take();
-                std::thread::spawn(move || -> Result<_> {
-                    let mut cfg = crate::RunConfig::default();
-                    cfg.model.path = concat!(
-                        env!("CARGO_MANIFEST_DIR"),
-                        "/../../tests/fixtures/testbed-sft"
-                    )
-                    .into();
-                    cfg.model.init = crate::config::Init::Checkpoint;
-                    cfg.sft.steps = 0;
-                    (
-                        cfg.grpo.prompts_per_step,
-                        cfg.grpo.group_size,
-                        cfg.grpo.max_new_tokens,
-                    ) = (4, 4, 32);
-                    cfg.grpo.dynamic_sampling =
-                        Some(crate::config::DynamicSampling { max_rounds: 2 });
-                    cfg.reward = toml::from_str("[shaper]\nmethod = \"short_rl\"\ntau_len = 2\n")?;
-                    let mut shaper = terse_reward::BuiltinShaper {
-                        config: cfg.reward.clone(),
-                        state: Default::default(),
-                    };
-                    let mut t = crate::GrpoTrainer::from_config(cfg, None)?;
-                    if world > 1 {
-                        let timeout = Duration::from_secs(60);
-                        t.collective = Some(match l {
-                            Some(l) => Box::new(TcpGroup::root(l, world, timeout)?),
-                            None => Box::new(TcpGroup::join(addr, r, world, timeout)?),
-                        });
-                    }
-                    let reports = (0..steps)
-                        .map(|_| t.step(&mut shaper))
-                        .collect::<anyhow::Result<Vec<_>>>()?;
-                    Ok((reports, t.policy.tensors()))
-                })
-            })
-            .collect();
-        let mut out: Vec<_> = handles
-            .into_iter()
-            .map(|h| h.join().expect("thread").expect("rank"))
-            .collect();
+        let out = TcpGroup::on_threads(world, Duration::from_secs(60), move |g| {
+            let mut cfg = crate::RunConfig::default();
+            cfg.model.path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../tests/fixtures/testbed-sft"
+            )
+            .into();
+            cfg.model.init = crate::config::Init::Checkpoint;
+            cfg.sft.steps = 0;
+            (
+                cfg.grpo.prompts_per_step,
+                cfg.grpo.group_size,
+                cfg.grpo.max_new_tokens,
+            ) = (4, 4, 32);
+            cfg.grpo.dynamic_sampling = Some(crate::config::DynamicSampling { max_rounds: 2 });
+            cfg.reward = toml::from_str("[shaper]\nmethod = \"short_rl\"\ntau_len = 2\n")?;
+            let mut shaper = terse_reward::BuiltinShaper {
+                config: cfg.reward.clone(),
+                state: Default::default(),
+            };
+            let mut t = crate::GrpoTrainer::from_config(cfg, None)?;
+            if world > 1 {
+                t.collective = Some(Box::new(g));
+            }
+            let reports = (0..steps)
+                .map(|_| t.step(&mut shaper))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Ok((reports, t.policy.tensors()))
+        });
+        let mut out: Vec<_> = out.into_iter().map(|r| r.expect("rank")).collect();
         for (r, (_, w)) in out.iter().enumerate().skip(1) {
             for (k, a) in &out[0].1 {
                 let d = (a - &w[k])

@@ -284,43 +284,29 @@ mod tests {
             clip_grad_norm(&mut sum, 0.5).expect("clip");
             opt.step(&full, &sum, 1e-2).expect("step");
         }
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let mut listener = Some(listener);
-        let handles: Vec<_> = (0..2)
-            .map(|r| {
-                let l = listener.take();
-                let cfg = cfg.clone();
-                std::thread::spawn(move || -> Result<(BTreeMap<String, Tensor>, usize)> {
-                    let t = Duration::from_secs(20);
-                    let mut c = match l {
-                        Some(l) => TcpGroup::root(l, 2, t)?,
-                        None => TcpGroup::join(addr, r, 2, t)?,
-                    };
-                    let p = params();
-                    let mut opt = AdamW::new(cfg, &p)?;
-                    for step in 0..3 {
-                        sharded_step(
-                            &mut c,
-                            &p,
-                            &mut opt,
-                            &grads(&p, r, 2, step),
-                            0.5,
-                            1e-2,
-                            true,
-                        )?;
-                    }
-                    let w = p
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-                        .collect();
-                    Ok((w, opt.num_params()))
-                })
-            })
-            .collect();
+        let out = TcpGroup::on_threads(2, Duration::from_secs(20), move |mut c| {
+            let (r, p) = (c.rank(), params());
+            let mut opt = AdamW::new(cfg.clone(), &p)?;
+            for step in 0..3 {
+                sharded_step(
+                    &mut c,
+                    &p,
+                    &mut opt,
+                    &grads(&p, r, 2, step),
+                    0.5,
+                    1e-2,
+                    true,
+                )?;
+            }
+            let w: BTreeMap<String, Tensor> = p
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+                .collect();
+            Ok((w, opt.num_params()))
+        });
         let mut states = 0;
-        for h in handles {
-            let (w, n) = h.join().expect("thread").expect("rank");
+        for o in out {
+            let (w, n) = o.expect("rank");
             states += n;
             for (k, v) in &full {
                 let d = terse_model::testing::relative_diff(v.as_tensor(), &w[k]).expect("diff");
@@ -342,56 +328,40 @@ mod tests {
         load: Option<&Path>,
         save: &Path,
     ) -> Result<BTreeMap<String, Tensor>> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
-        let mut listener = Some(listener);
-        let handles: Vec<_> = (0..world)
-            .map(|r| {
-                let l = listener.take();
-                let (start, load, save) = (
-                    start.cloned(),
-                    load.map(Path::to_path_buf),
-                    save.to_path_buf(),
-                );
-                std::thread::spawn(move || -> Result<BTreeMap<String, Tensor>> {
-                    let t = Duration::from_secs(20);
-                    let mut c = match l {
-                        Some(l) => TcpGroup::root(l, world, t)?,
-                        None => TcpGroup::join(addr, r, world, t)?,
-                    };
-                    let p = params();
-                    if let Some(w) = &start {
-                        for (k, v) in &p {
-                            v.set(&w[k])?;
-                        }
-                    }
-                    let cfg = AdamWConfig::default();
-                    let mut opt = match &load {
-                        Some(d) => load_shards(d, cfg, &p, r, world)?,
-                        None => AdamW::new(cfg, &p)?,
-                    };
-                    for step in from..to {
-                        let g = grads(&p, 0, 1, step);
-                        let g = if r == 0 {
-                            g
-                        } else {
-                            g.into_iter()
-                                .map(|(k, t)| (k, t.zeros_like().expect("z")))
-                                .collect()
-                        };
-                        sharded_step(&mut c, &p, &mut opt, &g, 0.5, 1e-2, true)?;
-                    }
-                    save_shard(&save, &opt, r, world)?;
-                    Ok(p.iter()
-                        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-                        .collect())
-                })
-            })
-            .collect();
-        let out: Vec<_> = handles
-            .into_iter()
-            .map(|h| h.join().expect("thread"))
-            .collect::<Result<_>>()?;
+        let (start, load, save) = (
+            start.cloned(),
+            load.map(Path::to_path_buf),
+            save.to_path_buf(),
+        );
+        let out = TcpGroup::on_threads(world, Duration::from_secs(20), move |mut c| {
+            let (r, p) = (c.rank(), params());
+            if let Some(w) = &start {
+                for (k, v) in &p {
+                    v.set(&w[k])?;
+                }
+            }
+            let cfg = AdamWConfig::default();
+            let mut opt = match &load {
+                Some(d) => load_shards(d, cfg, &p, r, world)?,
+                None => AdamW::new(cfg, &p)?,
+            };
+            for step in from..to {
+                let g = grads(&p, 0, 1, step);
+                let g = if r == 0 {
+                    g
+                } else {
+                    g.into_iter()
+                        .map(|(k, t)| (k, t.zeros_like().expect("z")))
+                        .collect()
+                };
+                sharded_step(&mut c, &p, &mut opt, &g, 0.5, 1e-2, true)?;
+            }
+            save_shard(&save, &opt, r, world)?;
+            Ok(p.iter()
+                .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+                .collect::<BTreeMap<_, _>>())
+        });
+        let out: Vec<_> = out.into_iter().collect::<Result<_>>()?;
         for w in &out[1..] {
             for (k, a) in &out[0] {
                 assert_eq!(
