@@ -29,6 +29,49 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
     return __float2bfloat16(x);
 }
 
+// The online-softmax state of one warp in a single-query decode attention (kv_cache.cu,
+// paged_attention.cu): the query row, pre-scaled, and the output accumulators, D / 32 per lane
+// (D <= TERSE_DECODE_MAX_HEAD_DIM), with the running max m and sum s.
+struct DecodeState {
+    float qv[TERSE_DECODE_MAX_HEAD_DIM / 32];
+    float acc[TERSE_DECODE_MAX_HEAD_DIM / 32];
+    float m, s;
+};
+
+template <typename T>
+__device__ void decode_start(DecodeState& st, const T* qr, float scale, int d) {
+    int lane = threadIdx.x % 32;
+    for (int j = 0; j < TERSE_DECODE_MAX_HEAD_DIM / 32; j++) {
+        int i = lane + 32 * j;
+        st.acc[j] = 0.f;
+        st.qv[j] = i < d ? to_f(qr[i]) * scale : 0.f;
+    }
+    st.m = -INFINITY;
+    st.s = 0.f;
+}
+
+// One slot: the warp's dot product of q with the key row kr, then the running max and sum
+// updated, the accumulators rescaled and the value row vr added with weight e^(dot - max).
+template <typename T>
+__device__ void decode_slot(DecodeState& st, const T* kr, const T* vr, int d) {
+    int lane = threadIdx.x % 32;
+    const int per = TERSE_DECODE_MAX_HEAD_DIM / 32;
+    float dot = 0.f;
+    for (int j = 0; j < per; j++) {
+        int i = lane + 32 * j;
+        if (i < d) dot += st.qv[j] * to_f(kr[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
+    float mn = fmaxf(st.m, dot);
+    float corr = __expf(st.m - mn), p = __expf(dot - mn);
+    st.s = st.s * corr + p;
+    for (int j = 0; j < per; j++) {
+        int i = lane + 32 * j;
+        if (i < d) st.acc[j] = st.acc[j] * corr + p * to_f(vr[i]);
+    }
+    st.m = mn;
+}
+
 // The end of a single-query decode attention (kv_cache.cu, paged_attention.cu): one block of
 // 32 * TERSE_DECODE_WARPS threads per (row, query head), each warp holding an online-softmax
 // state (running max m, sum s, and its lanes' D / 32 output accumulators acc) over its subset

@@ -22,42 +22,19 @@ __device__ void kv_write(const T* src, T* cache, int b, int hkv, int cap, int d,
 // with an online softmax (running max and sum, f32), then the warps' partial states merge.
 // D <= 256 (Qwen3 uses 128): each lane keeps D / 32 output accumulators.
 #define WARPS TERSE_DECODE_WARPS
-#define MAXD TERSE_DECODE_MAX_HEAD_DIM
 template <typename T>
 __device__ void decode_attention(const T* q, const T* kc, const T* vc, const uint8_t* valid,
                                  T* out, int hq, int hkv, int cap, int len, int d, float scale) {
     int b = blockIdx.x / hq, h = blockIdx.x % hq, g = h / (hq / hkv);
-    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-    const T* qr = q + ((size_t)b * hq + h) * d;
+    int w = threadIdx.x / 32;
     const T* kb = kc + ((size_t)b * hkv + g) * cap * d;
     const T* vb = vc + ((size_t)b * hkv + g) * cap * d;
-    const int per = MAXD / 32;
-    float acc[per];
-    float qv[per];
-    for (int j = 0; j < per; j++) {
-        int i = lane + 32 * j;
-        acc[j] = 0.f;
-        qv[j] = i < d ? to_f(qr[i]) * scale : 0.f;
-    }
-    float m = -INFINITY, s = 0.f;
+    DecodeState st;
+    decode_start(st, q + ((size_t)b * hq + h) * d, scale, d);
     for (int t = w; t < len; t += WARPS) {
-        if (!valid[(size_t)b * cap + t]) continue;
-        float dot = 0.f;
-        for (int j = 0; j < per; j++) {
-            int i = lane + 32 * j;
-            if (i < d) dot += qv[j] * to_f(kb[(size_t)t * d + i]);
-        }
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
-        float mn = fmaxf(m, dot);
-        float corr = __expf(m - mn), p = __expf(dot - mn);
-        s = s * corr + p;
-        for (int j = 0; j < per; j++) {
-            int i = lane + 32 * j;
-            if (i < d) acc[j] = acc[j] * corr + p * to_f(vb[(size_t)t * d + i]);
-        }
-        m = mn;
+        if (valid[(size_t)b * cap + t]) decode_slot(st, kb + (size_t)t * d, vb + (size_t)t * d, d);
     }
-    decode_merge_write<T>(m, s, acc, out + ((size_t)b * hq + h) * d, d);
+    decode_merge_write<T>(st.m, st.s, st.acc, out + ((size_t)b * hq + h) * d, d);
 }
 
 #define INSTANTIATE(T, S)                                                                      \

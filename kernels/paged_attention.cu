@@ -3,8 +3,9 @@
 // holds each sequence's block ids in order; `lens` (B) i32 the slots each attends (its tokens,
 // the new one included); `slots` (B) i32 where each new token goes (block id * BS + offset).
 // No padding exists: every slot below a sequence's length holds a token. Grouped KV heads are
-// read in place (query head hq uses KV head hq / (Hq / Hkv)). The walk over slots and the
-// warps' merge are kv_cache.cu's decode_attention with the slot address looked up in the table.
+// read in place (query head hq uses KV head hq / (Hq / Hkv)). The per-slot online softmax and
+// the warps' merge are common.cuh's (as kv_cache.cu's); only the slot's address differs: it is
+// looked up in the table.
 // CPU reference: terse_model::kernels::paged_{kv_write,decode_attention}.
 #include "common.cuh"
 #include <math.h>
@@ -23,7 +24,6 @@ __device__ void paged_kv_write(const T* src, T* pool, const int* slots, int b, i
 }
 
 #define WARPS TERSE_DECODE_WARPS
-#define MAXD TERSE_DECODE_MAX_HEAD_DIM
 // q (B, Hq, D) over the first lens[b] slots of sequence b's blocks -> out (B, Hq, D).
 // One block of 32 * WARPS threads per (b, hq); each warp walks a strided subset of the slots.
 template <typename T>
@@ -31,37 +31,16 @@ __device__ void paged_decode_attention(const T* q, const T* kp, const T* vp, con
                                        const int* lens, T* out, int hq, int hkv, int bs,
                                        int maxb, int d, float scale) {
     int b = blockIdx.x / hq, h = blockIdx.x % hq, g = h / (hq / hkv);
-    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-    const T* qr = q + ((size_t)b * hq + h) * d;
+    int w = threadIdx.x / 32;
     const int* table = tables + (size_t)b * maxb;
     int len = lens[b];
-    const int per = MAXD / 32;
-    float acc[per];
-    float qv[per];
-    for (int j = 0; j < per; j++) {
-        int i = lane + 32 * j;
-        acc[j] = 0.f;
-        qv[j] = i < d ? to_f(qr[i]) * scale : 0.f;
-    }
-    float m = -INFINITY, s = 0.f;
+    DecodeState st;
+    decode_start(st, q + ((size_t)b * hq + h) * d, scale, d);
     for (int t = w; t < len; t += WARPS) {
         size_t at = (((size_t)table[t / bs] * hkv + g) * bs + t % bs) * d;
-        float dot = 0.f;
-        for (int j = 0; j < per; j++) {
-            int i = lane + 32 * j;
-            if (i < d) dot += qv[j] * to_f(kp[at + i]);
-        }
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
-        float mn = fmaxf(m, dot);
-        float corr = __expf(m - mn), p = __expf(dot - mn);
-        s = s * corr + p;
-        for (int j = 0; j < per; j++) {
-            int i = lane + 32 * j;
-            if (i < d) acc[j] = acc[j] * corr + p * to_f(vp[at + i]);
-        }
-        m = mn;
+        decode_slot(st, kp + at, vp + at, d);
     }
-    decode_merge_write<T>(m, s, acc, out + ((size_t)b * hq + h) * d, d);
+    decode_merge_write<T>(st.m, st.s, st.acc, out + ((size_t)b * hq + h) * d, d);
 }
 
 #define INSTANTIATE(T, S)                                                                      \
