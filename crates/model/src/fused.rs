@@ -436,10 +436,10 @@ impl InplaceOp2 for KvWrite {
                 l1.shape()
             );
         }
-        let src = f32s(s2, l2, "kv src")?.to_vec();
+        let src = f32s(s2, l2, "kv src")?;
         match (s1, l1.is_contiguous() && l1.start_offset() == 0) {
             (CpuStorage::F32(c), true) => {
-                cpu::kv_write(&src, c, [b, hkv, d], cap, self.slot);
+                cpu::kv_write(src, c, [b, hkv, d], cap, self.slot);
                 Ok(())
             }
             _ => crate::fail!("kv write: the cache must be a contiguous f32 tensor"),

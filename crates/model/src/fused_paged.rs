@@ -112,10 +112,10 @@ impl InplaceOp2 for PagedKvWrite<'_> {
         l2: &Layout,
     ) -> Result<()> {
         let (_, hkv, bs, d) = l1.shape().dims4()?;
-        let src = crate::fused::f32s(s2, l2, "paged kv src")?.to_vec();
+        let src = crate::fused::f32s(s2, l2, "paged kv src")?;
         match (s1, l1.is_contiguous() && l1.start_offset() == 0) {
             (CpuStorage::F32(p), true) => {
-                crate::kernels::paged_kv_write(&src, p, &self.meta.slots, hkv, bs, d);
+                crate::kernels::paged_kv_write(src, p, &self.meta.slots, hkv, bs, d);
                 Ok(())
             }
             _ => crate::fail!("paged kv write: the pool must be a contiguous f32 tensor"),
