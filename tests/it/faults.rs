@@ -225,6 +225,19 @@ fn item14_every_float_key_rejects_non_finite_values() {
 }
 
 #[test]
+fn testbed_keys_out_of_range_are_refused_naming_the_key() {
+    for (toml, want) in [
+        ("[data]\nhard_rate = 1.5\n", "data.hard_rate = 1.5"),
+        ("[data]\nrecheck_prob = -0.1\n", "data.recheck_prob = -0.1"),
+        ("[data]\ntestbed = \"v3\"\n", "v3"),
+    ] {
+        let e = RunConfig::from_toml(toml, Path::new("f.toml")).expect_err(want);
+        let msg = format!("{e:#}");
+        assert!(msg.contains(want) && !msg.contains('\n'), "{want}: {msg}");
+    }
+}
+
+#[test]
 fn item15_non_finite_weights_are_refused_and_the_stop_names_the_checkpoint() {
     let root = crate::scratch("fault-nan");
     let bad = root.join("nan-model");

@@ -140,13 +140,16 @@ fn testbed_recipe_is_committed_loads_and_covers_every_trace() {
     let tok =
         tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizers loads it");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    for level in 1..=MAX_LEVEL {
+    let v2 = Teacher {
+        version: terse_tasks::testbed::Version::V2,
+        recheck_prob: 0.5,
+        hard_rate: 0.1,
+        ..Teacher::default()
+    };
+    for (level, teacher) in (1..=MAX_LEVEL).flat_map(|l| [(l, Teacher::default()), (l, v2.clone())])
+    {
         let p = Problem::generate(level, 7);
-        let text = format!(
-            "{} {}",
-            p.prompt(),
-            Teacher::default().trace(&p, &mut rng).0
-        );
+        let text = format!("{} {}", p.prompt(), teacher.trace(&p, &mut rng).text);
         let enc = tok.encode(text.as_str(), false).expect("encode");
         assert!(!enc.get_ids().contains(&1), "unknown token in {text}");
         assert_eq!(enc.get_ids().len(), text.split_whitespace().count());
@@ -154,4 +157,76 @@ fn testbed_recipe_is_committed_loads_and_covers_every_trace() {
         let back = tok.decode(enc.get_ids(), false).expect("decode");
         assert_eq!(back, text);
     }
+}
+
+#[test]
+fn testbed_v2_problems_are_the_same_for_sft_training_and_evaluation_and_harder_by_level() {
+    use terse_tasks::testbed::{Version, HARD_OPERANDS};
+    use terse_train::config::DataSection;
+    let data = DataSection {
+        testbed: Version::V2,
+        recheck_prob: 0.3,
+        hard_rate: 0.08,
+        ..DataSection::default()
+    };
+    let task = terse_train::task::Task::new(&data, &fixture("testbed-v2-sft"), 0).expect("task");
+    let operands = |prompt: &str| -> Vec<u8> {
+        let expr = prompt
+            .split(" user ")
+            .nth(1)
+            .expect("user")
+            .split(" mod")
+            .next()
+            .expect("mod");
+        expr.split(" + ")
+            .skip(1)
+            .map(|d| d.parse().expect("operand"))
+            .collect()
+    };
+    let mut hard_by_level = [0usize; 7];
+    for (level, items) in task.eval_items(40).expect("eval items") {
+        for it in items {
+            let ops = operands(&it.prompt);
+            assert_eq!(ops.len(), level, "{}", it.prompt);
+            hard_by_level[level] += ops.iter().filter(|d| HARD_OPERANDS.contains(d)).count();
+        }
+    }
+    assert_eq!(hard_by_level[1] + hard_by_level[2], 0, "{hard_by_level:?}");
+    assert!(
+        hard_by_level[3] > 0 && hard_by_level[3] < hard_by_level[6],
+        "{hard_by_level:?}"
+    );
+    // SFT draws its problems from the same distribution as the GRPO steps (the teacher's).
+    let teacher = data.teacher();
+    let sft_hard: usize = (0..600)
+        .map(|i| {
+            let (p, trace) = terse_train::data::sft_example(0, i, &data.levels, &teacher);
+            assert!(trace.ends_with("</answer> <|im_end|>"));
+            p.ops
+                .iter()
+                .filter(|o| HARD_OPERANDS.contains(&o.1))
+                .count()
+        })
+        .sum();
+    let train_hard: usize = (0..600)
+        .map(|i| {
+            let it = task.train_item(i).expect("item");
+            operands(&it.prompt)
+                .iter()
+                .filter(|d| HARD_OPERANDS.contains(d))
+                .count()
+        })
+        .sum();
+    assert!(
+        sft_hard > 100 && train_hard > 100,
+        "{sft_hard} {train_hard}"
+    );
+    // v1 (the default of an unset key) never has a hard operation.
+    let v1 = terse_train::task::Task::new(&DataSection::default(), &fixture("testbed-sft"), 0)
+        .expect("v1");
+    assert!(
+        (0..300).all(|i| operands(&v1.train_item(i).expect("item").prompt)
+            .iter()
+            .all(|d| !HARD_OPERANDS.contains(d)))
+    );
 }

@@ -21,6 +21,10 @@ fn terse_steps(attention: AttentionKind, packing: bool, steps: usize) -> Result<
     let mut cfg = RunConfig::from_file(Path::new("configs/default.toml"))?;
     cfg.model.path = "tests/fixtures/testbed-sft".into();
     cfg.model.init = Init::Checkpoint;
+    // The bench's fixed shape (the TRL script's too): testbed v1, the fixture's task, 8 x G 8.
+    cfg.data = terse_train::config::DataSection::default();
+    cfg.grpo.prompts_per_step = 8;
+    cfg.grpo.group_size = 8;
     cfg.model.attention = attention;
     cfg.grpo.packing = packing;
     cfg.sft.steps = 0;

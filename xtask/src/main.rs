@@ -15,6 +15,7 @@ mod gpu_bench;
 mod gpu_long;
 mod mem;
 mod methods;
+mod overthink;
 mod process;
 mod repro;
 mod summary;
@@ -194,30 +195,36 @@ fn train(config: &str) -> anyhow::Result<ExitCode> {
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     let s = terse_train::train(&cfg)?;
     println!("\nrun: {}", s.dir.display());
-    println!("| level | pass@1 before | pass@1 after | tokens before | tokens after |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| level | pass@1 before | pass@1 after | tokens before | tokens after | re-checks before | re-checks after |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let fmt =
+        |x: Option<f64>, digits: usize| x.map_or("-".to_string(), |v| format!("{v:.digits$}"));
     for (i, a) in s.after.by_level.iter().enumerate() {
         let b = s.before.as_ref().map(|b| &b.by_level[i]);
-        let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
         println!(
-            "| {} | {} | {:.3} | {} | {:.1} |",
+            "| {} | {} | {:.3} | {} | {:.1} | {} | {:.2} |",
             a.level,
-            fmt(b.map(|b| b.pass1)),
+            fmt(b.map(|b| b.pass1), 3),
             a.pass1,
-            fmt(b.map(|b| b.len_mean)),
-            a.len_mean
+            fmt(b.map(|b| b.len_mean), 1),
+            a.len_mean,
+            fmt(b.map(|b| b.reflections_mean), 2),
+            a.reflections_mean
         );
     }
+    let mean_refl = |r: &terse_train::eval::EvalReport| {
+        r.by_level.iter().map(|l| l.reflections_mean).sum::<f64>() / r.by_level.len().max(1) as f64
+    };
     println!(
-        "| all | {} | {:.3} | {} | {:.1} |",
-        s.before
-            .as_ref()
-            .map_or("-".into(), |b| format!("{:.3}", b.accuracy)),
+        "| all | {} | {:.3} | {} | {:.1} | {} | {:.2} |",
+        fmt(s.before.as_ref().map(|b| b.accuracy), 3),
         s.after.accuracy,
-        s.before
-            .as_ref()
-            .map_or("-".into(), |b| format!("{:.1}", b.len_mean)),
-        s.after.len_mean
+        fmt(s.before.as_ref().map(|b| b.len_mean), 1),
+        s.after.len_mean,
+        fmt(s.before.as_ref().map(mean_refl), 2),
+        mean_refl(&s.after)
     );
     println!(
         "\nrollout length: first step {:.1}, last step {:.1}, averaged by steps {:.1}",

@@ -7,7 +7,8 @@ use crate::methods::METHODS;
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use terse_train::plot::{line_chart, Series};
+use terse_train::eval::EvalReport;
+use terse_train::plot::{band_chart, line_chart, Band, Series};
 use terse_train::report::{read_evals, read_steps, EvalLine};
 
 /// pass@1 by level, the mean over levels, and eval tokens.
@@ -30,6 +31,9 @@ struct RunResult {
     gamma: Option<f64>,
     len_curve: Vec<f64>,
     acc_curve: Vec<f64>,
+    /// The first (step 0) and the last evaluation, whole.
+    first_eval: Option<EvalReport>,
+    last_eval: EvalReport,
 }
 
 fn levels_of(e: &EvalLine) -> Vec<(usize, f64)> {
@@ -69,6 +73,8 @@ fn read_run(dir: &Path) -> Result<RunResult> {
         gamma: (!gammas.is_empty()).then(|| gammas.iter().sum::<f64>() / gammas.len() as f64),
         acc_curve: grpo.iter().map(|l| l.accuracy).collect(),
         len_curve,
+        first_eval: evals.iter().find(|e| e.step == 0).map(|e| e.report.clone()),
+        last_eval: last.report.clone(),
     })
 }
 
@@ -85,17 +91,39 @@ fn cell(xs: &[f64], digits: usize) -> String {
 
 /// Per-step mean over seeds, then a trailing moving average over 5 steps.
 fn curve(runs: &[RunResult], pick: impl Fn(&RunResult) -> &Vec<f64>) -> Series {
-    let steps = runs.iter().map(|r| pick(r).len()).min().unwrap_or(0);
-    let mean: Vec<f64> = (0..steps)
-        .map(|i| runs.iter().map(|r| pick(r)[i]).sum::<f64>() / runs.len() as f64)
-        .collect();
-    (0..steps)
-        .map(|i| {
-            let w = &mean[i.saturating_sub(4)..=i];
-            (i as f64, w.iter().sum::<f64>() / w.len() as f64)
-        })
-        .collect()
+    curve_band(runs, pick).0
 }
+
+/// [`curve`] and its 95 % band: each seed's curve is smoothed (5 steps) first, then the t
+/// interval of the mean over seeds is taken step by step (no band with one seed).
+fn curve_band(runs: &[RunResult], pick: impl Fn(&RunResult) -> &Vec<f64>) -> (Series, Band) {
+    let steps = runs.iter().map(|r| pick(r).len()).min().unwrap_or(0);
+    let smooth = |c: &Vec<f64>, i: usize| {
+        let w = &c[i.saturating_sub(4)..=i];
+        w.iter().sum::<f64>() / w.len() as f64
+    };
+    let mut series = vec![];
+    let mut band = vec![];
+    for i in 0..steps {
+        let at: Vec<f64> = runs.iter().map(|r| smooth(pick(r), i)).collect();
+        let iv = crate::claims::paired(&at);
+        series.push((i as f64, iv.mean));
+        if let Some((lo, hi)) = iv.ci {
+            band.push((i as f64, lo, hi));
+        }
+    }
+    (series, band)
+}
+
+/// The methods drawn with bands (all of them would hide each other).
+const BANDED: [&str; 6] = [
+    "standard",
+    "kimi",
+    "short_rl",
+    "grpo_lambda",
+    "care",
+    "step_grpo",
+];
 
 /// Writes the report (results.md, or results-quick.md) and the curves into `out`.
 pub fn write(root: &Path, seeds: u64, quick: bool, out: &Path) -> Result<PathBuf> {
@@ -173,7 +201,30 @@ pub fn write(root: &Path, seeds: u64, quick: bool, out: &Path) -> Result<PathBuf
     }
     writeln!(
         md,
-        "\n![length](repro{suffix}_length.png)\n\n![accuracy](repro{suffix}_accuracy.png)\n"
+        "\n![length](repro{suffix}_length.png)\n\n![accuracy](repro{suffix}_accuracy.png)\n\nThe main methods with 95 % bands over seeds (t interval of the mean, step by step, after a 5-step average):\n\n![length, bands](repro{suffix}_length_bands.png)\n\n![accuracy, bands](repro{suffix}_accuracy_bands.png)\n"
+    )?;
+    let runs_of = |name: &str| -> Vec<crate::overthink::Run> {
+        all.iter()
+            .filter(|(m, _)| m.name == name)
+            .flat_map(|(_, runs)| runs)
+            .filter_map(|r| {
+                Some(crate::overthink::Run {
+                    start: r.first_eval.as_ref()?,
+                    end: &r.last_eval,
+                    len_curve: &r.len_curve,
+                })
+            })
+            .collect()
+    };
+    let compare: Vec<(&str, Vec<crate::overthink::Run>)> =
+        ["short_rl", "grpo_lambda", "care", "step_grpo"]
+            .into_iter()
+            .map(|n| (n, runs_of(n)))
+            .collect();
+    writeln!(
+        md,
+        "{}",
+        crate::overthink::section("Standard", &runs_of("standard"), &compare)
     )?;
     let stats: std::collections::BTreeMap<&str, Vec<RunStats>> = all
         .iter()
@@ -241,6 +292,29 @@ pub fn write(root: &Path, seeds: u64, quick: bool, out: &Path) -> Result<PathBuf
             .collect();
         let p = out.join(format!("repro{suffix}_{file}.png"));
         line_chart(&p, title, "step", y, &series)?;
+        let (series, bands): (Vec<(String, Series)>, Vec<Band>) = all
+            .iter()
+            .filter(|(m, _)| BANDED.contains(&m.name))
+            .map(|(m, runs)| {
+                let (c, b) = curve_band(runs, |r| {
+                    if pick == 0 {
+                        &r.len_curve
+                    } else {
+                        &r.acc_curve
+                    }
+                });
+                ((m.name.to_string(), c), b)
+            })
+            .unzip();
+        let p = out.join(format!("repro{suffix}_{file}_bands.png"));
+        band_chart(
+            &p,
+            &title.replace("mean over seeds", "95 % band over seeds"),
+            "step",
+            y,
+            &series,
+            &bands,
+        )?;
     }
     Ok(path)
 }

@@ -30,9 +30,9 @@ pub fn eval_index(level: usize, j: u64) -> u64 {
     (level as u64) << 32 | j
 }
 
-/// Problem `index` of a stream, its level drawn round-robin from `levels`.
-pub fn problem(seed: u64, stream: u64, index: u64, levels: &[usize]) -> Problem {
-    Problem::generate(level_at(levels, index), mix(seed, stream, index))
+/// Problem `index` of a stream in `teacher`'s testbed, its level drawn round-robin from `levels`.
+pub fn problem(seed: u64, stream: u64, index: u64, levels: &[usize], teacher: &Teacher) -> Problem {
+    teacher.problem(level_at(levels, index), mix(seed, stream, index))
 }
 
 /// The SFT example `index`: a problem and its teacher trace.
@@ -42,8 +42,8 @@ pub fn sft_example(
     levels: &[usize],
     teacher: &Teacher,
 ) -> (Problem, String) {
-    let p = problem(seed, SFT, index, levels);
+    let p = problem(seed, SFT, index, levels, teacher);
     let mut rng = ChaCha8Rng::seed_from_u64(mix(seed, SFT + 100, index));
-    let (trace, _) = teacher.trace(&p, &mut rng);
+    let trace = teacher.trace(&p, &mut rng).text;
     (p, trace)
 }

@@ -1,5 +1,5 @@
 //! Validation on the task's held-out problems: accuracy (pass@1 over n samples, and pass@n) and
-//! mean completion length, overall and by level.
+//! mean completion length and reflections, overall and by level.
 
 use crate::config::RunConfig;
 use crate::data;
@@ -9,6 +9,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use terse_model::Qwen3;
 use terse_reward::metrics::pass_at_k;
+use terse_reward::step_grpo::{count_steps, default_triggers, StepScope};
 use terse_rollout::{generate, GenParams, Prompt};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,6 +18,10 @@ pub struct LevelReport {
     pub pass1: f64,
     pub pass_k: f64,
     pub len_mean: f64,
+    /// Mean reflections per completion: Step-GRPO's default trigger words ("Wait",
+    /// "Alternatively") before `</think>`; on the testbed, the `Wait` re-checks.
+    #[serde(default)]
+    pub reflections_mean: f64,
     /// The first completion of the first few items, and whether it was correct (for a look at
     /// what the model writes; not saved in metrics).
     #[serde(skip)]
@@ -56,6 +61,7 @@ pub fn evaluate(
     let n = e.samples.max(1);
     let gen = gen_params(cfg, model);
     let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
+    let triggers = default_triggers();
     let mut by_level = vec![];
     for (level, items) in task.eval_items(e.per_level)? {
         let prompts: Vec<Prompt> = items
@@ -76,7 +82,7 @@ pub fn evaluate(
             data::mix(cfg.run.seed, data::EVAL, level as u64),
             &detok,
         )?;
-        let (mut p1, mut pk, mut len) = (0.0, 0.0, 0.0);
+        let (mut p1, mut pk, mut len, mut refl) = (0.0, 0.0, 0.0, 0.0);
         let mut examples = vec![];
         for (it, group) in items.iter().zip(samples.chunks(n)) {
             let verdicts: Vec<(String, bool)> = group
@@ -88,6 +94,11 @@ pub fn evaluate(
                 })
                 .collect();
             let c = verdicts.iter().filter(|v| v.1).count();
+            refl += verdicts
+                .iter()
+                .map(|(text, _)| (count_steps(text, &triggers, StepScope::Thinking) - 1) as f64)
+                .sum::<f64>()
+                / n as f64;
             if examples.len() < 3 {
                 examples.push(verdicts[0].clone());
             }
@@ -101,6 +112,7 @@ pub fn evaluate(
             pass1: p1 / m,
             pass_k: pk / m,
             len_mean: len / m,
+            reflections_mean: refl / m,
             examples,
         });
     }

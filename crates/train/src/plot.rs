@@ -31,7 +31,44 @@ pub fn line_chart(
     y_label: &str,
     series: &[(String, Series)],
 ) -> Result<()> {
+    draw(path, title, x_label, y_label, series, &[])
+}
+
+/// A shaded band from `lo` to `hi` at each x: (x, lo, hi).
+pub type Band = Vec<(f64, f64, f64)>;
+
+/// [`line_chart`] with a shaded band under each series (`bands[i]` belongs to `series[i]`), e.g.
+/// mean ± sd over seeds.
+pub fn band_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Series)],
+    bands: &[Band],
+) -> Result<()> {
+    draw(path, title, x_label, y_label, series, bands)
+}
+
+fn draw(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Series)],
+    bands: &[Band],
+) -> Result<()> {
     register_font();
+    let bands: Vec<Band> = bands
+        .iter()
+        .map(|b| {
+            b.iter()
+                .copied()
+                .filter(|p| p.0.is_finite() && p.1.is_finite() && p.2.is_finite())
+                .filter(|p| p.1.abs().max(p.2.abs()) <= MAX_PLOTTABLE)
+                .collect()
+        })
+        .collect();
     // NaN and infinities have no place on an axis; they are left out of the curves.
     let series: Vec<(String, Series)> = series
         .iter()
@@ -66,8 +103,10 @@ pub fn line_chart(
         });
     let (y0, y1) = pts
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-            (a.min(p.1), b.max(p.1))
+        .map(|p| (p.1, p.1))
+        .chain(bands.iter().flatten().map(|b| (b.1, b.2)))
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), (lo, hi)| {
+            (a.min(lo), b.max(hi))
         });
     let (x0, x1) = if x0.is_finite() {
         (x0, x1.max(x0 + 1.0))
@@ -96,6 +135,17 @@ pub fn line_chart(
         .y_desc(y_label)
         .draw()
         .map_err(|e| err(&e))?;
+    for (i, band) in bands.iter().enumerate().filter(|(_, b)| b.len() > 1) {
+        let outline: Vec<(f64, f64)> = band
+            .iter()
+            .map(|b| (b.0, b.2))
+            .chain(band.iter().rev().map(|b| (b.0, b.1)))
+            .collect();
+        let c = Palette99::pick(i).mix(0.18);
+        chart
+            .draw_series(std::iter::once(Polygon::new(outline, c.filled())))
+            .map_err(|e| err(&e))?;
+    }
     for (i, (name, s)) in series.iter().enumerate() {
         let c = Palette99::pick(i).to_rgba();
         chart

@@ -15,7 +15,6 @@ use anyhow::{bail, Result};
 use std::path::PathBuf;
 use terse_model::Qwen3;
 use terse_optim::{clip_grad_norm, AdamW};
-use terse_tasks::testbed::Teacher;
 
 /// Runs only the SFT warm-up of `cfg` and saves the model (weights, config, tokenizer) to
 /// `<run.dir>/<run.name>/sft`, atomically. Point `model.path` there with `init = "checkpoint"`
@@ -44,10 +43,7 @@ pub(crate) fn sft(
     observer: &mut dyn Observer,
 ) -> Result<()> {
     let s = &cfg.sft;
-    let teacher = Teacher {
-        recheck_prob: cfg.data.recheck_prob,
-        ..Teacher::default()
-    };
+    let teacher = cfg.data.teacher();
     let mut opt = AdamW::new(cfg.optim.clone(), model.vars())?;
     let bar = progress_bar("sft", s.steps, 0);
     let micro = MicroBatching::for_model(cfg.grpo.micro_batch_tokens, cfg.grpo.packing, model);

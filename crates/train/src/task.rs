@@ -71,6 +71,8 @@ pub struct Task {
     eval: Vec<Item>,
     /// The text template (preset resolved) for generated K&K puzzles.
     kk_template: String,
+    /// The testbed version and its problem distribution (the SFT teacher's settings).
+    testbed: testbed::Teacher,
     seed: u64,
 }
 
@@ -93,6 +95,7 @@ impl Task {
             train,
             eval,
             kk_template: String::new(),
+            testbed: testbed::Teacher::default(),
             seed: 0,
         })
     }
@@ -112,6 +115,7 @@ impl Task {
             train: vec![],
             eval: vec![],
             kk_template: text_template(&data.template).to_string(),
+            testbed: data.teacher(),
             seed,
         };
         if scorer.is(&Scorer::Testbed) {
@@ -185,7 +189,7 @@ impl Task {
         let seed = data::mix(self.seed, stream, index);
         Ok(match self.scorer {
             Scorer::Testbed => {
-                let p = testbed::Problem::generate(level, seed);
+                let p = self.testbed.problem(level, seed);
                 Item {
                     prompt: p.prompt(),
                     answer: p.answer().to_string(),

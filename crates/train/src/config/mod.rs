@@ -140,6 +140,14 @@ impl RunConfig {
         let min_level = if self.data.task == TaskKind::Kk { 2 } else { 1 };
         let generated = self.data.task == TaskKind::Testbed
             || (self.data.task == TaskKind::Kk && self.data.train.is_none());
+        for (key, v) in [
+            ("recheck_prob", self.data.recheck_prob),
+            ("hard_rate", self.data.hard_rate),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                bail!("data.{key} = {v}: must be a probability in [0, 1]");
+            }
+        }
         if generated {
             if self.data.levels.is_empty() {
                 bail!("data.levels must not be empty");

@@ -154,8 +154,13 @@ pub struct DataSection {
     pub task: TaskKind,
     /// Levels trained and evaluated for generated tasks (testbed chain length, K&K people).
     pub levels: Vec<usize>,
-    /// Redundant re-check probability of the testbed's SFT teacher.
+    /// Which testbed the SFT teacher writes: "v1" (redundant re-checks only) or "v2" (slips
+    /// that grow with the level, corrected by re-checks; see models/testbed/README.md).
+    pub testbed: terse_tasks::testbed::Version,
+    /// The testbed teacher's re-check probability (v1: per draw after a step, up to 2; v2: per step).
     pub recheck_prob: f64,
+    /// Testbed v2: the per-step slip probability added by each level above 2.
+    pub hard_rate: f64,
     /// Training dataset (.jsonl or .parquet); required for "math".
     pub train: Option<PathBuf>,
     /// Evaluation dataset; generated tasks evaluate on held-out generated problems without it.
@@ -177,12 +182,26 @@ pub struct DataSection {
     pub math_scorer: MathScorer,
 }
 
+impl DataSection {
+    /// The testbed teacher these keys describe.
+    pub fn teacher(&self) -> terse_tasks::testbed::Teacher {
+        terse_tasks::testbed::Teacher {
+            version: self.testbed,
+            recheck_prob: self.recheck_prob,
+            hard_rate: self.hard_rate,
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for DataSection {
     fn default() -> Self {
         Self {
             task: TaskKind::Testbed,
             levels: vec![1, 2, 3, 4, 5, 6],
+            testbed: terse_tasks::testbed::Version::V1,
             recheck_prob: 0.5,
+            hard_rate: 0.05,
             train: None,
             eval: None,
             columns: terse_tasks::dataset::Columns {

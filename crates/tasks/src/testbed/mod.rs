@@ -1,16 +1,19 @@
 //! The CPU testbed: a generated task family small enough for a ~1M-parameter Qwen3 to learn on
 //! two cores, built so that length pressure is meaningful (see models/testbed/README.md).
 //!
-//! A problem of level L is a start digit and L operations `+ d` (d in 1..=3) modulo 10. The teacher's
-//! trace writes every intermediate result (`a + d = r ;`): these L steps are NECESSARY, because a
-//! tiny model cannot add L digits in one token. After steps it randomly re-checks earlier ones
-//! (`Wait a + d = r ;`): these are REDUNDANT, so a model warmed up on the traces overthinks and a
-//! length reward has something safe to remove, while a length-blind penalty that also cuts
-//! necessary steps costs accuracy, more so at higher levels.
+//! A problem of level L is a start digit and L operations `+ d` (d in 1..=3) modulo 10. Every
+//! trace writes each intermediate result (`a + d = r ;`): these L steps are NECESSARY, because a
+//! tiny model cannot add L digits in one token. The two teachers ([`teacher`]) differ in what a
+//! `Wait` re-check is worth: in v1 it never changes the answer (pure overthinking); in v2 the
+//! teacher slips on steps at a rate that grows with the level and a re-check corrects the slip,
+//! so reflection pays on hard problems and is wasted on easy ones, as in the papers' models.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+
+pub mod teacher;
+pub use teacher::{Teacher, Trace, Version, EASY_LEVELS, HARD_OPERANDS};
 
 /// The highest level; levels are 1..=MAX_LEVEL operations.
 pub const MAX_LEVEL: usize = 8;
@@ -79,17 +82,34 @@ impl Problem {
         }
     }
 
+    /// A testbed v2 problem: like [`Problem::generate`], but each operation is hard (a big operand,
+    /// see [`teacher::HARD_OPERANDS`]) with probability `hard_prob`.
+    pub fn generate_v2(level: usize, seed: u64, hard_prob: f64) -> Self {
+        assert!(
+            (1..=MAX_LEVEL).contains(&level),
+            "testbed levels are 1..={MAX_LEVEL}, got {level}"
+        );
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let start = rng.random_range(0..10);
+        let ops = (0..level)
+            .map(|_| {
+                let d = if rng.random_bool(hard_prob) {
+                    rng.random_range(teacher::HARD_OPERANDS)
+                } else {
+                    rng.random_range(1..=MAX_STEP)
+                };
+                (true, d)
+            })
+            .collect();
+        Self { level, start, ops }
+    }
+
     /// Intermediate results after each operation.
     pub fn partials(&self) -> Vec<u8> {
         let mut v = self.start;
-        self.ops
-            .iter()
-            .map(|&(plus, d)| {
-                v = if plus {
-                    (v + d) % 10
-                } else {
-                    (v + 10 - d) % 10
-                };
+        (0..self.ops.len())
+            .map(|i| {
+                v = self.apply(i, v);
                 v
             })
             .collect()
@@ -115,60 +135,27 @@ impl Problem {
         )
     }
 
-    fn step(&self, i: usize) -> String {
-        let before = if i == 0 {
-            self.start
-        } else {
-            self.partials()[i - 1]
-        };
+    /// The result of operation `i` applied to `value`.
+    pub(crate) fn apply(&self, i: usize, value: u8) -> u8 {
         let (plus, d) = self.ops[i];
-        format!(
-            "{before} {} {d} = {} ;",
-            if plus { "+" } else { "-" },
-            self.partials()[i]
-        )
-    }
-}
-
-/// How the teacher pads its traces with redundant re-checks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Teacher {
-    /// After each step, the chance of one more re-check (drawn repeatedly, up to the cap).
-    pub recheck_prob: f64,
-    pub max_rechecks_per_step: usize,
-}
-
-impl Default for Teacher {
-    fn default() -> Self {
-        Self {
-            recheck_prob: 0.5,
-            max_rechecks_per_step: 2,
+        if plus {
+            (value + d) % 10
+        } else {
+            (value + 10 - d) % 10
         }
     }
-}
 
-impl Teacher {
-    /// A correct completion: the L necessary steps, random `Wait` re-checks of already written
-    /// steps, then the answer. Returns the text and the number of re-checks.
-    pub fn trace(&self, p: &Problem, rng: &mut impl Rng) -> (String, usize) {
-        let mut parts = vec![];
-        let mut rechecks = 0;
-        for i in 0..p.ops.len() {
-            parts.push(p.step(i));
-            for _ in 0..self.max_rechecks_per_step {
-                if !rng.random_bool(self.recheck_prob) {
-                    break;
-                }
-                parts.push(format!("Wait {}", p.step(rng.random_range(0..=i))));
-                rechecks += 1;
-            }
-        }
-        parts.push(format!(
-            "</think> <answer> {} </answer> <|im_end|>",
-            p.answer()
-        ));
-        (parts.join(" "), rechecks)
+    /// Step `i` written from `before` with result `result` (`a + d = r ;`).
+    pub(crate) fn step_text(&self, i: usize, before: u8, result: u8) -> String {
+        let (plus, d) = self.ops[i];
+        format!("{before} {} {d} = {result} ;", if plus { "+" } else { "-" })
+    }
+
+    /// Step `i` of the correct chain.
+    pub(crate) fn step(&self, i: usize) -> String {
+        let partials = self.partials();
+        let before = if i == 0 { self.start } else { partials[i - 1] };
+        self.step_text(i, before, partials[i])
     }
 }
 
@@ -271,43 +258,6 @@ pub fn model_config_json() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn teacher_traces_are_correct_and_overthink() {
-        let mut rng = ChaCha8Rng::seed_from_u64(0);
-        let t = Teacher::default();
-        let mut total_rechecks = 0;
-        for level in 1..=MAX_LEVEL {
-            for seed in 0..20 {
-                let p = Problem::generate(level, seed);
-                let (trace, r) = t.trace(&p, &mut rng);
-                total_rechecks += r;
-                assert_eq!(
-                    verify(&trace, p.answer()),
-                    Verdict {
-                        correct: true,
-                        format_ok: true,
-                        reward: 1.0,
-                        reason: "correct"
-                    }
-                );
-                assert_eq!(trace.matches("Wait").count(), r);
-                // Necessary steps: one "=" per operation, plus one per re-check.
-                assert_eq!(trace.matches('=').count(), level + r);
-                assert!(
-                    trace.split_whitespace().all(|w| VOCAB.contains(&w)),
-                    "{trace}"
-                );
-                assert!(p.prompt().split_whitespace().all(|w| VOCAB.contains(&w)));
-            }
-        }
-        assert!(total_rechecks > 100, "{total_rechecks}");
-        let lazy = Teacher {
-            recheck_prob: 0.0,
-            ..Teacher::default()
-        };
-        assert_eq!(lazy.trace(&Problem::generate(3, 1), &mut rng).1, 0);
-    }
 
     #[test]
     fn arithmetic_and_verifier() {
