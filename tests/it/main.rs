@@ -11,6 +11,7 @@ mod kv_cache;
 mod optim;
 mod paged_rollout;
 mod paper_configs;
+mod ranks;
 mod rollout;
 mod tasks;
 mod train;

@@ -13,6 +13,7 @@ mod gpu;
 mod gpu_bench;
 #[cfg(feature = "cuda")]
 mod gpu_long;
+mod launch;
 mod mem;
 mod methods;
 mod overthink;
@@ -35,11 +36,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Train with a TOML run config (default: configs/default.toml, the CPU testbed).
+    /// Train with a TOML run config (default: configs/default.toml, the CPU testbed);
+    /// `--nproc N` runs N data-parallel processes on this machine.
     Train {
         /// Run config.
         #[arg(long, default_value = "configs/default.toml")]
         config: String,
+        #[command(flatten)]
+        ranks: launch::RankArgs,
     },
     /// SFT warm-up only: train on the testbed teacher's traces and save `<run dir>/sft`, a
     /// model directory GRPO runs can start from (model.init = "checkpoint", sft.steps = 0).
@@ -51,7 +55,7 @@ enum Cmd {
     /// Evaluate a checkpoint on held-out testbed problems (pass@1/pass@k, tokens, compression
     /// rate against --base), by level.
     Eval(eval::Args),
-    /// The reproduction study: every length method x 3 seeds on the CPU testbed from one SFT
+    /// The reproduction study: every length method x 5 seeds on the CPU testbed from one SFT
     /// checkpoint; writes docs/results.md and the curves.
     Repro(repro::Args),
     /// Install nvcc 13.0 and the CUDA libraries from PyPI wheels into DIR (default
@@ -128,7 +132,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().cmd {
-        Cmd::Train { config } => train(&config),
+        Cmd::Train { config, ranks } => train(&config, &ranks),
         Cmd::Sft { config } => sft(&config),
         Cmd::CheckModel(args) => check_model::run(&args),
         Cmd::Repro(args) => repro::run(&args),
@@ -191,9 +195,22 @@ fn plan(
     })
 }
 
-fn train(config: &str) -> anyhow::Result<ExitCode> {
+fn train(config: &str, ranks: &launch::RankArgs) -> anyhow::Result<ExitCode> {
+    if ranks.rank.is_some() {
+        return match launch::rank(config, ranks)? {
+            Some(s) => print_summary(&s),
+            None => Ok(ExitCode::SUCCESS),
+        };
+    }
+    if ranks.nproc > 1 {
+        return launch::launch(config, ranks);
+    }
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
-    let s = terse_train::train(&cfg)?;
+    print_summary(&terse_train::train(&cfg)?)
+}
+
+/// The table `train` prints: pass@1, tokens and re-checks by level, before and after.
+fn print_summary(s: &terse_train::RunSummary) -> anyhow::Result<ExitCode> {
     println!("\nrun: {}", s.dir.display());
     println!(
         "| level | pass@1 before | pass@1 after | tokens before | tokens after | re-checks before | re-checks after |"

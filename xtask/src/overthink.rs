@@ -102,14 +102,12 @@ pub fn section(method: &str, runs: &[Run], compare: &[(&str, Vec<Run>)]) -> Stri
         ci(acc_gain, 3),
         verdict(acc_gain, 1e-9)
     );
-    let by_level = |r: &[&Run], f: &dyn Fn(&EvalReport) -> Vec<f64>| -> Vec<f64> {
-        let rows: Vec<Vec<f64>> = r.iter().map(|r| f(r.end)).collect();
-        (0..rows[0].len())
-            .map(|i| mean(&rows.iter().map(|x| x[i]).collect::<Vec<_>>()))
-            .collect()
-    };
-    let start_of = |r: &[&Run], f: &dyn Fn(&EvalReport) -> Vec<f64>| -> Vec<f64> {
-        let rows: Vec<Vec<f64>> = r.iter().map(|r| f(r.start)).collect();
+    // Per-level means over seeds of `f`, read at the start (`at_end` false) or the end.
+    let levels = |r: &[&Run], at_end: bool, f: &dyn Fn(&EvalReport) -> Vec<f64>| -> Vec<f64> {
+        let rows: Vec<Vec<f64>> = r
+            .iter()
+            .map(|r| f(if at_end { r.end } else { r.start }))
+            .collect();
         (0..rows[0].len())
             .map(|i| mean(&rows.iter().map(|x| x[i]).collect::<Vec<_>>()))
             .collect()
@@ -137,14 +135,14 @@ pub fn section(method: &str, runs: &[Run], compare: &[(&str, Vec<Run>)]) -> Stri
         "---|".repeat(others.len())
     );
     let cols = [
-        start_of(&runs, &pass),
-        by_level(&runs, &pass),
-        start_of(&runs, &toks),
-        by_level(&runs, &toks),
-        start_of(&runs, &refl),
-        by_level(&runs, &refl),
+        levels(&runs, false, &pass),
+        levels(&runs, true, &pass),
+        levels(&runs, false, &toks),
+        levels(&runs, true, &toks),
+        levels(&runs, false, &refl),
+        levels(&runs, true, &refl),
     ];
-    let extra: Vec<Vec<f64>> = others.iter().map(|(_, r)| by_level(r, &refl)).collect();
+    let extra: Vec<Vec<f64>> = others.iter().map(|(_, r)| levels(r, true, &refl)).collect();
     for (i, l) in runs[0].end.by_level.iter().enumerate() {
         let e: String = extra.iter().map(|c| format!(" {:.2} |", c[i])).collect();
         let _ = writeln!(

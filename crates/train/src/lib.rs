@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod plot;
+pub mod ranks;
 pub mod report;
 pub mod run;
 pub mod sft;
@@ -47,6 +48,7 @@ pub mod zero;
 
 pub use config::RunConfig;
 pub use observe::Observer;
+pub use ranks::train_ranked;
 pub use report::{MetricsLine, StepReport};
 pub use run::{train, train_observed, train_with, RunSummary};
 pub use sft::sft_only;

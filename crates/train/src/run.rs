@@ -12,7 +12,7 @@ use crate::observe::{Observer, Plots, Progress};
 use crate::report::{read_steps, EvalLine, MetricsLine};
 use crate::start::{start, Started};
 use crate::trainer::{GrpoTrainer, ShaperWithState};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use terse_reward::BuiltinShaper;
 
@@ -52,6 +52,18 @@ pub fn train_observed(
     shaper: &mut dyn ShaperWithState,
     extra: Vec<Box<dyn Observer>>,
 ) -> Result<RunSummary> {
+    train_loop(cfg, shaper, extra, None)
+}
+
+/// The run loop; with a collective, this process is rank 0 of a data-parallel run
+/// (ranks.rs): it sends the starting point to the other ranks and gathers the optimizer
+/// shards at each checkpoint.
+pub(crate) fn train_loop(
+    cfg: &RunConfig,
+    shaper: &mut dyn ShaperWithState,
+    extra: Vec<Box<dyn Observer>>,
+    collective: Option<Box<dyn terse_dist::Collective>>,
+) -> Result<RunSummary> {
     // Validate, lock, load, check; SFT and step 0's checkpoint for a fresh run.
     let Started {
         mut trainer,
@@ -60,6 +72,10 @@ pub fn train_observed(
         kept_evals,
         ..
     } = start(cfg, shaper, extra)?;
+    if let Some(mut c) = collective {
+        crate::ranks::send_start(&trainer, shaper, &mut *c)?;
+        trainer.collective = Some(c);
+    }
     let (start_step, steps) = (trainer.step, trainer.cfg.grpo.steps);
     observers.push(Box::new(Progress::new(steps, start_step)));
     observers.push(Box::new(Plots));
@@ -82,8 +98,8 @@ pub fn train_observed(
         let report = trainer.step(shaper)?;
         emit(MetricsLine::Grpo(Box::new(report)))?;
         let done = trainer.step;
-        if (ckpt_every > 0 && done.is_multiple_of(ckpt_every)) || done == steps {
-            save(&trainer, &dir, shaper)?;
+        if crate::ranks::checkpoint_due(done, steps, ckpt_every) {
+            save(&mut trainer, &dir, shaper)?;
         }
         if mid_run_eval(done, steps, every) {
             emit(eval_line(done, &evaluate(&trainer)?))?;
@@ -108,14 +124,16 @@ pub fn train_observed(
     })
 }
 
-/// The checkpoint after the trainer's last step, then keep-last-N pruning.
-fn save(t: &GrpoTrainer, dir: &Path, shaper: &dyn ShaperWithState) -> Result<()> {
+/// The checkpoint after the trainer's last step (with the whole optimizer state, gathered
+/// from the ranks of a data-parallel run), then keep-last-N pruning.
+fn save(t: &mut GrpoTrainer, dir: &Path, shaper: &dyn ShaperWithState) -> Result<()> {
     let state = TrainState {
         step: t.step,
         shaper: shaper.state(),
         data_cursor: Some(t.cursor),
     };
-    save_checkpoint(dir, t.step, &t.policy, &t.opt, &state, &t.cfg.model.path)?;
+    let opt = crate::ranks::gather_optimizer(t)?.context("rank 0 holds the gathered optimizer")?;
+    save_checkpoint(dir, t.step, &t.policy, &opt, &state, &t.cfg.model.path)?;
     prune(dir, t.cfg.checkpoint.keep_last)
 }
 
