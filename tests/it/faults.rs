@@ -229,6 +229,10 @@ fn testbed_keys_out_of_range_are_refused_naming_the_key() {
     for (toml, want) in [
         ("[data]\nhard_rate = 1.5\n", "data.hard_rate = 1.5"),
         ("[data]\nrecheck_prob = -0.1\n", "data.recheck_prob = -0.1"),
+        (
+            "[data]\nrecheck_hard_prob = 2.0\n",
+            "data.recheck_hard_prob = 2",
+        ),
         ("[data]\ntestbed = \"v3\"\n", "v3"),
     ] {
         let e = RunConfig::from_toml(toml, Path::new("f.toml")).expect_err(want);

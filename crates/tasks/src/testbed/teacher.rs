@@ -45,6 +45,10 @@ pub struct Teacher {
     pub recheck_prob: f64,
     /// v1 only: the cap on re-checks after one step.
     pub max_rechecks_per_step: usize,
+    /// v2 only: the re-check probability after a hard step; None re-checks blindly, at
+    /// `recheck_prob` after every step. Set higher than `recheck_prob`, the model can learn
+    /// where reflection pays (the aimed variant, see models/testbed/README.md).
+    pub recheck_hard_prob: Option<f64>,
     /// v2 only: the chance that an operation is hard, added by each level above
     /// [`EASY_LEVELS`] (0.05: 5 % of level 3's operations, 20 % of level 6's), capped at 0.9.
     pub hard_rate: f64,
@@ -56,6 +60,7 @@ impl Default for Teacher {
             version: Version::V1,
             recheck_prob: 0.5,
             max_rechecks_per_step: 2,
+            recheck_hard_prob: None,
             hard_rate: 0.05,
         }
     }
@@ -129,7 +134,11 @@ impl Teacher {
             slips += usize::from(written != right);
             parts.push(p.step_text(i, before, written));
             value = written;
-            if rng.random_bool(self.recheck_prob) {
+            let q = match (hard, self.recheck_hard_prob) {
+                (true, Some(q)) => q,
+                _ => self.recheck_prob,
+            };
+            if rng.random_bool(q) {
                 let redo = if hard {
                     small_steps(before, d)
                 } else {
@@ -290,6 +299,23 @@ mod tests {
         assert!(corrected > 50, "{corrected}");
         assert!(wrong_by_level[3] < wrong_by_level[6], "{wrong_by_level:?}");
         assert!(wrong_by_level[6] > 100, "{wrong_by_level:?}");
+        // Aimed: re-checks after every hard step and after no other, so every trace is right.
+        let aimed = Teacher {
+            recheck_prob: 0.0,
+            recheck_hard_prob: Some(1.0),
+            ..t.clone()
+        };
+        for seed in 0..100 {
+            let p = aimed.problem(6, seed);
+            let tr = aimed.trace(&p, &mut rng);
+            let hard = p
+                .ops
+                .iter()
+                .filter(|o| HARD_OPERANDS.contains(&o.1))
+                .count();
+            assert_eq!(tr.rechecks, hard, "{}", tr.text);
+            assert!(verify(&tr.text, p.answer()).correct, "{}", tr.text);
+        }
         // Re-checking every step makes every trace right.
         let careful = Teacher {
             recheck_prob: 1.0,

@@ -143,6 +143,10 @@ impl RunConfig {
         for (key, v) in [
             ("recheck_prob", self.data.recheck_prob),
             ("hard_rate", self.data.hard_rate),
+            (
+                "recheck_hard_prob",
+                self.data.recheck_hard_prob.unwrap_or(0.0),
+            ),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 bail!("data.{key} = {v}: must be a probability in [0, 1]");

@@ -154,13 +154,17 @@ pub struct DataSection {
     pub task: TaskKind,
     /// Levels trained and evaluated for generated tasks (testbed chain length, K&K people).
     pub levels: Vec<usize>,
-    /// Which testbed the SFT teacher writes: "v1" (redundant re-checks only) or "v2" (slips
-    /// that grow with the level, corrected by re-checks; see models/testbed/README.md).
+    /// Which testbed the SFT teacher writes: "v1" (redundant re-checks only) or "v2" (hard
+    /// steps, more of them the higher the level, guessed and corrected by re-checks; see
+    /// models/testbed/README.md).
     pub testbed: terse_tasks::testbed::Version,
     /// The testbed teacher's re-check probability (v1: per draw after a step, up to 2; v2: per step).
     pub recheck_prob: f64,
-    /// Testbed v2: the per-step slip probability added by each level above 2.
+    /// Testbed v2: the chance that an operation is hard, added by each level above 2.
     pub hard_rate: f64,
+    /// Testbed v2: the re-check probability after a hard step (unset: `recheck_prob`, blind
+    /// reflection). Higher than `recheck_prob`, the model can learn where reflection pays.
+    pub recheck_hard_prob: Option<f64>,
     /// Training dataset (.jsonl or .parquet); required for "math".
     pub train: Option<PathBuf>,
     /// Evaluation dataset; generated tasks evaluate on held-out generated problems without it.
@@ -188,6 +192,7 @@ impl DataSection {
         terse_tasks::testbed::Teacher {
             version: self.testbed,
             recheck_prob: self.recheck_prob,
+            recheck_hard_prob: self.recheck_hard_prob,
             hard_rate: self.hard_rate,
             ..Default::default()
         }
@@ -202,6 +207,7 @@ impl Default for DataSection {
             testbed: terse_tasks::testbed::Version::V1,
             recheck_prob: 0.5,
             hard_rate: 0.05,
+            recheck_hard_prob: None,
             train: None,
             eval: None,
             columns: terse_tasks::dataset::Columns {
