@@ -176,6 +176,22 @@ mod tests {
         }
     }
 
+    /// One run per end report, all from `start`, with the matching length curve.
+    fn pair<'a>(
+        start: &'a EvalReport,
+        ends: &'a [EvalReport],
+        curves: &'a [Vec<f64>],
+    ) -> Vec<Run<'a>> {
+        ends.iter()
+            .zip(curves)
+            .map(|(end, c)| Run {
+                start,
+                end,
+                len_curve: c,
+            })
+            .collect()
+    }
+
     #[test]
     fn growth_and_accuracy_verdicts_follow_the_intervals() {
         let start = report(0.6, 30.0, [0.3, 1.0]);
@@ -187,15 +203,7 @@ mod tests {
             .iter()
             .map(|g| [vec![30.0; 3], vec![31.0; 6], vec![30.0 * g; 3]].concat())
             .collect();
-        let runs: Vec<Run> = ends
-            .iter()
-            .zip(&grow)
-            .map(|(end, c)| Run {
-                start: &start,
-                end,
-                len_curve: c,
-            })
-            .collect();
+        let runs = pair(&start, &ends, &grow);
         let s = section("Standard", &runs, &[("short_rl", vec![])]);
         let row = |name: &str| {
             s.lines()
@@ -218,15 +226,7 @@ mod tests {
         let shrink: Vec<Vec<f64>> = (0..3)
             .map(|_| [vec![30.0; 9], vec![24.0; 3]].concat())
             .collect();
-        let runs: Vec<Run> = ends
-            .iter()
-            .zip(&shrink)
-            .map(|(end, c)| Run {
-                start: &start,
-                end,
-                len_curve: c,
-            })
-            .collect();
+        let runs = pair(&start, &ends, &shrink);
         assert!(section("S", &runs, &[]).contains("| 0.80 [0.80, 0.80] | ≥ 1.2 | **fails** |"));
         assert!(section("S", &runs[..1], &[]).contains("| 0.80 | ≥ 1.2 | unresolved |"));
         // Runs too short for two windows give no section.

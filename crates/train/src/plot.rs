@@ -31,7 +31,7 @@ pub fn line_chart(
     y_label: &str,
     series: &[(String, Series)],
 ) -> Result<()> {
-    draw(path, title, x_label, y_label, series, &[])
+    band_chart(path, title, x_label, y_label, series, &[])
 }
 
 /// A shaded band from `lo` to `hi` at each x: (x, lo, hi).
@@ -40,17 +40,6 @@ pub type Band = Vec<(f64, f64, f64)>;
 /// [`line_chart`] with a shaded band under each series (`bands[i]` belongs to `series[i]`), e.g.
 /// mean ± sd over seeds.
 pub fn band_chart(
-    path: &Path,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[(String, Series)],
-    bands: &[Band],
-) -> Result<()> {
-    draw(path, title, x_label, y_label, series, bands)
-}
-
-fn draw(
     path: &Path,
     title: &str,
     x_label: &str,
