@@ -1,7 +1,7 @@
 //! The whole run loop on data-parallel ranks (`terse_train::train_ranked`, what `cargo xtask
 //! train --nproc N` runs in each process), here on loopback threads: rank 0 writes the same
-//! metrics, weights and optimizer state as one process, and its checkpoints hold the whole
-//! optimizer, so a 2-rank run resumes on 1 rank as if it had not stopped.
+//! metrics, weights and optimizer state as one process with 2 and 4 ranks, and its checkpoints
+//! hold the whole optimizer, so a run resumes on any number of ranks as if it had not stopped.
 
 use std::path::Path;
 use std::time::Duration;
@@ -46,17 +46,14 @@ fn max_diff(a: &Path, b: &Path) -> f32 {
         .fold(0.0, f32::max)
 }
 
-#[test]
-fn two_ranks_run_the_loop_like_one_process_and_resume_on_one() {
-    let root = crate::scratch("ranks");
-    let one = terse_train::train(&cfg(&root, "one", 4)).expect("one process");
-    let two = cfg(&root, "two", 4);
-    let results = TcpGroup::on_threads(2, Duration::from_secs(300), move |g| {
+/// Runs `cfg` on `world` ranks (threads); rank 0's summary.
+fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
+    let results = TcpGroup::on_threads(world, Duration::from_secs(300), move |g| {
         let mut shaper = BuiltinShaper {
-            config: two.reward.clone(),
+            config: cfg.reward.clone(),
             state: Default::default(),
         };
-        terse_train::train_ranked(&two, &mut shaper, Box::new(g))
+        terse_train::train_ranked(&cfg, &mut shaper, Box::new(g))
     });
     let mut results = results.into_iter();
     let summary = results
@@ -64,46 +61,65 @@ fn two_ranks_run_the_loop_like_one_process_and_resume_on_one() {
         .expect("rank 0")
         .expect("rank 0 ran")
         .expect("a summary");
-    assert!(results
-        .next()
-        .expect("rank 1")
-        .expect("rank 1 ran")
-        .is_none());
-    // Rank 0 alone wrote the run; its steps equal one process's (the same samples, the
-    // gradient sums in another order).
-    let read =
-        |d: &Path| terse_train::report::read_steps(&d.join("metrics.jsonl")).expect("metrics");
-    let (a, b) = (read(&one.dir), read(&summary.dir));
-    assert_eq!(a.len(), 4);
-    assert_eq!(a.len(), b.len());
+    for (r, other) in results.enumerate() {
+        assert!(other.expect("rank ran").is_none(), "rank {} wrote", r + 1);
+    }
+    summary
+}
+
+fn steps_of(d: &Path) -> Vec<terse_train::StepReport> {
+    terse_train::report::read_steps(&d.join("metrics.jsonl")).expect("metrics")
+}
+
+/// The rollout side of every step identical, the loss equal to float rounding (the gradient
+/// sums run in another order), and the final weights and optimizer within 1e-5.
+fn assert_same_run(one: &Path, other: &Path, what: &str) {
+    let (a, b) = (steps_of(one), steps_of(other));
+    assert_eq!(a.len(), 6, "{what}");
+    assert_eq!(a.len(), b.len(), "{what}");
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(
-            (x.reward, x.accuracy, x.len_mean, x.rounds),
-            (y.reward, y.accuracy, y.len_mean, y.rounds)
+            (x.reward, x.accuracy, x.len_mean, x.rounds, x.dropped_groups),
+            (y.reward, y.accuracy, y.len_mean, y.rounds, y.dropped_groups),
+            "{what}: step {}",
+            x.step
         );
         assert!(
             (x.loss - y.loss).abs() <= 1e-6 * x.loss.abs().max(1.0),
-            "{} vs {}",
+            "{what}: step {}: loss {} vs {}",
+            x.step,
             x.loss,
             y.loss
         );
     }
     for f in ["model.safetensors", "optimizer.safetensors"] {
         let d = max_diff(
-            &one.dir.join("step_000004").join(f),
-            &summary.dir.join("step_000004").join(f),
+            &one.join("step_000006").join(f),
+            &other.join("step_000006").join(f),
         );
-        assert!(d <= 1e-5, "{f}: {d}");
+        assert!(d <= 1e-5, "{what}: {f}: {d}");
     }
-    // Resume the 2-rank run from its step-2 checkpoint on one process: as if it had not stopped.
-    std::fs::remove_dir_all(summary.dir.join("step_000004")).expect("drop step 4");
-    let resumed = terse_train::train(&cfg(&root, "two", 4)).expect("resume on one rank");
-    let d = max_diff(
-        &one.dir.join("step_000004/model.safetensors"),
-        &resumed.dir.join("step_000004/model.safetensors"),
-    );
-    assert!(d <= 1e-5, "resumed weights: {d}");
-    let c = read(&resumed.dir);
-    assert_eq!(c.len(), 4);
-    assert_eq!(c[3].reward, a[3].reward);
+}
+
+#[test]
+fn two_and_four_ranks_run_the_loop_like_one_process_and_resume_across_world_sizes() {
+    let root = crate::scratch("ranks");
+    let one = terse_train::train(&cfg(&root, "one", 6)).expect("one process");
+    // Rank 0 alone writes the run; 2 and 4 ranks (each rolling out its share of the groups)
+    // take the same steps as one process.
+    for world in [2, 4] {
+        let name = format!("world{world}");
+        let many = ranked(cfg(&root, &name, 6), world);
+        assert_same_run(&one.dir, &many.dir, &name);
+    }
+    // 2 ranks until the step-2 checkpoint, 1 process until step 4, then 4 ranks: the same
+    // run as never stopping. (A stop is simulated by removing the later checkpoints.)
+    let chain = ranked(cfg(&root, "chain", 6), 2).dir;
+    for s in ["step_000004", "step_000006"] {
+        std::fs::remove_dir_all(chain.join(s)).expect("drop a checkpoint");
+    }
+    terse_train::train(&cfg(&root, "chain", 6)).expect("resume on one rank");
+    std::fs::remove_dir_all(chain.join("step_000006")).expect("drop step 6");
+    ranked(cfg(&root, "chain", 6), 4);
+    assert_same_run(&one.dir, &chain, "2 -> 1 -> 4 ranks");
 }

@@ -37,6 +37,22 @@ pub trait Collective: Send {
     fn all_gather(&mut self, part: &[f32]) -> Result<Vec<f32>>;
     /// `root`'s bytes on every rank (the others' `buf` is replaced).
     fn broadcast(&mut self, buf: &mut Vec<u8>, root: usize) -> Result<()>;
+    /// Every rank's `mine` (of any length) on every rank, in rank order: records that differ
+    /// in size per rank, such as the per-sample statistics of each rank's share of a rollout.
+    fn all_gather_bytes(&mut self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        let mut mine = Some(mine);
+        let mut all = Vec::with_capacity(self.world());
+        for r in 0..self.world() {
+            let mut buf = if r == self.rank() {
+                mine.take().unwrap_or_default()
+            } else {
+                vec![]
+            };
+            self.broadcast(&mut buf, r)?;
+            all.push(buf);
+        }
+        Ok(all)
+    }
 }
 
 /// The length of each of `world` equal parts of `len`; an error when it does not divide.

@@ -373,12 +373,15 @@ mod tests {
                 vec![]
             };
             g.broadcast(&mut msg, 2)?;
-            Ok((all, reduced, msg))
+            // Records of a different length per rank.
+            let records = g.all_gather_bytes(vec![g.rank() as u8; g.rank()])?;
+            Ok((all, reduced, msg, records))
         });
         for o in out {
-            let (all, reduced, msg) = o.expect("rank");
+            let (all, reduced, msg, records) = o.expect("rank");
             assert_eq!(all, reduced, "reduce-scatter + all-gather = all-reduce");
             assert_eq!(msg, b"from two");
+            assert_eq!(records, [vec![], vec![1], vec![2, 2], vec![3, 3, 3]]);
         }
         let mut one = Single;
         assert_eq!(

@@ -1,11 +1,19 @@
 //! One GRPO step's experience: items from the data cursor -> G samples each (with Step-GRPO's
 //! truncated rollout when configured) -> scores and step counts -> `Group`s, with DAPO's dynamic
 //! sampling dropping all-equal groups and refilling. The loop in run.rs shapes and trains on it.
+//!
+//! Data parallel (a `Collective` of N ranks): rank r generates every N-th group of each round
+//! (a sample depends only on seed, prompt id and sample index, so the split changes no
+//! sample), and the ranks all-gather the per-sample statistics, never the tokens: every rank
+//! sees the whole step's `Group`s (the shapers' batch accuracy, GRPO-λ's ranking, dynamic
+//! sampling's refill decide alike everywhere) and holds the tokens of its own groups only.
 
 use crate::config::RunConfig;
 use crate::load::encode;
 use crate::task::{Item, Task};
-use anyhow::Result;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use terse_dist::Collective;
 use terse_model::Qwen3;
 use terse_reward::step_grpo::{count_steps, StepScope};
 use terse_reward::{Group, SampleStat};
@@ -14,20 +22,65 @@ use terse_rollout::{generate_with_stats, Finish, GenParams, Prompt, Sample};
 /// The groups a step trains on.
 #[derive(Debug, Clone)]
 pub struct Collected {
+    /// Every group's prompt, in group order.
     pub prompts: Vec<Prompt>,
-    /// G samples per prompt, prompt-major.
+    /// G samples per held group (prompt-major, in `held` order): on one process every group's.
     pub samples: Vec<Sample>,
+    /// The indices (into `groups` and `prompts`, ascending) of the groups whose samples this
+    /// rank generated and trains on: all of them on one process.
+    pub held: Vec<usize>,
     pub groups: Vec<Group>,
+    /// What the update and the metrics need of every sample of every group (prompt-major),
+    /// held here or not.
+    pub extras: Vec<SampleExtra>,
     /// The data cursor after this step.
     pub cursor: u64,
     /// Rollout rounds (1 without dynamic sampling) and groups dropped for all-equal rewards.
     pub rounds: usize,
     pub dropped: usize,
-    /// Samples generated in all rounds (for tokens/s).
+    /// Samples generated in all rounds, on all ranks (for tokens/s).
     pub generated_tokens: usize,
-    /// The rollouts' peak KV memory (bytes, the largest round) and preemptions (all rounds).
+    /// The rollouts' peak KV memory (bytes, the largest round of any rank) and preemptions
+    /// (all rounds, all ranks).
     pub kv_peak_bytes: usize,
     pub preemptions: usize,
+}
+
+/// One sample's figures beyond its [`SampleStat`]: its loss tokens (for the global aggregation
+/// weights) and the sampler's diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SampleExtra {
+    pub loss_tokens: usize,
+    pub entropy_sum: f64,
+    pub entropy_tokens: usize,
+    pub judge_count: usize,
+    pub early_exit: bool,
+}
+
+impl SampleExtra {
+    fn of(s: &Sample) -> Self {
+        Self {
+            loss_tokens: s.sampled.iter().filter(|&&m| m).count(),
+            entropy_sum: s.entropy_sum,
+            entropy_tokens: s.entropy_tokens,
+            judge_count: s.judge_count,
+            early_exit: s.finish == Finish::EarlyExit,
+        }
+    }
+}
+
+/// One group of a round: its statistics, its samples' extras and, when this rank generated it,
+/// its samples.
+type Slot = (Group, Vec<SampleExtra>, Option<Vec<Sample>>);
+
+/// What a rank sends of its share of one round.
+#[derive(Serialize, Deserialize)]
+struct Share {
+    /// (group index within the round, its statistics, its samples' extras).
+    groups: Vec<(usize, Group, Vec<SampleExtra>)>,
+    generated_tokens: usize,
+    kv_peak_bytes: usize,
+    preemptions: usize,
 }
 
 /// The sampling settings of training rollouts: evaluation's plus Step-GRPO's early exit, its
@@ -47,7 +100,9 @@ pub fn rollout_params(
 }
 
 /// Rolls out, scores and (with dynamic sampling) filters until the step has
-/// `prompts_per_step` informative groups or the round cap is reached.
+/// `prompts_per_step` informative groups or the round cap is reached. With `dp`, this rank
+/// generates its share of each round and the statistics are all-gathered (module doc).
+#[allow(clippy::too_many_arguments)]
 pub fn collect(
     cfg: &RunConfig,
     task: &Task,
@@ -56,14 +111,18 @@ pub fn collect(
     gen: &GenParams,
     step: u64,
     mut cursor: u64,
+    mut dp: Option<&mut dyn Collective>,
 ) -> Result<Collected> {
     let g = &cfg.grpo;
+    let (rank, world) = dp.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
     let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
     let max_rounds = 1 + g.dynamic_sampling.map_or(0, |d| d.max_rounds);
     let mut out = Collected {
         prompts: vec![],
         samples: vec![],
+        held: vec![],
         groups: vec![],
+        extras: vec![],
         cursor,
         rounds: 0,
         dropped: 0,
@@ -89,27 +148,32 @@ pub fn collect(
             })
             .collect::<Result<_>>()?;
         cursor += need as u64;
+        // This rank's share of the round: every world-th group from its rank.
+        let mine: Vec<usize> = (rank..need).step_by(world).collect();
+        let my_prompts: Vec<Prompt> = mine.iter().map(|&j| prompts[j].clone()).collect();
         let (samples, used) = generate_with_stats(
             model,
-            &prompts,
+            &my_prompts,
             g.group_size,
             gen,
             crate::data::mix(cfg.run.seed, crate::data::TRAIN, step),
             &detok,
         )?;
-        out.kv_peak_bytes = out.kv_peak_bytes.max(used.peak_bytes());
-        out.preemptions += used.preemptions;
-        out.generated_tokens += samples.iter().map(|s| s.tokens.len()).sum::<usize>();
-        out.rounds += 1;
-        let mut round = vec![];
+        let mut share = Share {
+            groups: vec![],
+            generated_tokens: samples.iter().map(|s| s.tokens.len()).sum(),
+            kv_peak_bytes: used.peak_bytes(),
+            preemptions: used.preemptions,
+        };
+        let mut my_samples: Vec<Vec<Sample>> = vec![];
         let mut samples = samples.into_iter();
-        for (p, it) in prompts.into_iter().zip(&items) {
+        for (&j, p) in mine.iter().zip(&my_prompts) {
             let group: Vec<Sample> = samples.by_ref().take(g.group_size).collect();
             let stats = group
                 .iter()
                 .map(|s| {
                     let text = detok(&s.tokens);
-                    let v = task.score(it, &text);
+                    let v = task.score(&items[j], &text);
                     SampleStat {
                         len: s.len(),
                         correct: v.correct,
@@ -121,35 +185,83 @@ pub fn collect(
                     }
                 })
                 .collect();
-            round.push((Group::new(p.id, stats), p, group));
+            let extras = group.iter().map(SampleExtra::of).collect();
+            share.groups.push((j, Group::new(p.id, stats), extras));
+            my_samples.push(group);
         }
+        let shares = match dp.as_deref_mut() {
+            Some(c) if world > 1 => gather_shares(c, &share)?,
+            _ => vec![share],
+        };
+        // The round's groups in order, each with its extras and (if held here) its samples.
+        let mut round: Vec<Option<Slot>> = (0..need).map(|_| None).collect();
+        let mut my_samples = my_samples.into_iter();
+        for (r, sh) in shares.into_iter().enumerate() {
+            out.generated_tokens += sh.generated_tokens;
+            out.kv_peak_bytes = out.kv_peak_bytes.max(sh.kv_peak_bytes);
+            out.preemptions += sh.preemptions;
+            for (j, group, extras) in sh.groups {
+                let held = (r == rank).then(|| my_samples.next()).flatten();
+                match round.get_mut(j) {
+                    Some(slot @ None) => *slot = Some((group, extras, held)),
+                    _ => anyhow::bail!(
+                        "rank {r} sent group {j} of a round of {need} twice or out of range"
+                    ),
+                }
+            }
+        }
+        out.rounds += 1;
         let keep_all = g.dynamic_sampling.is_none();
         // Only the last round's dropped groups can be needed again (see below).
         last_round.clear();
-        for (group, p, s) in round {
+        for (j, (slot, p)) in round.into_iter().zip(prompts).enumerate() {
+            let (group, extras, held) =
+                slot.with_context(|| format!("no rank sent group {j} of the round"))?;
             let informative = group
                 .samples
                 .iter()
                 .any(|x| x.base_reward != group.samples[0].base_reward);
             if keep_all || informative {
-                out.groups.push(group);
-                out.prompts.push(p);
-                out.samples.extend(s);
+                out.push((group, extras, held), p);
             } else {
                 out.dropped += 1;
-                last_round.push((group, p, s));
+                last_round.push(((group, extras, held), p));
             }
         }
     }
     // Nothing informative within the cap: train on the last round (its advantages are zero,
     // so only the KL term acts), rather than skipping the step and desynchronising schedules.
     if out.groups.is_empty() {
-        for (group, p, s) in last_round {
-            out.groups.push(group);
-            out.prompts.push(p);
-            out.samples.extend(s);
+        for (slot, p) in last_round {
+            out.push(slot, p);
         }
     }
     out.cursor = cursor;
     Ok(out)
+}
+
+impl Collected {
+    fn push(&mut self, (group, extras, held): Slot, p: Prompt) {
+        if let Some(s) = held {
+            self.held.push(self.groups.len());
+            self.samples.extend(s);
+        }
+        self.groups.push(group);
+        self.prompts.push(p);
+        self.extras.extend(extras);
+    }
+}
+
+/// Every rank's share of a round, in rank order.
+fn gather_shares(c: &mut dyn Collective, mine: &Share) -> Result<Vec<Share>> {
+    let rank = c.rank();
+    let bytes = serde_json::to_vec(mine)?;
+    c.all_gather_bytes(bytes)
+        .with_context(|| format!("rank {rank}: gathering the rollout statistics"))?
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            serde_json::from_slice(b).with_context(|| format!("rank {r}'s rollout statistics"))
+        })
+        .collect()
 }

@@ -1,9 +1,9 @@
-//! Data parallelism's gradient step over a [`terse_dist::Collective`]: each rank computes the
+//! Data parallelism's gradient sums over a [`terse_dist::Collective`]: each rank computes the
 //! gradients of its share of a mini-batch (with loss weights computed over the whole
 //! mini-batch, so the shares add up to the global loss), then `all_reduce_grads` sums them
 //! over ranks; every rank then holds the gradient a single process would compute for the whole
-//! mini-batch (to float rounding). The launcher, optimizer sharding and the rollout split are
-//! the multi-GPU issue's next steps.
+//! mini-batch (to float rounding). The tests here also check the split rollout (collect.rs)
+//! and whole data-parallel steps (ZeRO-2 in zero.rs) against one process.
 
 use crate::loss::LossStats;
 use anyhow::{Context, Result};
@@ -150,25 +150,82 @@ mod tests {
         }
     }
 
+    /// The testbed fixture with 4 prompts x 4 samples, dynamic sampling and Short-RL.
+    fn small_run() -> crate::RunConfig {
+        let mut cfg = crate::RunConfig::default();
+        cfg.model.path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/testbed-sft"
+        )
+        .into();
+        cfg.model.init = crate::config::Init::Checkpoint;
+        cfg.sft.steps = 0;
+        (
+            cfg.grpo.prompts_per_step,
+            cfg.grpo.group_size,
+            cfg.grpo.max_new_tokens,
+        ) = (4, 4, 32);
+        cfg.grpo.dynamic_sampling = Some(crate::config::DynamicSampling { max_rounds: 2 });
+        cfg.reward =
+            toml::from_str("[shaper]\nmethod = \"short_rl\"\ntau_len = 2\n").expect("shaper");
+        cfg
+    }
+
+    #[test]
+    fn each_rank_rolls_out_its_share_and_sees_every_group() {
+        for dynamic in [false, true] {
+            let cfg = move || {
+                let mut c = small_run();
+                if !dynamic {
+                    c.grpo.dynamic_sampling = None;
+                }
+                c
+            };
+            let one = crate::GrpoTrainer::from_config(cfg(), None)
+                .and_then(|mut t| t.rollout())
+                .expect("one process");
+            assert_eq!(one.held, (0..one.groups.len()).collect::<Vec<_>>());
+            let world = 3;
+            let out = TcpGroup::on_threads(world, Duration::from_secs(60), move |g| {
+                let mut t = crate::GrpoTrainer::from_config(cfg(), None)?;
+                t.collective = Some(Box::new(g));
+                t.rollout()
+            });
+            let mut held_by = vec![None; one.groups.len()];
+            for (r, c) in out.into_iter().enumerate() {
+                let c = c.expect("rank");
+                // The statistics of every group, as one process has them.
+                assert_eq!(c.groups, one.groups, "rank {r}");
+                assert_eq!(c.extras, one.extras, "rank {r}");
+                assert_eq!(c.prompts, one.prompts, "rank {r}");
+                assert_eq!(
+                    (c.cursor, c.rounds, c.dropped, c.generated_tokens),
+                    (one.cursor, one.rounds, one.dropped, one.generated_tokens)
+                );
+                if !dynamic {
+                    // One round of 4 groups: rank r rolls out every 3rd group from r.
+                    let mine: Vec<usize> = (r..4).step_by(world).collect();
+                    assert_eq!(c.held, mine, "rank {r}");
+                }
+                // The tokens of its own groups only, the same samples one process drew.
+                let g = 4;
+                for (i, &k) in c.held.iter().enumerate() {
+                    assert_eq!(held_by[k].replace(r), None, "group {k} held twice");
+                    assert_eq!(
+                        c.samples[i * g..(i + 1) * g],
+                        one.samples[k * g..(k + 1) * g]
+                    );
+                }
+            }
+            assert!(held_by.iter().all(Option::is_some), "{held_by:?}");
+        }
+    }
+
     /// Runs `steps` GRPO steps of the testbed fixture on `world` ranks (threads); returns rank
     /// 0's reports and final weights (after checking every rank ended with the same weights).
     fn grpo_run(world: usize, steps: usize) -> (Vec<crate::StepReport>, BTreeMap<String, Tensor>) {
         let out = TcpGroup::on_threads(world, Duration::from_secs(60), move |g| {
-            let mut cfg = crate::RunConfig::default();
-            cfg.model.path = concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../tests/fixtures/testbed-sft"
-            )
-            .into();
-            cfg.model.init = crate::config::Init::Checkpoint;
-            cfg.sft.steps = 0;
-            (
-                cfg.grpo.prompts_per_step,
-                cfg.grpo.group_size,
-                cfg.grpo.max_new_tokens,
-            ) = (4, 4, 32);
-            cfg.grpo.dynamic_sampling = Some(crate::config::DynamicSampling { max_rounds: 2 });
-            cfg.reward = toml::from_str("[shaper]\nmethod = \"short_rl\"\ntau_len = 2\n")?;
+            let cfg = small_run();
             let mut shaper = terse_reward::BuiltinShaper {
                 config: cfg.reward.clone(),
                 state: Default::default(),

@@ -3,8 +3,8 @@
 //! locks, resumes or warms up (SFT), evaluates, writes metrics and checkpoints. The other ranks
 //! write nothing: they receive rank 0's starting point (resolved config, weights, optimizer
 //! state, step, data cursor, shaper state) by broadcast, then take every GRPO step alongside it
-//! (the rollout is the same on every rank, the update is split and ZeRO-2-sharded, see
-//! update.rs and zero.rs). At each checkpoint the ranks' optimizer shards are gathered to rank
+//! (each rank rolls out its share of the groups and sees every group's statistics, see
+//! collect.rs; the update is split and ZeRO-2-sharded, see update.rs and zero.rs). At each checkpoint the ranks' optimizer shards are gathered to rank
 //! 0, which writes one full optimizer state, so a run resumes on any number of ranks.
 //!
 //! Data flow: xtask `train --nproc N` -> N processes -> `TcpGroup` -> `train_ranked` -> rank 0:
@@ -150,14 +150,9 @@ pub(crate) fn gather_optimizer(t: &mut GrpoTrainer) -> Result<Option<AdamW>> {
     let part = Partition::new(params, world);
     let mut mine = t.opt.clone();
     mine.retain(|k| part.place.get(k).is_some_and(|p| p.0 == rank));
-    let mine = mine.to_safetensors()?;
-    let mut shards = vec![];
-    for r in 0..world {
-        let mut buf = if r == rank { mine.clone() } else { vec![] };
-        c.broadcast(&mut buf, r)
-            .with_context(|| format!("rank {rank}: gathering rank {r}'s optimizer shard"))?;
-        shards.push(buf);
-    }
+    let shards = c
+        .all_gather_bytes(mine.to_safetensors()?)
+        .with_context(|| format!("rank {rank}: gathering the optimizer shards"))?;
     if rank != 0 {
         return Ok(None);
     }

@@ -19,7 +19,7 @@ use terse_reward::{
     metrics::length_stats, AdvantageEstimator, Advantages, BuiltinShaper, Group, LengthShaper,
     Shaped, StepCtx,
 };
-use terse_rollout::{Finish, GenParams};
+use terse_rollout::GenParams;
 
 /// Everything one GRPO step needs besides the shaper.
 pub struct GrpoTrainer {
@@ -41,9 +41,10 @@ pub struct GrpoTrainer {
     pub estimator: Option<Box<dyn AdvantageEstimator>>,
     /// Research code's policy loss; None uses PPO-clip with `cfg.grpo`'s settings.
     pub policy_loss: Option<Box<dyn PolicyLoss>>,
-    /// Data-parallel ranks (None: one process). Every rank rolls out and shapes the whole
-    /// step (the samples depend only on seed, prompt and sample index, so they agree) and
-    /// differentiates its share of each mini-batch; the optimizer is ZeRO-2 (`zero`): each
+    /// Data-parallel ranks (None: one process). Each rank rolls out its share of the step's
+    /// groups and all see every group's statistics (collect.rs), so all shape the whole step
+    /// alike; each differentiates the groups it holds with the global aggregation weights
+    /// (update.rs); the optimizer is ZeRO-2 (`zero`): each
     /// rank keeps AdamW state for its parameter shard only (`opt` is dropped to it at the
     /// first update), and the updated weights are all-gathered.
     pub collective: Option<Box<dyn terse_dist::Collective>>,
@@ -110,8 +111,9 @@ impl GrpoTrainer {
 
     /// Rollout and scoring of this step: G samples for each prompt from the data cursor, their
     /// verdicts and lengths as `Group`s (dynamic sampling refills within). Does not move the
-    /// cursor; `step` does.
-    pub fn rollout(&self) -> Result<Collected> {
+    /// cursor; `step` does. Data parallel: this rank generates its share of the groups and
+    /// receives the others' statistics (collect.rs).
+    pub fn rollout(&mut self) -> Result<Collected> {
         collect(
             &self.cfg,
             &self.task,
@@ -120,6 +122,10 @@ impl GrpoTrainer {
             &self.gen,
             self.step,
             self.cursor,
+            match self.collective.as_mut() {
+                Some(c) => Some(&mut **c),
+                None => None,
+            },
         )
     }
 
@@ -158,7 +164,7 @@ impl GrpoTrainer {
     pub fn update(&mut self, c: &Collected, advantages: &Advantages) -> Result<UpdateStats> {
         let g = &self.cfg.grpo;
         let lr = g.schedule.lr_at(self.step);
-        let seqs = sequences(&c.prompts, &c.samples, &advantages.values, g.group_size);
+        let seqs = sequences(c, &advantages.values, g.group_size);
         let dir = self.run_dir.clone().unwrap_or_default();
         policy_update(
             g,
@@ -166,6 +172,8 @@ impl GrpoTrainer {
             self.reference.as_ref(),
             &mut self.opt,
             seqs,
+            &c.held,
+            &c.extras,
             lr,
             self.step,
             &dir,
@@ -212,13 +220,13 @@ impl GrpoTrainer {
 
     /// The step's metrics from its pieces.
     pub fn report(&self, c: &Collected, s: &Scored, up: &UpdateStats, time: Timing) -> StepReport {
-        let (samples, groups) = (&c.samples, &c.groups);
+        let (extras, groups) = (&c.extras, &c.groups);
         let st = &up.stats;
         let ls = length_stats(groups);
-        let n = samples.len() as f64;
+        let n = extras.len() as f64;
         let all = || groups.iter().flat_map(|g| &g.samples);
         let tokens = st.tokens.max(1) as f64;
-        let entropy_tokens: usize = samples.iter().map(|s| s.entropy_tokens).sum();
+        let entropy_tokens: usize = extras.iter().map(|s| s.entropy_tokens).sum();
         StepReport {
             step: self.step,
             reward: s.shaped.rewards.iter().flatten().sum::<f64>() / n,
@@ -240,14 +248,10 @@ impl GrpoTrainer {
             updates: up.updates,
             lr: self.cfg.grpo.schedule.lr_at(self.step),
             steps_mean: all().map(|s| s.steps as f64).sum::<f64>() / n,
-            entropy: samples.iter().map(|s| s.entropy_sum).sum::<f64>()
+            entropy: extras.iter().map(|s| s.entropy_sum).sum::<f64>()
                 / entropy_tokens.max(1) as f64,
-            judge_mean: samples.iter().map(|s| s.judge_count as f64).sum::<f64>() / n,
-            early_exit: samples
-                .iter()
-                .filter(|s| s.finish == Finish::EarlyExit)
-                .count() as f64
-                / n,
+            judge_mean: extras.iter().map(|s| s.judge_count as f64).sum::<f64>() / n,
+            early_exit: extras.iter().filter(|s| s.early_exit).count() as f64 / n,
             rounds: c.rounds,
             dropped_groups: c.dropped,
             time,

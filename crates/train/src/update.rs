@@ -2,11 +2,13 @@
 //! sampler log-probs -> (reference log-probs for the KL term) -> for each PPO epoch and
 //! mini-batch: micro-batched gradients with the mini-batch's aggregation weights, clipping, a
 //! non-finite check, and one AdamW step. Called by the loop in run.rs after shaping. With a
-//! `Collective` of several ranks, each rank differentiates its share of every mini-batch and
+//! `Collective` of several ranks, each rank differentiates the groups of every mini-batch it
+//! rolled out (with the mini-batch's global weights) and
 //! the optimizer step is ZeRO-2 (`zero::sharded_step`: gradients reduce-scattered, the global
 //! norm clipped, each rank's parameter shard updated, the new weights all-gathered).
 
 use crate::batches::{gradients, logprobs, MicroBatching, Objective, Seq};
+use crate::collect::{Collected, SampleExtra};
 use crate::config::GrpoSection;
 use crate::loss::{agg_weights, LossStats, PolicyLoss, PpoParams};
 use anyhow::{bail, Result};
@@ -14,7 +16,6 @@ use std::path::Path;
 use terse_dist::Collective;
 use terse_model::Qwen3;
 use terse_optim::{clip_grad_norm, AdamW};
-use terse_rollout::{Prompt, Sample};
 
 /// What the step's updates did, summed (stats) or averaged (loss, grad norm) over updates.
 #[derive(Debug, Clone, Default)]
@@ -31,19 +32,20 @@ pub struct UpdateStats {
     pub logp_gap: f64,
 }
 
-/// The training sequences of a step: prompt ⊕ completion, the loss masking injected tokens,
-/// the sampler's plain log-probs as the old policy, one advantage per sample.
-pub fn sequences(prompts: &[Prompt], samples: &[Sample], adv: &[Vec<f64>], g: usize) -> Vec<Seq> {
-    samples
+/// The training sequences of the groups this rank holds (all of them on one process): prompt ⊕
+/// completion, the loss masking injected tokens, the sampler's plain log-probs as the old
+/// policy, one advantage per sample.
+pub fn sequences(c: &Collected, adv: &[Vec<f64>], g: usize) -> Vec<Seq> {
+    c.samples
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let k = i / g;
-            let mut tokens = prompts[k].tokens.clone();
+            let k = c.held[i / g];
+            let mut tokens = c.prompts[k].tokens.clone();
             tokens.extend_from_slice(&s.tokens);
             Seq {
                 tokens,
-                prompt_len: prompts[k].tokens.len(),
+                prompt_len: c.prompts[k].tokens.len(),
                 loss_mask: s.sampled.clone(),
                 old_logp: s.logp_plain.clone(),
                 ref_logp: None,
@@ -55,8 +57,10 @@ pub fn sequences(prompts: &[Prompt], samples: &[Sample], adv: &[Vec<f64>], g: us
 }
 
 /// Runs the PPO epochs over the mini-batches (of `mini_batch_prompts` groups; all groups when
-/// unset), one AdamW step each at learning rate `lr`. A non-finite loss or gradient stops before
-/// that update is applied.
+/// unset), one AdamW step each at learning rate `lr`. `seqs` are the sequences of the groups
+/// `held` (indices into the step's groups, ascending; all groups on one process); `extras`
+/// has every sample of every group, so each mini-batch's aggregation weights are the global
+/// ones on every rank. A non-finite loss or gradient stops before that update is applied.
 #[allow(clippy::too_many_arguments)]
 pub fn policy_update(
     g: &GrpoSection,
@@ -64,6 +68,8 @@ pub fn policy_update(
     reference: Option<&Qwen3>,
     opt: &mut AdamW,
     mut seqs: Vec<Seq>,
+    held: &[usize],
+    extras: &[SampleExtra],
     lr: f64,
     step: u64,
     run_dir: &Path,
@@ -71,7 +77,7 @@ pub fn policy_update(
     mut dp: Option<&mut dyn Collective>,
 ) -> Result<UpdateStats> {
     let mut out = UpdateStats::default();
-    let (rank, world) = dp.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
+    let world = dp.as_ref().map_or(1, |c| c.world());
     if let Some(r) = reference {
         let t0 = std::time::Instant::now();
         let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, r);
@@ -82,32 +88,40 @@ pub fn policy_update(
         out.logprob_s = t0.elapsed().as_secs_f64();
     }
     let ppo = PpoParams::from(g);
-    let per_mb = g
-        .mini_batch_prompts
-        .unwrap_or(usize::MAX)
-        .saturating_mul(g.group_size);
+    let gs = g.group_size.max(1);
+    let per_mb = g.mini_batch_prompts.unwrap_or(usize::MAX).max(1);
+    let n_groups = extras.len() / gs;
+    if seqs.len() != held.len() * gs {
+        bail!(
+            "step {step}: {} sequences for {} held groups of {gs}",
+            seqs.len(),
+            held.len()
+        );
+    }
     for _ in 0..g.epochs {
-        for mb in seqs.chunks_mut(per_mb.max(1)) {
-            let lens: Vec<usize> = mb.iter().map(Seq::loss_tokens).collect();
+        let mut at = 0; // the first of this mini-batch's sequences in `seqs`
+        for first in (0..n_groups).step_by(per_mb) {
+            let last = (first + per_mb).min(n_groups);
+            // The aggregation weights of the whole mini-batch (every rank's samples).
+            let lens: Vec<usize> = extras[first * gs..last * gs]
+                .iter()
+                .map(|e| e.loss_tokens)
+                .collect();
             let w = agg_weights(g.loss_agg, &lens, g.norm_len.unwrap_or(g.max_new_tokens));
-            for (s, w) in mb.iter_mut().zip(w) {
-                s.weight = w as f32;
+            // This rank's part: the sequences of the mini-batch's groups it holds.
+            let n_held = held[at / gs..].iter().take_while(|&&k| k < last).count();
+            let part = &mut seqs[at..at + n_held * gs];
+            for (i, s) in part.iter_mut().enumerate() {
+                let k = held[at / gs + i / gs];
+                s.weight = w[(k - first) * gs + i % gs] as f32;
             }
+            at += n_held * gs;
+            let part = &*part;
             let objective = match custom_loss {
                 Some(l) => Objective::Policy(l),
                 None => Objective::Ppo(ppo),
             };
             let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
-            // Data parallel: this rank's share of the mini-batch (its weights are global), then
-            // the gradients and the loss statistics summed over ranks. One process takes it all
-            // in place.
-            let share: Vec<Seq>;
-            let part: &[Seq] = if world == 1 {
-                mb
-            } else {
-                share = mb.iter().skip(rank).step_by(world).cloned().collect();
-                &share
-            };
             let (mut grads, mut st) = gradients(model, part, objective, how)?;
             // Several ranks: ZeRO-2 (gradients reduce-scattered, each rank's optimizer shard
             // stepped, the new weights all-gathered); the step is skipped when the loss or the
