@@ -1,22 +1,44 @@
-//! `cargo xtask train --nproc N`: one training process per data-parallel rank on this machine,
-//! like torchrun's single-node mode. The launcher picks a loopback rendezvous address, starts
-//! N copies of itself (`--rank r --world N --rendezvous ADDR`, each with its share of the
-//! cores), and supervises them: the first rank that fails stops the others, and the launcher
-//! says which rank failed and how, in one line. Each rank joins a `TcpGroup` (the CPU backend;
-//! every exchange has `--timeout`, so a rank whose peer died fails instead of waiting) and runs
-//! `terse_train::train_ranked`; rank 0 writes the run and prints the summary.
+//! `cargo xtask train --nproc N [--nnodes M --node-rank R --master-addr HOST]`: one training
+//! process per data-parallel rank, like torchrun. On each node the launcher starts N copies of
+//! itself (`--rank --world --local-rank --rendezvous`, each with its share of the cores; on
+//! CUDA, rank r of a node uses device `cuda:r`) and supervises them: the first rank that fails
+//! stops the node's others, and the launcher says which rank failed and how, in one line
+//! (ranks on other nodes then fail on the broken exchange within `--timeout`, naming it).
+//! Under SLURM (`srun`, one launcher per node) the node count, node rank and master host come
+//! from SLURM_NNODES, SLURM_NODEID and the first host of SLURM_JOB_NODELIST; MASTER_ADDR and
+//! MASTER_PORT override them, flags override everything. Each rank joins a `TcpGroup` (the CPU
+//! backend; every exchange has `--timeout`, so a rank whose peer died fails instead of
+//! waiting) and runs `terse_train::train_ranked`; rank 0 writes the run and prints the summary.
 
 use anyhow::{bail, Context, Result};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
-/// The hidden flags a launched rank receives.
+/// The port rank 0 listens on when several nodes meet and none is given (torchrun's).
+const DEFAULT_PORT: u16 = 29500;
+
+/// The launcher's flags and the hidden ones a launched rank receives.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct RankArgs {
-    /// Data-parallel processes to launch on this machine (1: train in this process).
+    /// Data-parallel processes to launch on this node (1 with one node: train in this process).
     #[arg(long, default_value_t = 1)]
     pub nproc: usize,
+    /// Nodes in the job, each running this launcher with the same --nproc (default:
+    /// SLURM_NNODES, else 1).
+    #[arg(long)]
+    pub nnodes: Option<usize>,
+    /// This node's index, 0 for the node that hosts rank 0 (default: SLURM_NODEID, else 0).
+    #[arg(long)]
+    pub node_rank: Option<usize>,
+    /// Host of node 0, where rank 0 listens (default: MASTER_ADDR, else the first host of
+    /// SLURM_JOB_NODELIST; one node: 127.0.0.1).
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// Port rank 0 listens on (default: MASTER_PORT, else 29500 with several nodes, a free
+    /// loopback port with one).
+    #[arg(long)]
+    pub master_port: Option<u16>,
     /// Seconds any exchange between ranks may wait (rank 0's SFT warm-up and evaluations
     /// happen while the others wait, so it must cover them).
     #[arg(long, default_value_t = 1800)]
@@ -26,22 +48,129 @@ pub struct RankArgs {
     #[arg(long, hide = true)]
     pub world: Option<usize>,
     #[arg(long, hide = true)]
+    pub local_rank: Option<usize>,
+    #[arg(long, hide = true)]
     pub rendezvous: Option<SocketAddr>,
 }
 
-/// Starts `a.nproc` ranks of `config` and waits for them; the first failure stops the rest.
-pub fn launch(config: &str, a: &RankArgs) -> Result<ExitCode> {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("finding a free loopback port for the rendezvous")?;
+/// Where this node's launcher sits in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub nnodes: usize,
+    pub node_rank: usize,
+    /// Ranks per node.
+    pub nproc: usize,
+    /// Rank 0's host and port (None: one node, a free loopback port).
+    pub master: Option<(String, u16)>,
+}
+
+impl Topology {
+    /// The job's shape from the flags, then `env` (MASTER_*, SLURM_*), then the defaults; a
+    /// value that does not parse or does not fit is an error naming its flag or variable.
+    pub fn resolve(a: &RankArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let num = |flag: Option<usize>, var: &str, default: usize| -> Result<usize> {
+            match (flag, env(var)) {
+                (Some(v), _) => Ok(v),
+                (None, Some(v)) => v
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("{var}={v} is not a whole number")),
+                (None, None) => Ok(default),
+            }
+        };
+        let nnodes = num(a.nnodes, "SLURM_NNODES", 1)?;
+        let node_rank = num(a.node_rank, "SLURM_NODEID", 0)?;
+        if nnodes == 0 || a.nproc == 0 {
+            bail!(
+                "--nnodes and --nproc must be at least 1 (got {nnodes} and {})",
+                a.nproc
+            );
+        }
+        if node_rank >= nnodes {
+            bail!("--node-rank {node_rank} is not below --nnodes {nnodes}");
+        }
+        let host = a
+            .master_addr
+            .clone()
+            .or_else(|| env("MASTER_ADDR"))
+            .or_else(|| {
+                env("SLURM_JOB_NODELIST")
+                    .or_else(|| env("SLURM_NODELIST"))
+                    .and_then(|l| first_host(&l))
+            });
+        let port = match (a.master_port, env("MASTER_PORT")) {
+            (Some(p), _) => Some(p),
+            (None, Some(p)) => Some(
+                p.trim()
+                    .parse()
+                    .with_context(|| format!("MASTER_PORT={p} is not a port"))?,
+            ),
+            (None, None) => None,
+        };
+        let master = match (nnodes, host, port) {
+            (1, _, None) => None,
+            (1, host, Some(p)) => Some((host.unwrap_or_else(|| "127.0.0.1".into()), p)),
+            (_, Some(host), port) => Some((host, port.unwrap_or(DEFAULT_PORT))),
+            (n, None, _) => bail!(
+                "--nnodes {n} needs the host of node 0: --master-addr, MASTER_ADDR or SLURM_JOB_NODELIST"
+            ),
+        };
+        Ok(Self {
+            nnodes,
+            node_rank,
+            nproc: a.nproc,
+            master,
+        })
+    }
+
+    pub fn world(&self) -> usize {
+        self.nnodes * self.nproc
+    }
+
+    /// The global rank of this node's local rank 0.
+    pub fn first_rank(&self) -> usize {
+        self.node_rank * self.nproc
+    }
+}
+
+/// The first host of a SLURM node list: `gpu[03-05,07],cpu1` -> `gpu03`, `a,b` -> `a`.
+pub fn first_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let end = list.find(',').unwrap_or(list.len());
+    let (head, rest) = match list.find('[') {
+        Some(i) if i < end => (&list[..i], &list[i + 1..]),
+        _ => return Some(list[..end].to_string()).filter(|h| !h.is_empty()),
+    };
+    let first = rest.split([',', '-', ']']).next()?;
+    Some(format!("{head}{first}")).filter(|_| !first.is_empty())
+}
+
+/// Starts this node's ranks of `config` and waits for them; the first failure stops the rest.
+pub fn launch(config: &str, a: &RankArgs, topo: &Topology) -> Result<ExitCode> {
+    let addr = match &topo.master {
+        None => TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("finding a free loopback port for the rendezvous")?,
+        Some((host, port)) => (host.as_str(), *port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut it| it.next())
+            .with_context(|| format!("--master-addr {host}: no address for this host"))?,
+    };
+    if addr.port() == 0 {
+        bail!("--master-port 0: ranks on other nodes need a fixed port");
+    }
     let exe = std::env::current_exe().context("locating the xtask binary")?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cores / a.nproc).max(1);
+    let world = topo.world();
     let children = (0..a.nproc)
-        .map(|r| {
+        .map(|local| {
+            let r = topo.first_rank() + local;
             Command::new(&exe)
                 .args(["train", "--config", config])
-                .args(["--rank", &r.to_string(), "--world", &a.nproc.to_string()])
+                .args(["--rank", &r.to_string(), "--world", &world.to_string()])
+                .args(["--local-rank", &local.to_string()])
                 .args([
                     "--rendezvous",
                     &addr.to_string(),
@@ -53,16 +182,25 @@ pub fn launch(config: &str, a: &RankArgs) -> Result<ExitCode> {
                 .with_context(|| format!("starting rank {r}"))
         })
         .collect::<Result<Vec<_>>>()?;
-    supervise(children, Duration::from_millis(50))?;
+    supervise(
+        children,
+        topo.first_rank(),
+        world,
+        Duration::from_millis(50),
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Waits for every child (rank = index); the first to fail gets the others killed, and the
-/// error names it and its exit status. Ranks that fail in the same poll are all named, those
-/// killed by a signal first (a rank whose peer died fails right after it).
-pub fn supervise(mut children: Vec<Child>, poll: Duration) -> Result<()> {
-    let world = children.len();
-    let mut done = vec![false; world];
+/// Waits for every child (global rank `first` + index, of `world`); the first to fail gets the
+/// others killed, and the error names it and its exit status. Ranks that fail in the same poll
+/// are all named, those killed by a signal first (a rank whose peer died fails right after it).
+pub fn supervise(
+    mut children: Vec<Child>,
+    first: usize,
+    world: usize,
+    poll: Duration,
+) -> Result<()> {
+    let mut done = vec![false; children.len()];
     while done.iter().any(|d| !d) {
         let mut failed = vec![];
         for (r, child) in children.iter_mut().enumerate() {
@@ -71,11 +209,11 @@ pub fn supervise(mut children: Vec<Child>, poll: Duration) -> Result<()> {
             }
             if let Some(status) = child
                 .try_wait()
-                .with_context(|| format!("waiting for rank {r}"))?
+                .with_context(|| format!("waiting for rank {}", first + r))?
             {
                 done[r] = true;
                 if !status.success() {
-                    failed.push((status.code().is_some(), r, status));
+                    failed.push((status.code().is_some(), first + r, status));
                 }
             }
         }
@@ -104,19 +242,39 @@ pub fn rank(config: &str, a: &RankArgs) -> Result<Option<terse_train::RunSummary
         bail!("--rank, --world and --rendezvous go together (the launcher sets them)");
     };
     let timeout = Duration::from_secs(a.timeout);
+    let mut cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
+    cfg.run.device = rank_device(&cfg.run.device, a.local_rank.unwrap_or(0), a.nproc)?;
     let group = if rank == 0 {
-        let l = TcpListener::bind(addr).with_context(|| format!("rank 0: binding {addr}"))?;
+        // Ranks on other nodes reach rank 0 at its node's address: listen on every interface.
+        let at = if addr.ip().is_loopback() {
+            addr
+        } else {
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()))
+        };
+        let l = TcpListener::bind(at).with_context(|| format!("rank 0: listening on {at}"))?;
         terse_dist::TcpGroup::root(l, world, timeout)?
     } else {
         terse_dist::TcpGroup::join(addr, rank, world, timeout)?
     };
-    let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     let mut shaper = terse_reward::BuiltinShaper {
         config: cfg.reward.clone(),
         state: Default::default(),
     };
     terse_train::train_ranked(&cfg, &mut shaper, Box::new(group))
         .with_context(|| format!("rank {rank} of {world}"))
+}
+
+/// The device of local rank `local`: `cuda` becomes `cuda:<local>` (one GPU per rank, like
+/// torchrun's LOCAL_RANK); `cpu` stays; a fixed `cuda:N` would put every rank of a node on
+/// one GPU, so it is refused when a node runs several ranks.
+pub fn rank_device(device: &str, local: usize, nproc: usize) -> Result<String> {
+    match device.trim() {
+        "cuda" => Ok(format!("cuda:{local}")),
+        d if d.starts_with("cuda:") && nproc > 1 => bail!(
+            "run.device = \"{d}\" puts all {nproc} ranks of a node on one GPU; use \"cuda\" (local rank r uses cuda:r)"
+        ),
+        d => Ok(d.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -132,7 +290,7 @@ mod tests {
     fn a_failing_rank_stops_the_others_and_is_named() {
         let t0 = Instant::now();
         let children = vec![sh("sleep 30"), sh("sleep 0.2; exit 3"), sh("sleep 30")];
-        let e = supervise(children, Duration::from_millis(20)).expect_err("rank 1 fails");
+        let e = supervise(children, 0, 3, Duration::from_millis(20)).expect_err("rank 1 fails");
         let msg = format!("{e:#}");
         assert!(
             msg.contains("rank 1 of 3 failed") && msg.contains('3'),
@@ -141,13 +299,99 @@ mod tests {
         // The sleeping ranks were killed, not waited for.
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
         // A rank killed by a signal is named too; all succeeding is Ok.
+        // On the second of two nodes, the local ranks are 2 and 3 of 4.
         let e = supervise(
             vec![sh("kill -9 $$"), sh("sleep 30")],
+            2,
+            4,
             Duration::from_millis(20),
         )
-        .expect_err("rank 0 killed");
-        assert!(format!("{e:#}").contains("rank 0 of 2 failed"), "{e:#}");
-        supervise(vec![sh("true"), sh("sleep 0.1")], Duration::from_millis(20))
-            .expect("both succeed");
+        .expect_err("rank 2 killed");
+        assert!(format!("{e:#}").contains("rank 2 of 4 failed"), "{e:#}");
+        supervise(
+            vec![sh("true"), sh("sleep 0.1")],
+            0,
+            2,
+            Duration::from_millis(20),
+        )
+        .expect("both succeed");
+    }
+
+    fn topo(args: &[&str], env: &[(&str, &str)]) -> Result<Topology> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: RankArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(
+            std::iter::once("x").chain(args.iter().copied()),
+        )?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Topology::resolve(&cli.a, &|k| {
+            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn the_job_shape_comes_from_flags_then_master_and_slurm_variables() {
+        // One node: no rendezvous host needed.
+        let t = topo(&["--nproc", "4"], &[]).expect("one node");
+        assert_eq!((t.world(), t.first_rank(), t.master), (4, 0, None));
+        // torchrun's flags.
+        let t = topo(
+            &[
+                "--nproc",
+                "8",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "1",
+                "--master-addr",
+                "n0",
+            ],
+            &[],
+        )
+        .expect("flags");
+        assert_eq!((t.world(), t.first_rank()), (16, 8));
+        assert_eq!(t.master, Some(("n0".into(), 29500)));
+        // SLURM, with MASTER_PORT; a flag beats the variable.
+        let slurm = [
+            ("SLURM_NNODES", "4"),
+            ("SLURM_NODEID", "3"),
+            ("SLURM_JOB_NODELIST", "gpu[07-10]"),
+            ("MASTER_PORT", "6000"),
+        ];
+        let t = topo(&["--nproc", "2"], &slurm).expect("slurm");
+        assert_eq!((t.world(), t.first_rank()), (8, 6));
+        assert_eq!(t.master, Some(("gpu07".into(), 6000)));
+        let t = topo(&["--nproc", "2", "--node-rank", "0"], &slurm).expect("flag wins");
+        assert_eq!(t.first_rank(), 0);
+        // Errors name what is wrong.
+        let e = topo(&["--nnodes", "2"], &[]).expect_err("no host");
+        assert!(e.to_string().contains("--master-addr"), "{e}");
+        let e = topo(
+            &["--nnodes", "2", "--node-rank", "2", "--master-addr", "a"],
+            &[],
+        )
+        .expect_err("rank past the nodes");
+        assert!(e.to_string().contains("--node-rank 2"), "{e}");
+        let e = topo(&[], &[("SLURM_NNODES", "two")]).expect_err("bad variable");
+        assert!(e.to_string().contains("SLURM_NNODES=two"), "{e}");
+    }
+
+    #[test]
+    fn slurm_node_lists_and_devices_per_local_rank() {
+        assert_eq!(first_host("gpu[03-05,07],cpu1").as_deref(), Some("gpu03"));
+        assert_eq!(first_host("a,b").as_deref(), Some("a"));
+        assert_eq!(first_host("node12").as_deref(), Some("node12"));
+        assert_eq!(first_host("").as_deref(), None);
+        assert_eq!(rank_device("cuda", 3, 8).expect("cuda"), "cuda:3");
+        assert_eq!(rank_device("cpu", 3, 8).expect("cpu"), "cpu");
+        assert_eq!(rank_device("cuda:1", 0, 1).expect("one rank"), "cuda:1");
+        let e = rank_device("cuda:1", 0, 2).expect_err("two ranks on one GPU");
+        assert!(e.to_string().contains("cuda:1"), "{e}");
     }
 }

@@ -202,8 +202,9 @@ fn train(config: &str, ranks: &launch::RankArgs) -> anyhow::Result<ExitCode> {
             None => Ok(ExitCode::SUCCESS),
         };
     }
-    if ranks.nproc > 1 {
-        return launch::launch(config, ranks);
+    let topo = launch::Topology::resolve(ranks, &|k| std::env::var(k).ok())?;
+    if topo.world() > 1 {
+        return launch::launch(config, ranks, &topo);
     }
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     print_summary(&terse_train::train(&cfg)?)

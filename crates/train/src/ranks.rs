@@ -99,8 +99,10 @@ fn follow(
             cfg.run.name
         );
     }
-    // The weights come from rank 0; building the model needs no checkpoint on this rank.
+    // The weights come from rank 0; building the model needs no checkpoint on this rank. The
+    // device is this rank's own (the launcher gives each local rank its GPU).
     cfg.model.init = crate::config::Init::Random;
+    cfg.run.device = mine.run.device.clone();
     let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
     let policy = init_model(&cfg, &dev, dtype)?;
     receive_weights(&mut *c, policy.vars(), "weights")?;
