@@ -123,3 +123,26 @@ fn two_and_four_ranks_run_the_loop_like_one_process_and_resume_across_world_size
     ranked(cfg(&root, "chain", 6), 4);
     assert_same_run(&one.dir, &chain, "2 -> 1 -> 4 ranks");
 }
+
+#[test]
+fn the_sft_warm_up_runs_on_every_rank_like_one_process() {
+    let root = crate::scratch("ranks-sft");
+    let warm = |name: &str| {
+        let mut c = cfg(&root, name, 1);
+        c.sft.steps = 3;
+        c.sft.batch_size = 8;
+        c
+    };
+    let one = terse_train::train(&warm("one")).expect("one process");
+    let two = ranked(warm("two"), 2);
+    // Step 0's checkpoint holds the warmed-up weights: each rank differentiated half of every
+    // batch, so a rank that sat out would leave half the gradient.
+    let w = |d: &Path| d.join("step_000000/model.safetensors");
+    let d = max_diff(&w(&one.dir), &w(&two.dir));
+    assert!(d <= 1e-5, "warmed-up weights differ by {d}");
+    let moved = max_diff(
+        &w(&one.dir),
+        &crate::fixture("testbed-sft").join("model.safetensors"),
+    );
+    assert!(moved > 1e-4, "SFT did not move the weights ({moved})");
+}

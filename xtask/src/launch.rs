@@ -39,8 +39,8 @@ pub struct RankArgs {
     /// loopback port with one).
     #[arg(long)]
     pub master_port: Option<u16>,
-    /// Seconds any exchange between ranks may wait (rank 0's SFT warm-up and evaluations
-    /// happen while the others wait, so it must cover them).
+    /// Seconds any exchange between ranks may wait (rank 0's evaluations happen while the
+    /// others wait, so it must cover them).
     #[arg(long, default_value_t = 1800)]
     pub timeout: u64,
     #[arg(long, hide = true)]

@@ -1,6 +1,7 @@
 //! A whole run on several data-parallel ranks (the launcher in xtask starts one process per
 //! rank; tests run them on threads). Rank 0 runs the ordinary run loop (run.rs): it validates,
-//! locks, resumes or warms up (SFT), evaluates, writes metrics and checkpoints. The other ranks
+//! locks, resumes or warms up (SFT, in which every rank takes its share: `announce_sft`),
+//! evaluates, writes metrics and checkpoints. The other ranks
 //! write nothing: they receive rank 0's starting point (resolved config, weights, optimizer
 //! state, step, data cursor, shaper state) by broadcast, then take every GRPO step alongside it
 //! (each rank rolls out its share of the groups and sees every group's statistics, see
@@ -21,7 +22,17 @@ use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use terse_dist::Collective;
+use terse_model::Qwen3;
 use terse_optim::AdamW;
+
+/// The observer of a rank that writes nothing.
+struct NoRecords;
+
+impl crate::observe::Observer for NoRecords {
+    fn record(&mut self, _: &crate::report::MetricsLine) -> Result<()> {
+        Ok(())
+    }
+}
 
 /// What every rank needs to start where rank 0 starts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,13 +89,43 @@ pub(crate) fn send_start(
     Ok(())
 }
 
-/// A rank other than 0: receives the start, then steps with rank 0 until the last step.
+/// Rank 0, once it knows how the run starts: tells the other ranks whether an SFT warm-up
+/// follows (`Some(model)`: the fresh model, whose weights it sends; they then train it with
+/// rank 0, `sft.rs`) or not (a resume, or no warm-up).
+pub(crate) fn announce_sft(c: &mut dyn Collective, fresh: Option<&Qwen3>) -> Result<()> {
+    let mut flag = vec![u8::from(fresh.is_some())];
+    c.broadcast(&mut flag, 0)
+        .context("rank 0: announcing the SFT warm-up")?;
+    if let Some(m) = fresh {
+        let mut buf = weights_bytes(m.vars())?;
+        c.broadcast(&mut buf, 0)
+            .context("rank 0: sending the weights to warm up")?;
+    }
+    Ok(())
+}
+
+/// A rank other than 0: takes part in rank 0's SFT warm-up if there is one, receives the
+/// start, then steps with rank 0 until the last step.
 fn follow(
     mine: &RunConfig,
     shaper: &mut dyn ShaperWithState,
     mut c: Box<dyn Collective>,
 ) -> Result<()> {
     let rank = c.rank();
+    let mut flag = vec![];
+    c.broadcast(&mut flag, 0)
+        .with_context(|| format!("rank {rank}: waiting for rank 0's start"))?;
+    if flag == [1] {
+        // rank 0's fresh weights, warmed up together (the config is this rank's own: rank 0
+        // checked the run's, and every rank reads the same file).
+        let mut cfg = mine.clone();
+        cfg.model.init = crate::config::Init::Random;
+        let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+        let model = init_model(&cfg, &dev, dtype)?;
+        receive_weights(&mut *c, model.vars(), "weights to warm up")?;
+        let tok = load_tokenizer(&cfg.model.path)?;
+        crate::sft::sft(&cfg, &model, &tok, &mut NoRecords, Some(&mut *c))?;
+    }
     let mut buf = vec![];
     c.broadcast(&mut buf, 0)
         .with_context(|| format!("rank {rank}: receiving the start from rank 0"))?;

@@ -62,7 +62,7 @@ pub(crate) fn train_loop(
     cfg: &RunConfig,
     shaper: &mut dyn ShaperWithState,
     extra: Vec<Box<dyn Observer>>,
-    collective: Option<Box<dyn terse_dist::Collective>>,
+    mut collective: Option<Box<dyn terse_dist::Collective>>,
 ) -> Result<RunSummary> {
     // Validate, lock, load, check; SFT and step 0's checkpoint for a fresh run.
     let Started {
@@ -71,7 +71,15 @@ pub(crate) fn train_loop(
         mut observers,
         kept_evals,
         ..
-    } = start(cfg, shaper, extra)?;
+    } = start(
+        cfg,
+        shaper,
+        extra,
+        match collective.as_mut() {
+            Some(c) => Some(&mut **c),
+            None => None,
+        },
+    )?;
     if let Some(mut c) = collective {
         crate::ranks::send_start(&trainer, shaper, &mut *c)?;
         trainer.collective = Some(c);

@@ -1,6 +1,7 @@
 //! SFT warm-up: completion-only cross-entropy on the testbed teacher's traces, with the same
 //! model, micro-batching and optimizer as GRPO. Runs inside `train` before the first GRPO step,
 //! or alone (`cargo xtask sft`), leaving an HF-layout checkpoint a GRPO run can start from.
+//! On data-parallel ranks every rank takes part (its share of each batch, ZeRO-2 steps).
 
 use crate::batches::{gradients, MicroBatching, Objective, Seq};
 use crate::checkpoint::save_model_dir;
@@ -13,6 +14,7 @@ use crate::observe::{progress_bar, Observer};
 use crate::report::{MetricsLine, SftReport};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
+use terse_dist::Collective;
 use terse_model::Qwen3;
 use terse_optim::{clip_grad_norm, AdamW};
 
@@ -31,17 +33,22 @@ pub fn sft_only(cfg: &RunConfig) -> Result<PathBuf> {
     let model = init_model(cfg, &dev, dtype)?;
     let (mut metrics, _) =
         MetricsWriter::open(&dir.join("sft_metrics.jsonl"), crate::metrics::Start::Fresh)?;
-    sft(cfg, &model, &tok, &mut metrics)?;
+    sft(cfg, &model, &tok, &mut metrics, None)?;
     save_model_dir(&dir.join("sft"), &model, &cfg.model.path, |_| Ok(()))
 }
 
-/// SFT warm-up: completion-only cross-entropy on teacher traces.
+/// SFT warm-up: completion-only cross-entropy on teacher traces. With `dp`, every rank builds
+/// the whole batch and its token-mean weights, differentiates every world-th sequence, and the
+/// optimizer steps as in GRPO (ZeRO-2: gradients reduce-scattered, the global norm clipped,
+/// each rank's shard stepped, the weights all-gathered), so all ranks end with the same model.
 pub(crate) fn sft(
     cfg: &RunConfig,
     model: &Qwen3,
     tok: &tokenizers::Tokenizer,
     observer: &mut dyn Observer,
+    mut dp: Option<&mut dyn Collective>,
 ) -> Result<()> {
+    let (rank, world) = dp.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
     let s = &cfg.sft;
     let teacher = cfg.data.teacher();
     let mut opt = AdamW::new(cfg.optim.clone(), model.vars())?;
@@ -77,16 +84,40 @@ pub(crate) fn sft(
         {
             q.weight = w as f32;
         }
-        let (mut grads, st) = gradients(model, &seqs, Objective::Sft, micro)?;
-        let norm = clip_grad_norm(&mut grads, cfg.grpo.grad_clip)?;
+        let lr = s.schedule.lr_at(step);
+        let share: Vec<Seq>;
+        let part: &[Seq] = if world == 1 {
+            &seqs
+        } else {
+            share = seqs.into_iter().skip(rank).step_by(world).collect();
+            &share
+        };
+        let (mut grads, mut st) = gradients(model, part, Objective::Sft, micro)?;
+        let norm = match dp.as_deref_mut() {
+            Some(c) if world > 1 => {
+                st = crate::dp::all_reduce_stats(c, st)?;
+                let ok = st.loss.is_finite();
+                crate::zero::sharded_step(
+                    c,
+                    model.vars(),
+                    &mut opt,
+                    &grads,
+                    cfg.grpo.grad_clip,
+                    lr,
+                    ok,
+                )?
+            }
+            _ => clip_grad_norm(&mut grads, cfg.grpo.grad_clip)?,
+        };
         if !st.loss.is_finite() || !norm.is_finite() {
             bail!(
                 "sft step {step}: non-finite loss {} or grad norm {norm}",
                 st.loss
             );
         }
-        let lr = s.schedule.lr_at(step);
-        opt.step(model.vars(), &grads, lr)?;
+        if world == 1 {
+            opt.step(model.vars(), &grads, lr)?;
+        }
         observer.record(&MetricsLine::Sft(SftReport {
             step,
             loss: st.loss,

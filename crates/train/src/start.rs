@@ -31,11 +31,14 @@ pub struct Started {
 }
 
 /// Validates, locks, loads and (for a fresh run) warms up; see the module docs. `extra`
-/// observers see every record from the SFT warm-up's first line on.
+/// observers see every record from the SFT warm-up's first line on. With `dp` (rank 0 of a
+/// data-parallel run), the other ranks are told whether an SFT warm-up follows and, if so,
+/// take part in it (ranks.rs).
 pub fn start(
     cfg: &RunConfig,
     shaper: &mut dyn ShaperWithState,
     extra: Vec<Box<dyn Observer>>,
+    mut dp: Option<&mut dyn terse_dist::Collective>,
 ) -> Result<Started> {
     cfg.validate()?;
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
@@ -125,10 +128,19 @@ pub fn start(
     observers.0.extend(extra);
     let resumed = loaded.is_some();
     let (policy, step, cursor, opt, reference) = match (loaded, fresh) {
-        (Some(l), _) => l,
+        (Some(l), _) => {
+            if let Some(c) = dp {
+                crate::ranks::announce_sft(c, None)?;
+            }
+            l
+        }
         (None, Some(m)) => {
-            if cfg.sft.steps > 0 {
-                sft(&cfg, &m, &tok, &mut observers)?;
+            let warm_up = cfg.sft.steps > 0;
+            if let Some(c) = dp.as_deref_mut() {
+                crate::ranks::announce_sft(c, warm_up.then_some(&m))?;
+            }
+            if warm_up {
+                sft(&cfg, &m, &tok, &mut observers, dp)?;
             }
             let opt = AdamW::new(cfg.optim.clone(), m.vars())?;
             let state = TrainState {
