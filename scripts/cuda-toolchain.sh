@@ -54,6 +54,29 @@ EOF
   touch "$ROOT/.complete"
 fi
 
+# NCCL for the data-parallel GPU backend (terse-dist's `nccl` feature links -lnccl). Its wheel
+# keeps its files under nvidia/nccl/, not nvidia/cu13/. Added to trees made before it was.
+if [ ! -f "$ROOT/lib/libnccl.so" ]; then
+  mkdir -p "$ROOT/wheels"
+  "$PY" -m pip download --quiet --no-deps --dest "$ROOT/wheels" nvidia-nccl-cu13==2.32.3 >&2
+  "$PY" - "$ROOT" "$ROOT"/wheels/nvidia_nccl_cu13-*.whl <<'EOF'
+import os, shutil, sys, zipfile
+root, pre = sys.argv[1], "nvidia/nccl/"
+for whl in sys.argv[2:]:
+    with zipfile.ZipFile(whl) as z:
+        for i in z.infolist():
+            name = i.filename
+            if i.is_dir() or not (name.startswith(pre + "lib/") or name == pre + "include/nccl.h"):
+                continue
+            dst = os.path.join(root, name[len(pre):])
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with z.open(i) as s, open(dst, "wb") as d:
+                shutil.copyfileobj(s, d)
+EOF
+  ln -sf libnccl.so.2 "$ROOT/lib/libnccl.so"
+  rm -rf "$ROOT/wheels"
+fi
+
 cat <<EOF
 export CUDA_ROOT="$ROOT" CUDA_HOME="$ROOT" CUDA_PATH="$ROOT"
 export PATH="$ROOT/bin:\$PATH"

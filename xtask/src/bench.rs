@@ -2,7 +2,7 @@
 //! Qwen3-0.6B-shaped model (random weights), and the peak memory and time of the fused log-prob
 //! path against the naive full-vocabulary log-softmax, measured in the same run; `bench optim`:
 //! the AdamW step against a plain SGD update; `bench rollout`: decode with and without the KV
-//! cache.
+//! cache; `bench collective` (bench_collective.rs): the CPU data-parallel exchange.
 
 use crate::mem;
 use anyhow::Result;
@@ -69,12 +69,23 @@ pub enum What {
         #[arg(long)]
         json: bool,
     },
+    /// The CPU data-parallel backend's all-reduce and reduce-scatter + all-gather bandwidth at 2
+    /// and 4 ranks, against a copy of the same buffer.
+    Collective {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Buffer size in MiB (a gradient of ~mib/4 M parameters).
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+    },
 }
 
 pub fn run(w: &What) -> Result<ExitCode> {
     match w {
         What::Model { json, quick } => model(*json, *quick),
         What::Optim { json } => optim(*json),
+        What::Collective { json, mib } => crate::bench_collective::collective(*json, *mib),
         What::GrpoStep {
             json,
             python,

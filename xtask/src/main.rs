@@ -2,6 +2,7 @@
 //! The only crate besides the trainer that touches the filesystem or the terminal.
 
 mod bench;
+mod bench_collective;
 mod bench_memory;
 mod bench_rollout;
 mod bench_step;
@@ -13,6 +14,8 @@ mod gpu;
 mod gpu_bench;
 #[cfg(feature = "cuda")]
 mod gpu_long;
+#[cfg(feature = "cuda")]
+mod gpu_nccl;
 mod launch;
 mod mem;
 mod methods;

@@ -1,18 +1,24 @@
 //! The collective operations of data-parallel training behind one small boundary,
 //! [`Collective`]: sum all-reduce, sum reduce-scatter, all-gather, broadcast. Every reduction
-//! sums in rank order (rank 0 + rank 1 + ...), so all ranks hold bit-identical results and a
-//! run's numbers do not depend on timing.
+//! leaves the same bits on every rank; the CPU backend sums in rank order (rank 0 + rank 1 +
+//! ...), so a run's numbers do not depend on timing either.
 //!
-//! Backends: [`Single`] (world size 1, no communication) and [`TcpGroup`] (`tcp.rs`): local
-//! processes or threads over loopback TCP in a star around rank 0, with a rendezvous and a
-//! timeout on every exchange. TcpGroup is for tests and CPU runs; GPU ranks will use NCCL
-//! behind the same trait.
+//! Backends: [`Single`] (world size 1, no communication), [`TcpGroup`] (`tcp.rs`): processes
+//! or threads over TCP in a star around rank 0, with a rendezvous and a timeout on every
+//! exchange, for tests and CPU runs; and `NcclGroup` (`nccl.rs`, feature `nccl`): GPU ranks,
+//! their communicator made from a unique id sent over a TcpGroup (NCCL chooses its own
+//! reduction order; every rank still holds the same bits).
 //!
-//! Data flow (planned, the multi-GPU issue): the trainer's per-rank gradients ->
-//! `reduce_scatter_sum` -> each rank's optimizer shard -> `all_gather` of the new weights.
+//! Data flow: the trainer's per-rank gradients -> `reduce_scatter_sum` -> each rank's optimizer
+//! shard -> `all_gather` of the new weights (terse_train's zero.rs); rollout statistics ->
+//! `all_gather_bytes`; rank 0's start and checkpoints -> `broadcast`.
 
+#[cfg(feature = "nccl")]
+mod nccl;
 mod tcp;
 
+#[cfg(feature = "nccl")]
+pub use nccl::NcclGroup;
 pub use tcp::TcpGroup;
 
 use anyhow::{bail, Result};
@@ -21,7 +27,8 @@ use anyhow::{bail, Result};
 pub trait Collective: Send {
     fn rank(&self) -> usize;
     fn world(&self) -> usize;
-    /// Every rank's `buf` replaced by the element-wise sum over ranks (in rank order).
+    /// Every rank's `buf` replaced by the element-wise sum over ranks (the same bits on every
+    /// rank).
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()>;
     /// The same in f64 (statistics and counts, which f32 would round).
     fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()>;

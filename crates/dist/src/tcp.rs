@@ -271,6 +271,26 @@ impl Collective for TcpGroup {
         self.reduce(buf)
     }
 
+    /// The all-reduce's sum (the same rank order, so the same bits), but rank 0 sends each rank
+    /// only its part: 1/world of the all-reduce's return traffic.
+    fn reduce_scatter_sum(&mut self, parts: &[f32]) -> Result<Vec<f32>> {
+        let n = shard_len(parts.len(), self.world)?;
+        if self.rank != 0 {
+            self.send(0, &bytes(parts))?;
+            return self.recv_vals::<f32>(0, n);
+        }
+        let mut sum = parts.to_vec();
+        for r in 1..self.world {
+            let v = self.recv_vals::<f32>(r, parts.len())?;
+            sum.iter_mut().zip(v).for_each(|(a, b)| *a = a.add(b));
+        }
+        for r in 1..self.world {
+            self.send(r, &bytes(&sum[r * n..(r + 1) * n]))?;
+        }
+        sum.truncate(n);
+        Ok(sum)
+    }
+
     fn all_gather(&mut self, part: &[f32]) -> Result<Vec<f32>> {
         let n = part.len();
         if self.rank != 0 {

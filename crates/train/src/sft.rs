@@ -94,7 +94,7 @@ pub(crate) fn sft(
         };
         let (mut grads, mut st) = gradients(model, part, Objective::Sft, micro)?;
         let norm = match dp.as_deref_mut() {
-            Some(c) if world > 1 => {
+            Some(c) => {
                 st = crate::dp::all_reduce_stats(c, st)?;
                 let ok = st.loss.is_finite();
                 crate::zero::sharded_step(
@@ -115,7 +115,7 @@ pub(crate) fn sft(
                 st.loss
             );
         }
-        if world == 1 {
+        if dp.is_none() {
             opt.step(model.vars(), &grads, lr)?;
         }
         observer.record(&MetricsLine::Sft(SftReport {

@@ -77,7 +77,6 @@ pub fn policy_update(
     mut dp: Option<&mut dyn Collective>,
 ) -> Result<UpdateStats> {
     let mut out = UpdateStats::default();
-    let world = dp.as_ref().map_or(1, |c| c.world());
     if let Some(r) = reference {
         let t0 = std::time::Instant::now();
         let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, r);
@@ -123,11 +122,11 @@ pub fn policy_update(
             };
             let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
             let (mut grads, mut st) = gradients(model, part, objective, how)?;
-            // Several ranks: ZeRO-2 (gradients reduce-scattered, each rank's optimizer shard
-            // stepped, the new weights all-gathered); the step is skipped when the loss or the
-            // global norm is not finite. One process: clip and step here.
+            // A collective (any world size, 1 included): ZeRO-2 (gradients reduce-scattered,
+            // each rank's optimizer shard stepped, the new weights all-gathered); the step is
+            // skipped when the loss or the global norm is not finite. None: clip and step here.
             let grad_norm = match dp.as_deref_mut() {
-                Some(c) if world > 1 => {
+                Some(c) => {
                     st = crate::dp::all_reduce_stats(c, st)?;
                     let ok = st.loss.is_finite();
                     crate::zero::sharded_step(c, model.vars(), opt, &grads, g.grad_clip, lr, ok)?
@@ -142,7 +141,7 @@ pub fn policy_update(
                     crate::checkpoint::last_good(run_dir)
                 );
             }
-            if world == 1 {
+            if dp.is_none() {
                 opt.step(model.vars(), &grads, lr)?;
             }
             if out.updates == 0 {
