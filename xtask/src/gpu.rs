@@ -1,8 +1,8 @@
 //! The GPU path's three commands: `cuda-toolchain` (nvcc 13.0 and the CUDA libraries from PyPI
 //! wheels into a cache directory, via scripts/cuda-toolchain.sh), `build-gpu` (a stripped,
 //! xz-compressed release xtask with `cuda` on, small enough to copy to a GPU machine) and
-//! `gpu-check` (run there: kernel parity against the CPU references, the NCCL backend
-//! (gpu_nccl.rs), then benchmarks, one JSON report).
+//! `gpu-check` (run there: kernel parity against the CPU references, benchmarks, then the
+//! NCCL backend (gpu_nccl.rs), one JSON report).
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -167,10 +167,6 @@ pub fn gpu_check(out: &Path) -> Result<ExitCode> {
             );
         }
     }
-    // The NCCL backend at world size 1 (a failure is a row, not the end of the check).
-    let nccl = crate::gpu_nccl::nccl(&dev).unwrap_or_else(|e| json!({"error": format!("{e:#}")}));
-    report.insert("nccl".into(), nccl);
-    write(&report)?;
     report.insert("decode".into(), crate::gpu_bench::decode(&dev)?);
     write(&report)?;
     report.insert("hf_generate".into(), crate::gpu_bench::hf_generate());
@@ -182,6 +178,11 @@ pub fn gpu_check(out: &Path) -> Result<ExitCode> {
     report.insert("long_context".into(), crate::gpu_long::long_context(&dev)?);
     write(&report)?;
     report.insert("logprob".into(), crate::gpu_bench::logprob(&dev)?);
+    write(&report)?;
+    // The NCCL backend at world size 1, last: its first run must not cost the rows above if
+    // it hangs in initialisation (a failure is a row, not the end of the check).
+    let nccl = crate::gpu_nccl::nccl(&dev).unwrap_or_else(|e| json!({"error": format!("{e:#}")}));
+    report.insert("nccl".into(), nccl);
     write(&report)?;
     println!("{}", serde_json::to_string(&Value::Object(report))?);
     Ok(ExitCode::SUCCESS)
