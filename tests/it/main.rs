@@ -45,3 +45,21 @@ pub fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
         .to_scalar::<f32>()
         .expect("s")
 }
+
+/// A short GRPO run from the committed SFT checkpoint.
+pub fn from_sft(dir: &std::path::Path, name: &str, steps: u64) -> terse_train::RunConfig {
+    let mut c = terse_train::RunConfig::default();
+    c.run.dir = dir.to_path_buf();
+    c.run.name = name.into();
+    c.model.path = crate::fixture("testbed-sft");
+    c.model.init = terse_train::config::Init::Checkpoint;
+    c.sft.steps = 0;
+    c.grpo.steps = steps;
+    c.grpo.prompts_per_step = 4;
+    c.grpo.group_size = 4;
+    c.grpo.max_new_tokens = 64;
+    c.checkpoint.every = 1;
+    c.eval.per_level = 2;
+    c.eval.samples = 1;
+    c
+}

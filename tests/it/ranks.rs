@@ -9,17 +9,10 @@ use terse_dist::TcpGroup;
 use terse_reward::BuiltinShaper;
 use terse_train::RunConfig;
 
+/// `crate::from_sft` with dynamic sampling and Short-RL on, checkpoints every 2 steps.
 fn cfg(root: &Path, name: &str, steps: u64) -> RunConfig {
-    let mut c = RunConfig::default();
-    c.run.dir = root.to_path_buf();
-    c.run.name = name.into();
-    c.model.path = crate::fixture("testbed-sft");
-    c.model.init = terse_train::config::Init::Checkpoint;
-    c.sft.steps = 0;
+    let mut c = crate::from_sft(root, name, steps);
     c.data.levels = vec![2, 3, 4, 5];
-    c.grpo.steps = steps;
-    c.grpo.prompts_per_step = 4;
-    c.grpo.group_size = 4;
     c.grpo.max_new_tokens = 48;
     c.grpo.dynamic_sampling = Some(terse_train::config::DynamicSampling { max_rounds: 2 });
     c.reward = toml::from_str::<RunConfig>("[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\n")
@@ -27,8 +20,6 @@ fn cfg(root: &Path, name: &str, steps: u64) -> RunConfig {
         .reward;
     c.checkpoint.every = 2;
     c.checkpoint.keep_last = 3;
-    c.eval.per_level = 2;
-    c.eval.samples = 1;
     c
 }
 

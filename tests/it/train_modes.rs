@@ -6,24 +6,6 @@ use std::path::Path;
 use terse_train::task::Task;
 use terse_train::RunConfig;
 
-/// A short GRPO run from the committed SFT checkpoint.
-fn from_sft(dir: &Path, name: &str, steps: u64) -> RunConfig {
-    let mut c = RunConfig::default();
-    c.run.dir = dir.to_path_buf();
-    c.run.name = name.into();
-    c.model.path = crate::fixture("testbed-sft");
-    c.model.init = terse_train::config::Init::Checkpoint;
-    c.sft.steps = 0;
-    c.grpo.steps = steps;
-    c.grpo.prompts_per_step = 4;
-    c.grpo.group_size = 4;
-    c.grpo.max_new_tokens = 64;
-    c.checkpoint.every = 1;
-    c.eval.per_level = 2;
-    c.eval.samples = 1;
-    c
-}
-
 fn grpo_lines(run: &Path) -> Vec<terse_train::StepReport> {
     terse_train::report::read_steps(&run.join("metrics.jsonl")).expect("metrics")
 }
@@ -31,7 +13,7 @@ fn grpo_lines(run: &Path) -> Vec<terse_train::StepReport> {
 #[test]
 fn step_grpo_truncated_rollout_runs_from_the_config() {
     let root = crate::scratch("modes-step");
-    let mut c = from_sft(&root, "step", 2);
+    let mut c = crate::from_sft(&root, "step", 2);
     c.data.levels = vec![1, 2];
     let extra: RunConfig = toml::from_str(
         r#"
@@ -67,7 +49,7 @@ fn step_grpo_truncated_rollout_runs_from_the_config() {
 fn dynamic_sampling_drops_all_equal_groups_and_resumes_exactly() {
     let root = crate::scratch("modes-dynamic");
     let cfg = |name: &str, steps| {
-        let mut c = from_sft(&root, name, steps);
+        let mut c = crate::from_sft(&root, name, steps);
         // Level 1 is easy: most groups are all correct, so dynamic sampling has work to do.
         c.data.levels = vec![1, 3];
         c.grpo.dynamic_sampling = Some(terse_train::config::DynamicSampling { max_rounds: 3 });
@@ -103,7 +85,7 @@ fn dynamic_sampling_drops_all_equal_groups_and_resumes_exactly() {
 #[test]
 fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
     let root = crate::scratch("modes-nan");
-    let c = from_sft(&root, "nan", 3);
+    let c = crate::from_sft(&root, "nan", 3);
     // A research shaper that returns NaN rewards from step 1 on.
     let mut shaper = |groups: &[terse_reward::Group], ctx: &terse_reward::StepCtx| {
         let v = if ctx.step >= 1 { f64::NAN } else { 1.0 };
@@ -133,7 +115,7 @@ fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
 #[test]
 fn sft_alone_writes_a_model_a_grpo_run_starts_from() {
     let root = crate::scratch("modes-sft");
-    let mut c = from_sft(&root, "warm", 1);
+    let mut c = crate::from_sft(&root, "warm", 1);
     c.model.path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/testbed");
     c.model.init = terse_train::config::Init::Random;
     c.sft.steps = 3;
@@ -143,7 +125,7 @@ fn sft_alone_writes_a_model_a_grpo_run_starts_from() {
     let lines =
         terse_train::report::read_sft(&root.join("warm/sft_metrics.jsonl")).expect("sft metrics");
     assert_eq!(lines.len(), 3);
-    let mut g = from_sft(&root, "grpo", 1);
+    let mut g = crate::from_sft(&root, "grpo", 1);
     g.model.path = out;
     terse_train::train(&g).expect("GRPO from the SFT output");
 }
@@ -195,7 +177,7 @@ fn dataset_tasks_load_score_and_fail_in_one_line() {
     m.train = Some(root.join("nope.parquet"));
     let e = format!("{:#}", Task::new(&m, &model, 0).expect_err("missing"));
     assert!(e.contains("nope.parquet") && e.lines().count() == 1, "{e}");
-    let mut c = from_sft(&root, "missing", 1);
+    let mut c = crate::from_sft(&root, "missing", 1);
     c.data = m;
     let e = format!("{:#}", terse_train::train(&c).expect_err("missing dataset"));
     assert!(e.contains("nope.parquet") && e.lines().count() == 1, "{e}");
@@ -208,7 +190,7 @@ fn dataset_tasks_load_score_and_fail_in_one_line() {
 #[test]
 fn mini_batches_and_epochs_give_one_update_each() {
     let root = crate::scratch("modes-minibatch");
-    let mut c = from_sft(&root, "mb", 1);
+    let mut c = crate::from_sft(&root, "mb", 1);
     c.grpo.mini_batch_prompts = Some(3); // 4 prompts -> mini-batches of 3 and 1
     c.grpo.epochs = 2;
     c.grpo.schedule.peak_lr = 1e-2;

@@ -62,6 +62,15 @@ pub trait Collective: Send {
     }
 }
 
+/// A held group lent to a function that takes `Option<&mut dyn Collective>`
+/// (`as_deref_mut` keeps the box's `'static` bound, which such a parameter rejects).
+pub fn lend(c: &mut Option<Box<dyn Collective>>) -> Option<&mut dyn Collective> {
+    match c {
+        Some(c) => Some(&mut **c),
+        None => None,
+    }
+}
+
 /// The length of each of `world` equal parts of `len`; an error when it does not divide.
 pub fn shard_len(len: usize, world: usize) -> Result<usize> {
     if world == 0 || !len.is_multiple_of(world) {

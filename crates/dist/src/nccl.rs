@@ -10,7 +10,7 @@
 
 use crate::{shard_len, Collective, TcpGroup};
 use anyhow::{anyhow, bail, Context, Result};
-use candle_core::cuda_backend::cudarc::driver::{CudaContext, CudaStream};
+use candle_core::cuda_backend::cudarc::driver::{CudaContext, CudaStream, DriverError};
 use candle_core::cuda_backend::cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
 use std::sync::Arc;
 
@@ -30,10 +30,16 @@ pub struct NcclGroup {
     tcp: TcpGroup,
 }
 
+/// An NCCL error, naming the call.
 fn nccl(
     what: &str,
 ) -> impl FnOnce(candle_core::cuda_backend::cudarc::nccl::result::NcclError) -> anyhow::Error + '_ {
     move |e| anyhow!("NCCL {what}: {e:?}")
+}
+
+/// A CUDA driver error (a copy, an allocation, a synchronisation) as an anyhow error.
+fn driver(e: DriverError) -> anyhow::Error {
+    anyhow!("CUDA: {e:?}")
 }
 
 impl NcclGroup {
@@ -79,15 +85,13 @@ impl NcclGroup {
         &mut self,
         buf: &mut [T],
     ) -> Result<()> {
-        let mut d = self.stream.clone_htod(buf).map_err(|e| anyhow!("{e:?}"))?;
+        let mut d = self.stream.clone_htod(buf).map_err(driver)?;
         self.comm
             .0
             .all_reduce_in_place(&mut d, &ReduceOp::Sum)
             .map_err(nccl("all-reduce"))?;
-        self.stream
-            .memcpy_dtoh(&d, buf)
-            .map_err(|e| anyhow!("{e:?}"))?;
-        self.stream.synchronize().map_err(|e| anyhow!("{e:?}"))
+        self.stream.memcpy_dtoh(&d, buf).map_err(driver)?;
+        self.stream.synchronize().map_err(driver)
     }
 }
 
@@ -106,30 +110,28 @@ impl Collective for NcclGroup {
     }
     fn reduce_scatter_sum(&mut self, parts: &[f32]) -> Result<Vec<f32>> {
         let n = shard_len(parts.len(), self.world())?;
-        let err = |e| anyhow!("{e:?}");
-        let send = self.stream.clone_htod(parts).map_err(err)?;
-        let mut recv = self.stream.alloc_zeros::<f32>(n).map_err(err)?;
+        let send = self.stream.clone_htod(parts).map_err(driver)?;
+        let mut recv = self.stream.alloc_zeros::<f32>(n).map_err(driver)?;
         self.comm
             .0
             .reduce_scatter(&send, &mut recv, &ReduceOp::Sum)
             .map_err(nccl("reduce-scatter"))?;
-        let out = self.stream.clone_dtoh(&recv).map_err(err)?;
-        self.stream.synchronize().map_err(err)?;
+        let out = self.stream.clone_dtoh(&recv).map_err(driver)?;
+        self.stream.synchronize().map_err(driver)?;
         Ok(out)
     }
     fn all_gather(&mut self, part: &[f32]) -> Result<Vec<f32>> {
-        let err = |e| anyhow!("{e:?}");
-        let send = self.stream.clone_htod(part).map_err(err)?;
+        let send = self.stream.clone_htod(part).map_err(driver)?;
         let mut recv = self
             .stream
             .alloc_zeros::<f32>(part.len() * self.world())
-            .map_err(err)?;
+            .map_err(driver)?;
         self.comm
             .0
             .all_gather(&send, &mut recv)
             .map_err(nccl("all-gather"))?;
-        let out = self.stream.clone_dtoh(&recv).map_err(err)?;
-        self.stream.synchronize().map_err(err)?;
+        let out = self.stream.clone_dtoh(&recv).map_err(driver)?;
+        self.stream.synchronize().map_err(driver)?;
         Ok(out)
     }
     fn broadcast(&mut self, buf: &mut Vec<u8>, root: usize) -> Result<()> {

@@ -195,20 +195,33 @@ impl TcpGroup {
         Ok(b.chunks_exact(T::SIZE).map(T::read).collect())
     }
 
-    /// Sum in rank order through rank 0: ((b0 + b1) + b2) + ...
-    fn reduce<T: Elem>(&mut self, buf: &mut [T]) -> Result<()> {
+    /// The sum in rank order, ((b0 + b1) + b2) + ..., on rank 0 (the others send their `buf`
+    /// and get None).
+    fn sum_at_root<T: Elem>(&mut self, buf: &[T]) -> Result<Option<Vec<T>>> {
         if self.rank != 0 {
             self.send(0, &bytes(buf))?;
-            let sum = self.recv_vals::<T>(0, buf.len())?;
-            buf.copy_from_slice(&sum);
-            return Ok(());
+            return Ok(None);
         }
+        let mut sum = buf.to_vec();
         for r in 1..self.world {
             let v = self.recv_vals::<T>(r, buf.len())?;
-            buf.iter_mut().zip(v).for_each(|(a, b)| *a = a.add(b));
+            sum.iter_mut().zip(v).for_each(|(a, b)| *a = a.add(b));
         }
-        let out = bytes(buf);
-        (1..self.world).try_for_each(|r| self.send(r, &out))
+        Ok(Some(sum))
+    }
+
+    /// Every rank's `buf` replaced by the sum in rank order, through rank 0.
+    fn reduce<T: Elem>(&mut self, buf: &mut [T]) -> Result<()> {
+        let sum = match self.sum_at_root(buf)? {
+            Some(sum) => {
+                let out = bytes(&sum);
+                (1..self.world).try_for_each(|r| self.send(r, &out))?;
+                sum
+            }
+            None => self.recv_vals::<T>(0, buf.len())?,
+        };
+        buf.copy_from_slice(&sum);
+        Ok(())
     }
 }
 
@@ -275,15 +288,9 @@ impl Collective for TcpGroup {
     /// only its part: 1/world of the all-reduce's return traffic.
     fn reduce_scatter_sum(&mut self, parts: &[f32]) -> Result<Vec<f32>> {
         let n = shard_len(parts.len(), self.world)?;
-        if self.rank != 0 {
-            self.send(0, &bytes(parts))?;
+        let Some(mut sum) = self.sum_at_root(parts)? else {
             return self.recv_vals::<f32>(0, n);
-        }
-        let mut sum = parts.to_vec();
-        for r in 1..self.world {
-            let v = self.recv_vals::<f32>(r, parts.len())?;
-            sum.iter_mut().zip(v).for_each(|(a, b)| *a = a.add(b));
-        }
+        };
         for r in 1..self.world {
             self.send(r, &bytes(&sum[r * n..(r + 1) * n]))?;
         }

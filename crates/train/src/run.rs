@@ -71,15 +71,7 @@ pub(crate) fn train_loop(
         mut observers,
         kept_evals,
         ..
-    } = start(
-        cfg,
-        shaper,
-        extra,
-        match collective.as_mut() {
-            Some(c) => Some(&mut **c),
-            None => None,
-        },
-    )?;
+    } = start(cfg, shaper, extra, terse_dist::lend(&mut collective))?;
     if let Some(mut c) = collective {
         crate::ranks::send_start(&trainer, shaper, &mut *c)?;
         trainer.collective = Some(c);

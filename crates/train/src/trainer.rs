@@ -122,10 +122,7 @@ impl GrpoTrainer {
             &self.gen,
             self.step,
             self.cursor,
-            match self.collective.as_mut() {
-                Some(c) => Some(&mut **c),
-                None => None,
-            },
+            terse_dist::lend(&mut self.collective),
         )
     }
 
@@ -178,10 +175,7 @@ impl GrpoTrainer {
             self.step,
             &dir,
             self.policy_loss.as_deref(),
-            match self.collective.as_mut() {
-                Some(c) => Some(&mut **c),
-                None => None,
-            },
+            terse_dist::lend(&mut self.collective),
         )
     }
 
