@@ -25,3 +25,43 @@ pub const METHODS: &[Method] = &[
     Method { name: "step_grpo", label: "Step-GRPO (δ = 0.95)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\n" },
     Method { name: "step_grpo_d99", label: "Step-GRPO (δ = 0.99)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.99\nmax_judge_steps = 10\n" },
 ];
+
+/// The study's methods named in `names` (all of them when `names` is empty), in the study's
+/// order; an unknown name is an error that lists the known ones.
+pub fn select(names: &[String]) -> anyhow::Result<Vec<&'static Method>> {
+    if let Some(bad) = names
+        .iter()
+        .find(|n| !METHODS.iter().any(|m| m.name == n.as_str()))
+    {
+        let known: Vec<&str> = METHODS.iter().map(|m| m.name).collect();
+        anyhow::bail!(
+            "repro --methods: unknown method `{bad}` (known: {})",
+            known.join(", ")
+        );
+    }
+    Ok(METHODS
+        .iter()
+        .filter(|m| names.is_empty() || names.iter().any(|n| n == m.name))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn select_keeps_the_study_order_and_names_an_unknown_method() {
+        let all = select(&[]).expect("all");
+        assert_eq!(all.len(), METHODS.len());
+        let two = select(&["cos_fn".into(), "standard".into()]).expect("two");
+        assert_eq!(
+            two.iter().map(|m| m.name).collect::<Vec<_>>(),
+            ["standard", "cos_fn"]
+        );
+        let e = select(&["cosfn".into()])
+            .err()
+            .expect("an error")
+            .to_string();
+        assert!(e.contains("`cosfn`") && e.contains("cos_fn"), "{e}");
+    }
+}

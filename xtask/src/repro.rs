@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::methods::{Method, METHODS};
+use crate::methods::Method;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,6 +31,16 @@ pub struct Args {
     /// Only rewrite the report from the runs already under the study's run directory.
     #[arg(long)]
     report_only: bool,
+    /// Study only these methods (comma-separated names, e.g. `standard,cos_fn`); the report
+    /// goes to results-focus.md, so more seeds for one claim leave results.md as it is.
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<String>,
+    /// Keep a run that already finished with the same config (the study's configs/<run>.toml
+    /// is byte-identical and its last evaluation is at the last step) instead of training it
+    /// again: runs are deterministic on the CPU, so `--seeds 10` after a 5-seed study trains
+    /// seeds 5..9 only. Runs from an older build are trusted as they are.
+    #[arg(long)]
+    keep: bool,
 }
 
 /// The run config TOML of `method` with `seed`: base ⊕ overrides ⊕ run name/seed (⊕ quick).
@@ -85,41 +95,57 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         base_cfg.run.dir.clone()
     };
     let seeds = if a.quick { 1 } else { a.seeds.max(1) };
+    let methods = crate::methods::select(&a.methods)?;
     let cfg_dir = root.join("configs");
     std::fs::create_dir_all(&cfg_dir).with_context(|| format!("creating {}", cfg_dir.display()))?;
 
     // Every (method, seed) run, fresh: a stale run directory is removed first.
-    let mut jobs: Vec<(String, PathBuf)> = vec![];
-    for m in METHODS {
+    let (mut jobs, mut kept): (Vec<(String, PathBuf)>, usize) = (vec![], 0);
+    for &m in &methods {
         for seed in 0..seeds {
             let text = method_config(&base, m, seed, a.quick)?;
             let cfg = terse_train::RunConfig::from_toml(&text, Path::new(m.name))?;
             let run_dir = cfg.run.dir.join(&cfg.run.name);
-            if run_dir.exists() && !a.report_only {
+            let path = cfg_dir.join(format!("{}.toml", cfg.run.name));
+            if a.report_only || (a.keep && finished(&path, &text, &run_dir, cfg.grpo.steps as u64))
+            {
+                kept += usize::from(!a.report_only);
+                continue;
+            }
+            if run_dir.exists() {
                 std::fs::remove_dir_all(&run_dir)
                     .with_context(|| format!("removing {}", run_dir.display()))?;
             }
-            let path = cfg_dir.join(format!("{}.toml", cfg.run.name));
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
             jobs.push((cfg.run.name.clone(), path));
         }
     }
-    if !a.report_only {
-        run_children(&jobs, a.jobs.max(1), &root)?;
-    }
+    run_children(&jobs, a.jobs.max(1), &root)?;
     let elapsed = t0.elapsed().as_secs_f64();
 
-    let md = crate::summary::write(&root, seeds, a.quick, &a.out)?;
+    let md = crate::summary::write(&root, &methods, seeds, a.quick, &a.out)?;
     println!("wrote {}", md.display());
     if !a.report_only {
         println!(
-            "{} runs in {:.1} min ({} at a time, one thread each)",
+            "{} runs in {:.1} min ({} at a time, one thread each){}",
             jobs.len(),
             elapsed / 60.0,
-            a.jobs
+            a.jobs,
+            if kept > 0 {
+                format!("; {kept} finished runs kept")
+            } else {
+                String::new()
+            }
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether the run at `run_dir` already finished from exactly `text` (see `--keep`).
+fn finished(cfg_path: &Path, text: &str, run_dir: &Path, steps: u64) -> bool {
+    let same = std::fs::read_to_string(cfg_path).is_ok_and(|t| t == text);
+    same && terse_train::report::read_evals(&run_dir.join("metrics.jsonl"))
+        .is_ok_and(|e| e.last().is_some_and(|l| l.step == steps))
 }
 
 /// Runs `xtask train --config` for every job, `jobs` at a time, logs in `<root>/logs`.
@@ -167,5 +193,34 @@ fn run_children(jobs: &[(String, PathBuf)], max: usize, root: &Path) -> Result<(
                 i += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_takes_only_a_finished_run_of_the_same_config() {
+        let dir = std::env::temp_dir().join(format!("terse-repro-keep-{}", std::process::id()));
+        let run = dir.join("standard-s0");
+        std::fs::create_dir_all(&run).expect("temp dir");
+        let cfg = dir.join("standard-s0.toml");
+        std::fs::write(&cfg, "a = 1\n").expect("temp dir");
+        let eval = |step: u64| {
+            format!(
+                "{{\"phase\":\"eval\",\"step\":{step},\"accuracy\":0.5,\"len_mean\":9.0,\
+                 \"by_level\":[{{\"level\":1,\"pass1\":0.5,\"pass_k\":1.0,\"len_mean\":9.0,\
+                 \"reflections_mean\":0.0}}]}}\n"
+            )
+        };
+        let metrics = run.join("metrics.jsonl");
+        assert!(!finished(&cfg, "a = 1\n", &run, 60), "no metrics yet");
+        std::fs::write(&metrics, eval(0) + &eval(40)).expect("temp dir");
+        assert!(!finished(&cfg, "a = 1\n", &run, 60), "stopped at step 40");
+        std::fs::write(&metrics, eval(0) + &eval(60)).expect("temp dir");
+        assert!(finished(&cfg, "a = 1\n", &run, 60));
+        assert!(!finished(&cfg, "a = 2\n", &run, 60), "another config");
+        std::fs::remove_dir_all(&dir).expect("temp dir");
     }
 }

@@ -52,6 +52,11 @@ pub struct Teacher {
     /// v2 only: the chance that an operation is hard, added by each level above
     /// [`EASY_LEVELS`] (0.05: 5 % of level 3's operations, 20 % of level 6's), capped at 0.9.
     pub hard_rate: f64,
+    /// v2 only: a trace that left a hard step unchecked answers with a guess (any digit), not
+    /// with the value its chain reached: the teacher knows it did not verify. The model's
+    /// answer confidence then says whether its chain was checked, the signal an early exit
+    /// at a `Wait` (Step-GRPO, DEER) reads. Off, the answer copies the chain's value.
+    pub guess_unchecked: bool,
 }
 
 impl Default for Teacher {
@@ -62,6 +67,7 @@ impl Default for Teacher {
             max_rechecks_per_step: 2,
             recheck_hard_prob: None,
             hard_rate: 0.05,
+            guess_unchecked: false,
         }
     }
 }
@@ -124,7 +130,7 @@ impl Teacher {
 
     fn trace_v2(&self, p: &Problem, rng: &mut impl Rng) -> Trace {
         let (mut parts, mut rechecks, mut slips, mut corrected) = (vec![], 0, 0, 0);
-        let mut value = p.start;
+        let (mut value, mut unchecked) = (p.start, false);
         for i in 0..p.ops.len() {
             let before = value;
             let right = p.apply(i, before);
@@ -138,7 +144,9 @@ impl Teacher {
                 (true, Some(q)) => q,
                 _ => self.recheck_prob,
             };
-            if rng.random_bool(q) {
+            let recheck = rng.random_bool(q);
+            unchecked |= hard && !recheck;
+            if recheck {
                 let redo = if hard {
                     small_steps(before, d)
                 } else {
@@ -150,7 +158,13 @@ impl Teacher {
                 value = right;
             }
         }
-        finish(parts, value, rechecks, slips, corrected)
+        // Drawn only when enabled, so the traces of a teacher without it stay the same.
+        let answer = if unchecked && self.guess_unchecked {
+            rng.random_range(0..10)
+        } else {
+            value
+        };
+        finish(parts, answer, rechecks, slips, corrected)
     }
 }
 
@@ -326,5 +340,50 @@ mod tests {
             let tr = careful.trace(&p, &mut rng);
             assert!(verify(&tr.text, p.answer()).correct, "{}", tr.text);
         }
+    }
+
+    #[test]
+    fn v2_guess_unchecked_answers_a_guess_only_after_an_unchecked_hard_step() {
+        let t = Teacher {
+            version: Version::V2,
+            recheck_prob: 0.2,
+            recheck_hard_prob: Some(0.5),
+            hard_rate: 0.15,
+            guess_unchecked: true,
+            ..Teacher::default()
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let (mut guessed, mut copies) = (0, 0);
+        for seed in 0..800 {
+            let p = t.problem(6, seed);
+            let tr = t.trace(&p, &mut rng);
+            assert!(vocab_ok(&tr.text), "{}", tr.text);
+            assert!(verify(&tr.text, p.answer()).format_ok, "{}", tr.text);
+            let (think, answer) = tr.text.split_once("</think>").expect("think");
+            let answer = answer.split_whitespace().nth(1).expect("answer");
+            let chain = think.split_whitespace().rev().nth(1).unwrap_or("");
+            // The hard steps, and the re-checks that redid one (a chain of more than one
+            // addition); a hard step left unchecked makes the answer a guess.
+            let parts: Vec<&str> = think.split(" ;").filter(|w| w.contains('=')).collect();
+            let hard = p
+                .ops
+                .iter()
+                .filter(|o| HARD_OPERANDS.contains(&o.1))
+                .count();
+            let hard_rechecks = parts
+                .iter()
+                .filter(|w| w.contains("Wait") && w.matches('=').count() > 1)
+                .count();
+            if hard_rechecks < hard {
+                guessed += 1;
+                copies += usize::from(answer == chain);
+            } else {
+                assert_eq!(answer, chain, "{}", tr.text);
+                assert!(verify(&tr.text, p.answer()).correct, "{}", tr.text);
+            }
+        }
+        // A guess is the chain's value about one time in ten, not every time.
+        assert!(guessed > 300, "{guessed}");
+        assert!(copies * 4 < guessed, "{copies} of {guessed}");
     }
 }

@@ -165,6 +165,10 @@ pub struct DataSection {
     /// Testbed v2: the re-check probability after a hard step (unset: `recheck_prob`, blind
     /// reflection). Higher than `recheck_prob`, the model can learn where reflection pays.
     pub recheck_hard_prob: Option<f64>,
+    /// Testbed v2: a trace that left a hard step unchecked answers with a guess, so the
+    /// model's answer confidence says whether its chain was checked (what Step-GRPO's early
+    /// exit reads). Off: the answer is the chain's value.
+    pub guess_unchecked: bool,
     /// Training dataset (.jsonl or .parquet); required for "math".
     pub train: Option<PathBuf>,
     /// Evaluation dataset; generated tasks evaluate on held-out generated problems without it.
@@ -194,6 +198,7 @@ impl DataSection {
             recheck_prob: self.recheck_prob,
             recheck_hard_prob: self.recheck_hard_prob,
             hard_rate: self.hard_rate,
+            guess_unchecked: self.guess_unchecked,
             ..Default::default()
         }
     }
@@ -208,6 +213,7 @@ impl Default for DataSection {
             recheck_prob: 0.5,
             hard_rate: 0.05,
             recheck_hard_prob: None,
+            guess_unchecked: false,
             train: None,
             eval: None,
             columns: terse_tasks::dataset::Columns {
