@@ -29,6 +29,8 @@ struct RunResult {
     len_last: f64,
     /// γ_ℓ averaged over the steps that report it (Short-RL variants).
     gamma: Option<f64>,
+    /// CARE's direction per step, averaged over steps: groups with d = +1, with d = -1.
+    care_dirs: Option<(f64, f64)>,
     len_curve: Vec<f64>,
     acc_curve: Vec<f64>,
     /// The first (step 0) and the last evaluation, whole.
@@ -44,6 +46,12 @@ fn levels_of(e: &EvalLine) -> Vec<(usize, f64)> {
         .collect()
 }
 
+/// A shaper diagnostic averaged over the steps that report it.
+fn step_mean(steps: &[terse_train::report::StepReport], key: &str) -> Option<f64> {
+    let v: Vec<f64> = steps.iter().filter_map(|l| l.diagnostic(key)).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
 fn read_run(dir: &Path) -> Result<RunResult> {
     let path = dir.join("metrics.jsonl");
     let grpo = read_steps(&path)?;
@@ -54,10 +62,6 @@ fn read_run(dir: &Path) -> Result<RunResult> {
     let len_curve: Vec<f64> = grpo
         .iter()
         .map(|l| l.len_mean.unwrap_or(f64::NAN))
-        .collect();
-    let gammas: Vec<f64> = grpo
-        .iter()
-        .filter_map(|l| l.diagnostic("gamma_l"))
         .collect();
     Ok(RunResult {
         by_level: levels_of(last),
@@ -70,7 +74,8 @@ fn read_run(dir: &Path) -> Result<RunResult> {
             .map(|e| (levels_of(e), e.report.accuracy, e.report.len_mean)),
         len_avg: terse_reward::metrics::averaged_by_steps(&len_curve).0,
         len_last: len_curve.last().copied().unwrap_or(f64::NAN),
-        gamma: (!gammas.is_empty()).then(|| gammas.iter().sum::<f64>() / gammas.len() as f64),
+        gamma: step_mean(&grpo, "gamma_l"),
+        care_dirs: step_mean(&grpo, "care_dir_longer").zip(step_mean(&grpo, "care_dir_shorter")),
         acc_curve: grpo.iter().map(|l| l.accuracy).collect(),
         len_curve,
         first_eval: evals.iter().find(|e| e.step == 0).map(|e| e.report.clone()),
@@ -273,6 +278,20 @@ pub fn write(
         })
         .collect();
     writeln!(md, "{}", crate::claims::section(&stats))?;
+    // CARE's direction signal, the reason behind its rows: how many of a step's groups it
+    // pushed toward length (d = +1) and toward brevity (d = -1).
+    if let Some((_, runs)) = all.iter().find(|(m, _)| m.name == "care") {
+        let dirs: Vec<(f64, f64)> = runs.iter().filter_map(|r| r.care_dirs).collect();
+        if !dirs.is_empty() {
+            let n = dirs.len() as f64;
+            let longer = dirs.iter().map(|d| d.0).sum::<f64>() / n;
+            let shorter = dirs.iter().map(|d| d.1).sum::<f64>() / n;
+            writeln!(
+                md,
+                "CARE's direction signal, per step (mean over steps and seeds): d = +1 (longer) in {longer:.2} groups, d = -1 (shorter) in {shorter:.2}, and d = 0 (an all-right or all-wrong group, or equal halves) in the others.\n"
+            )?;
+        }
+    }
     writeln!(
         md,
         "## Method overrides\n\nEach run is configs/repro.toml plus:\n"
