@@ -107,9 +107,11 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             let cfg = terse_train::RunConfig::from_toml(&text, Path::new(m.name))?;
             let run_dir = cfg.run.dir.join(&cfg.run.name);
             let path = cfg_dir.join(format!("{}.toml", cfg.run.name));
-            if a.report_only || (a.keep && finished(&path, &text, &run_dir, cfg.grpo.steps as u64))
-            {
-                kept += usize::from(!a.report_only);
+            if a.report_only {
+                continue;
+            }
+            if a.keep && finished(&path, &text, &run_dir, cfg.grpo.steps) {
+                kept += 1;
                 continue;
             }
             if run_dir.exists() {
@@ -120,7 +122,9 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             jobs.push((cfg.run.name.clone(), path));
         }
     }
-    run_children(&jobs, a.jobs.max(1), &root)?;
+    if !jobs.is_empty() {
+        run_children(&jobs, a.jobs.max(1), &root)?;
+    }
     let elapsed = t0.elapsed().as_secs_f64();
 
     let md = crate::summary::write(&root, &methods, seeds, a.quick, &a.out)?;

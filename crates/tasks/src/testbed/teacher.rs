@@ -205,6 +205,14 @@ mod tests {
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
+    /// How many of `p`'s operations are hard.
+    fn hard_ops(p: &Problem) -> usize {
+        p.ops
+            .iter()
+            .filter(|o| HARD_OPERANDS.contains(&o.1))
+            .count()
+    }
+
     fn vocab_ok(text: &str) -> bool {
         text.split_whitespace().all(|w| VOCAB.contains(&w))
     }
@@ -261,11 +269,7 @@ mod tests {
         for (level, wrong) in wrong_by_level.iter_mut().enumerate().skip(1) {
             for seed in 0..400 {
                 let p = t.problem(level, seed);
-                let hard = p
-                    .ops
-                    .iter()
-                    .filter(|o| HARD_OPERANDS.contains(&o.1))
-                    .count();
+                let hard = hard_ops(&p);
                 assert!(level > EASY_LEVELS || hard == 0);
                 let tr = t.trace(&p, &mut rng);
                 assert!(vocab_ok(&tr.text), "{}", tr.text);
@@ -322,11 +326,7 @@ mod tests {
         for seed in 0..100 {
             let p = aimed.problem(6, seed);
             let tr = aimed.trace(&p, &mut rng);
-            let hard = p
-                .ops
-                .iter()
-                .filter(|o| HARD_OPERANDS.contains(&o.1))
-                .count();
+            let hard = hard_ops(&p);
             assert_eq!(tr.rechecks, hard, "{}", tr.text);
             assert!(verify(&tr.text, p.answer()).correct, "{}", tr.text);
         }
@@ -365,11 +365,7 @@ mod tests {
             // The hard steps, and the re-checks that redid one (a chain of more than one
             // addition); a hard step left unchecked makes the answer a guess.
             let parts: Vec<&str> = think.split(" ;").filter(|w| w.contains('=')).collect();
-            let hard = p
-                .ops
-                .iter()
-                .filter(|o| HARD_OPERANDS.contains(&o.1))
-                .count();
+            let hard = hard_ops(&p);
             let hard_rechecks = parts
                 .iter()
                 .filter(|w| w.contains("Wait") && w.matches('=').count() > 1)
