@@ -295,8 +295,8 @@ fn sampler_logprobs_equal_the_trainers_recomputation_and_stops_work() {
     );
 }
 
-/// The largest |sampler - trainer| log-prob over a sample's tokens, the trainer recomputing
-/// them with a full forward.
+/// The largest |sampler - trainer| log-prob over a sample's sampled tokens, the trainer
+/// recomputing them with a full forward.
 fn trainer_gap(m: &Qwen3, prompt: &[u32], s: &Sample) -> f32 {
     let row: Vec<u32> = prompt.iter().chain(&s.tokens).copied().collect();
     let batch = Batch::from_rows(std::slice::from_ref(&row), 0, Padding::Right, &Device::Cpu)
@@ -309,9 +309,12 @@ fn trainer_gap(m: &Qwen3, prompt: &[u32], s: &Sample) -> f32 {
         .expect("lp")
         .to_vec1::<f32>()
         .expect("v");
+    // Injected tokens (Step-GRPO's induction and close) were not sampled and carry no log-prob.
     lp.iter()
         .zip(&s.logp_plain)
-        .map(|(a, b)| (a - b).abs())
+        .zip(&s.sampled)
+        .filter(|(_, sampled)| **sampled)
+        .map(|((a, b), _)| (a - b).abs())
         .fold(0f32, f32::max)
 }
 
@@ -471,4 +474,70 @@ fn step_grpo_exits_exactly_when_confident_and_masks_injected_tokens() {
         assert!(s.sampled.iter().all(|x| *x));
         assert_eq!((s.judge_count, s.exit_step), (3, None));
     }
+}
+
+/// Reads every fifth token as " Wait", and 1 and 2 (mod 5) as " Wa" and "it": a trigger that
+/// takes one token or two.
+fn split_wait(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|&i| match i % 5 {
+            0 => " Wait",
+            1 => " Wa",
+            2 => "it",
+            _ => " x",
+        })
+        .collect()
+}
+
+#[test]
+fn step_grpo_trial_answers_are_scored_in_the_context_the_row_keeps() {
+    let m = tiny();
+    let prompt = [Prompt {
+        id: 3,
+        tokens: vec![7, 8, 9],
+    }];
+    let run = |keep_trigger: bool| {
+        let mut p = step_params(0.0, keep_trigger); // δ = 0: exit at the first trigger
+        p.max_new_tokens = 24;
+        p.eos_ids.clear();
+        p.sampling.temperature = 1.0;
+        let se = p.step_exit.as_mut().expect("step exit");
+        se.induction_ids = vec![13, 14];
+        se.close_ids = vec![18];
+        let out = generate(&m, &prompt, 24, &p, 5, &split_wait).expect("gen");
+        for s in out.iter().filter(|s| s.finish == Finish::EarlyExit) {
+            // The answer's log-probs are the policy's given the kept path and the induction.
+            let gap = trainer_gap(&m, &prompt[0].tokens, s);
+            assert!(
+                gap < 1e-4,
+                "keep {keep_trigger}: gap {gap} in {:?}",
+                s.tokens
+            );
+        }
+        out
+    };
+    let (kept, dropped) = (run(true), run(false));
+    let mut dropped_tokens = vec![];
+    for (k, d) in kept.iter().zip(&dropped) {
+        assert_eq!(k.finish, d.finish, "the same path reaches the same trigger");
+        if k.finish != Finish::EarlyExit {
+            continue;
+        }
+        // The sampled path is the same; dropping removes exactly the trigger's tokens.
+        let (pk, pd) = (
+            &k.tokens[..k.exit_token.expect("exit")],
+            &d.tokens[..d.exit_token.expect("exit")],
+        );
+        assert!(pk.starts_with(pd) && split_wait(pk).ends_with("Wait"));
+        let trigger_len = match pk.last() {
+            Some(t) if t % 5 == 0 => 1, // " Wait"
+            _ => 2,                     // " Wa" "it"
+        };
+        assert_eq!(pk.len() - pd.len(), trigger_len, "{}", split_wait(pk));
+        dropped_tokens.push(trigger_len);
+    }
+    assert!(
+        dropped_tokens.contains(&1) && dropped_tokens.contains(&2),
+        "both trigger shapes exited: {dropped_tokens:?}"
+    );
 }

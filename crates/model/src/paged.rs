@@ -4,7 +4,7 @@
 //! a finished sequence's blocks go straight to the next one.
 //!
 //! Data flow: rollout's scheduler reserves blocks (`reserve`), forks tables (`fork`, prompt
-//! prefixes and Step-GRPO probes) and releases them (`release`); `Qwen3::forward_paged`
+//! prefixes and Step-GRPO probes; `fork_prefix`, a probe that leaves out the trigger) and releases them (`release`); `Qwen3::forward_paged`
 //! (paged_forward.rs) writes each new token's K/V into its table's blocks and attends over
 //! them.
 
@@ -193,6 +193,18 @@ impl PagedKvCache {
             blocks: t.blocks.clone(),
             len: t.len,
         }
+    }
+
+    /// A table over the first `len` tokens of `t` (all of them when `len` is larger), sharing
+    /// the blocks that hold them (counted): a probe that continues from an earlier point of the
+    /// sequence. Its first write into a partial shared block copies that block, as after `fork`.
+    pub fn fork_prefix(&mut self, t: &BlockTable, len: usize) -> BlockTable {
+        let len = len.min(t.len);
+        let blocks = t.blocks[..len.div_ceil(self.block)].to_vec();
+        for &b in &blocks {
+            self.refs[b as usize] += 1;
+        }
+        BlockTable { blocks, len }
     }
 
     /// Gives the table's blocks back (each freed when no other table holds it); the table is

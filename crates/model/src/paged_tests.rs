@@ -211,7 +211,29 @@ fn forked_prefixes_decode_like_separate_copies() {
     }
     // The prompt's full blocks are stored once; each sample copied only the partial last one.
     assert_eq!(c.used_blocks(), before + 2);
-    for t in [&mut pre, &mut s1, &mut s2] {
+    // A fork of the first 37 tokens continues as if the last three had never been fed: its
+    // write lands in a copy of the shared third block, and the full table is left as it was.
+    let mut p = c.fork_prefix(&pre, 37);
+    assert_eq!(
+        (p.len(), p.blocks(), c.used_blocks()),
+        (37, &pre.blocks()[..3], before + 2)
+    );
+    assert!(c.reserve(&mut p, 1).expect("reserve"));
+    let mut s = [PagedSeq {
+        table: &mut p,
+        tokens: &[5],
+    }];
+    let got = m.forward_paged(&snap, &mut c, &mut s).expect("fwd");
+    let mut whole = prompt[..37].to_vec();
+    whole.push(5);
+    let (mut w, want) = feed(&m, PagedPath::Cpu, &mut c, &whole, 40);
+    assert_eq!(
+        &got.flatten_all().expect("f").to_vec1::<f32>().expect("v"),
+        want.last().expect("last")
+    );
+    assert_ne!(p.blocks()[2], pre.blocks()[2], "copied before the write");
+    c.release(&mut w);
+    for t in [&mut pre, &mut s1, &mut s2, &mut p] {
         c.release(t);
     }
     assert_eq!(c.used_blocks(), 0);

@@ -274,10 +274,12 @@ pub(crate) fn sample_next(
 }
 
 /// Runs one Step-GRPO probe for a sequence (its table holds everything before its last sampled
-/// token, at position `pos`) whose last token completed a trigger: fork its table, feed that
-/// token and the induction text, decode a greedy trial answer, and on confidence > δ finish the
-/// row with path ⊕ induction ⊕ answer ⊕ close. The probe's blocks are freed on return; the
-/// row's random stream is not touched.
+/// token, at position `pos`) whose last token completed a trigger: fork its table, feed the
+/// induction text, decode a greedy trial answer, and on confidence > δ finish the row with
+/// path ⊕ induction ⊕ answer ⊕ close. The probe sees the path exactly as the finished row keeps
+/// it: with the trigger (Step-GRPO's text) or without (DEER's), so the answer's log-probs are the
+/// policy's in the context it is trained in. The probe's blocks are freed on return; the row's
+/// random stream is not touched.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn try_exit(
     model: &Qwen3,
@@ -289,27 +291,30 @@ pub(crate) fn try_exit(
     se: &StepExit,
     detok: &dyn Detokenizer,
 ) -> Result<bool> {
-    let mut probe = cache.fork(table);
-    let out = probe_answer(model, snap, cache, &mut probe, row, pos, se, detok);
+    debug_assert_eq!(table.len(), pos as usize);
+    let drop = if se.include_trigger_on_exit {
+        0
+    } else {
+        trigger_tokens(&row.out.tokens, se, detok)
+    };
+    // The path the probe continues: the table plus the last sampled token, less the trigger's
+    // tokens when they are dropped (the table ends `drop - 1` tokens into the trigger).
+    let (mut probe, feed_last) = match drop {
+        0 => (cache.fork(table), true),
+        d => (cache.fork_prefix(table, pos as usize + 1 - d), false),
+    };
+    let out = probe_answer(model, snap, cache, &mut probe, row, feed_last, se, detok);
     cache.release(&mut probe);
     let (ans, lps) = out?;
     if confidence(&lps, se.confidence, se.skip_first_token) <= se.delta {
         return Ok(false);
     }
     let out = &mut row.out;
-    if !se.include_trigger_on_exit {
-        // Drop trailing tokens until the decoded path no longer ends with the trigger.
-        while !out.tokens.is_empty()
-            && se
-                .trigger_at_end(&detok.decode(tail(&out.tokens)))
-                .is_some()
-        {
-            out.tokens.pop();
-            out.sampled.pop();
-            out.logp_sampled.pop();
-            out.logp_plain.pop();
-        }
-    }
+    let keep = out.tokens.len() - drop;
+    out.tokens.truncate(keep);
+    out.sampled.truncate(keep);
+    out.logp_sampled.truncate(keep);
+    out.logp_plain.truncate(keep);
     out.exit_step = Some(out.judge_count);
     out.exit_token = Some(out.tokens.len());
     for &t in &se.induction_ids {
@@ -325,6 +330,18 @@ pub(crate) fn try_exit(
     Ok(true)
 }
 
+/// How many trailing tokens the trigger that ends `tokens` spans: the fewest whose text covers
+/// it (a trigger split over two tokens drops both). 0 when the tokens end with no trigger.
+fn trigger_tokens(tokens: &[u32], se: &StepExit, detok: &dyn Detokenizer) -> usize {
+    let Some(trigger) = se.trigger_at_end(&detok.decode(tail(tokens))) else {
+        return 0;
+    };
+    let most = tokens.len().min(TAIL);
+    (1..=most)
+        .find(|&k| detok.decode(&tokens[tokens.len() - k..]).len() >= trigger.len())
+        .unwrap_or(most)
+}
+
 /// The probe's greedy trial answer and its log-probs, decoded through the forked table.
 #[allow(clippy::too_many_arguments)]
 fn probe_answer(
@@ -333,7 +350,7 @@ fn probe_answer(
     cache: &mut PagedKvCache,
     probe: &mut BlockTable,
     row: &Row,
-    pos: u32,
+    feed_last: bool,
     se: &StepExit,
     detok: &dyn Detokenizer,
 ) -> Result<(Vec<u32>, Vec<f32>)> {
@@ -350,9 +367,10 @@ fn probe_answer(
         }];
         model.forward_paged(snap, cache, &mut s)?.squeeze(0) // (V)
     };
-    debug_assert_eq!(probe.len(), pos as usize);
-    let last = *row.out.tokens.last().unwrap_or(&0);
-    let mut ids = vec![last];
+    let mut ids = match (feed_last, row.out.tokens.last()) {
+        (true, Some(&last)) => vec![last],
+        _ => vec![],
+    };
     ids.extend_from_slice(&se.induction_ids);
     let mut logits = feed(cache, probe, &ids)?;
     let (mut ans, mut lps) = (vec![], vec![]);
