@@ -25,7 +25,7 @@ pub struct Args {
     /// Samples per problem (pass@k uses k = samples).
     #[arg(long, default_value_t = 4)]
     samples: usize,
-    #[arg(long, default_value_t = 96)]
+    #[arg(long, default_value_t = 112)]
     max_new_tokens: usize,
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,

@@ -11,19 +11,19 @@ pub struct Method {
 pub const METHODS: &[Method] = &[
     Method { name: "standard", label: "Standard (no length term)", overrides: "[reward.shaper]\nmethod = \"none\"\n" },
     Method { name: "kimi", label: "Kimi (dense length reward)", overrides: "[reward.shaper]\nmethod = \"kimi\"\n" },
-    Method { name: "cos_fn", label: "CosFn", overrides: "[reward.shaper]\nmethod = \"cos_fn\"\nl_max = 96\n" },
+    Method { name: "cos_fn", label: "CosFn", overrides: "[reward.shaper]\nmethod = \"cos_fn\"\nl_max = 112\n" },
     Method { name: "efficient", label: "Efficient (α = 0.1)", overrides: "[reward.shaper]\nmethod = \"efficient\"\n" },
-    Method { name: "dapo_overlong", label: "DAPO overlong (64 + 32)", overrides: "[reward.shaper]\nmethod = \"none\"\n[reward.overlong]\nl_max = 96\nl_cache = 32\n" },
+    Method { name: "dapo_overlong", label: "DAPO overlong (80 + 32)", overrides: "[reward.shaper]\nmethod = \"none\"\n[reward.overlong]\nl_max = 112\nl_cache = 32\n" },
     Method { name: "short_rl_d1", label: "Short-RL D1 (correct only)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\nacc_gate = false\n" },
     Method { name: "short_rl_d1_d2", label: "Short-RL D1+D2 (+ nucleus)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nacc_gate = false\n" },
     Method { name: "short_rl_d1_d3", label: "Short-RL D1+D3 (+ gate)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\n" },
     Method { name: "short_rl", label: "Short-RL (D1+D2+D3)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\n" },
     Method { name: "grpo_lambda_lp", label: "+LP (GRPO-λ, λ = 1)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 1.0\n" },
     Method { name: "grpo_lambda", label: "GRPO-λ (λ = 0.2)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 0.2\n" },
-    Method { name: "care", label: "CARE", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = 96\n" },
+    Method { name: "care", label: "CARE", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = 112\n" },
     Method { name: "step_grpo_no_dtr", label: "Step-GRPO w/o dynamic rollout", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n" },
-    Method { name: "step_grpo", label: "Step-GRPO (δ = 0.95)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\n" },
-    Method { name: "step_grpo_d99", label: "Step-GRPO (δ = 0.99)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.99\nmax_judge_steps = 10\n" },
+    Method { name: "step_grpo", label: "Step-GRPO (δ = 0.95)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
+    Method { name: "step_grpo_d99", label: "Step-GRPO (δ = 0.99)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.99\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
 ];
 
 /// The study's methods named in `names` (all of them when `names` is empty), in the study's
