@@ -8,6 +8,10 @@ pub struct Method {
     pub overrides: &'static str,
 }
 
+/// Seeds per method of the full study, `cargo xtask repro` without `--seeds` (5 fit in 30
+/// minutes); a full study with another count is reported in results-seeds<N>.md.
+pub const DEFAULT_SEEDS: u64 = 5;
+
 pub const METHODS: &[Method] = &[
     Method { name: "standard", label: "Standard (no length term)", overrides: "[reward.shaper]\nmethod = \"none\"\n" },
     Method { name: "kimi", label: "Kimi (dense length reward)", overrides: "[reward.shaper]\nmethod = \"kimi\"\n" },

@@ -16,7 +16,8 @@ pub struct Args {
     #[arg(long, default_value = "configs/repro.toml")]
     config: PathBuf,
     /// Seeds per method (the claims' paired t intervals need several; 5 fit in 30 minutes).
-    #[arg(long, default_value_t = 5)]
+    /// Another count writes results-seeds<N>.md, so results.md stays the default study's.
+    #[arg(long, default_value_t = crate::methods::DEFAULT_SEEDS)]
     seeds: u64,
     /// Runs trained at once (each on one thread).
     #[arg(long, default_value_t = 2)]
