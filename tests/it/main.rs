@@ -13,6 +13,7 @@ mod paged_rollout;
 mod paper_configs;
 mod ranks;
 mod rollout;
+mod step_exit;
 mod tasks;
 mod train;
 mod train_modes;

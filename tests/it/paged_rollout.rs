@@ -3,7 +3,8 @@
 //! composition; Step-GRPO exits unchanged under memory pressure; a prompt's K/V stored once for
 //! its G samples; a budget below one sequence refused in one line.
 
-use crate::rollout::{detok, markov_model, no_text, params, step_params, tiny};
+use crate::rollout::{no_text, params, tiny};
+use crate::step_exit::{detok, markov_model, step_params};
 use std::collections::BTreeMap;
 use terse_rollout::*;
 
