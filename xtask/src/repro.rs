@@ -102,15 +102,13 @@ pub fn run(a: &Args) -> Result<ExitCode> {
 
     // Every (method, seed) run, fresh: a stale run directory is removed first.
     let (mut jobs, mut kept): (Vec<(String, PathBuf)>, usize) = (vec![], 0);
-    for &m in &methods {
+    let to_train: &[&Method] = if a.report_only { &[] } else { &methods };
+    for &m in to_train {
         for seed in 0..seeds {
             let text = method_config(&base, m, seed, a.quick)?;
             let cfg = terse_train::RunConfig::from_toml(&text, Path::new(m.name))?;
             let run_dir = cfg.run.dir.join(&cfg.run.name);
             let path = cfg_dir.join(format!("{}.toml", cfg.run.name));
-            if a.report_only {
-                continue;
-            }
             if a.keep && finished(&path, &text, &run_dir, cfg.grpo.steps) {
                 kept += 1;
                 continue;

@@ -130,17 +130,38 @@ const BANDED: [&str; 6] = [
     "step_grpo",
 ];
 
-/// Which report a study writes, as (file suffix, title suffix): every study but the default one
-/// (all methods, `DEFAULT_SEEDS`) has a file of its own, so results.md is always what
-/// `cargo xtask repro` writes.
-fn report_kind(quick: bool, focus: bool, seeds: u64) -> (String, &'static str) {
-    match (quick, focus) {
-        (true, _) => ("-quick".into(), " (quick)"),
-        (false, true) => ("-focus".into(), " (a part of it, more seeds)"),
-        (false, false) if seeds != DEFAULT_SEEDS => {
-            (format!("-seeds{seeds}"), " (every method, more seeds)")
-        }
-        (false, false) => (String::new(), ""),
+/// Which report a study writes: its file suffix, title suffix and the `repro` arguments that
+/// made it. Every study but the default one (all methods, `DEFAULT_SEEDS`) has a file of its
+/// own, so results.md is always what `cargo xtask repro` writes.
+struct ReportKind {
+    suffix: String,
+    title: &'static str,
+    command: String,
+}
+
+fn report_kind(methods: &[&Method], seeds: u64, quick: bool) -> ReportKind {
+    let kind = |suffix: String, title, command| ReportKind {
+        suffix,
+        title,
+        command,
+    };
+    if quick {
+        kind("-quick".into(), " (quick)", " --quick".into())
+    } else if methods.len() < METHODS.len() {
+        let names: Vec<&str> = methods.iter().map(|m| m.name).collect();
+        kind(
+            "-focus".into(),
+            " (a part of it, more seeds)",
+            format!(" --seeds {seeds} --methods {}", names.join(",")),
+        )
+    } else if seeds != DEFAULT_SEEDS {
+        kind(
+            format!("-seeds{seeds}"),
+            " (every method, more seeds)",
+            format!(" --seeds {seeds}"),
+        )
+    } else {
+        kind(String::new(), "", String::new())
     }
 }
 
@@ -155,7 +176,6 @@ pub fn write(
     out: &Path,
 ) -> Result<PathBuf> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let focus = methods.len() < METHODS.len();
     let mut all = vec![];
     for &m in methods {
         let runs = (0..seeds)
@@ -164,16 +184,11 @@ pub fn write(
         all.push((m, runs));
     }
     let levels: Vec<usize> = all[0].1[0].by_level.iter().map(|l| l.0).collect();
-    let (suffix, title) = report_kind(quick, focus, seeds);
-    let command = match (quick, focus) {
-        (true, _) => " --quick".to_string(),
-        (false, true) => format!(
-            " --seeds {seeds} --methods {}",
-            methods.iter().map(|m| m.name).collect::<Vec<_>>().join(",")
-        ),
-        (false, false) if seeds != DEFAULT_SEEDS => format!(" --seeds {seeds}"),
-        (false, false) => String::new(),
-    };
+    let ReportKind {
+        suffix,
+        title,
+        command,
+    } = report_kind(methods, seeds, quick);
 
     let mut md = String::new();
     writeln!(md, "# Reproduction study on the CPU testbed{}\n", title)?;
@@ -383,9 +398,10 @@ mod tests {
 
     #[test]
     fn only_the_default_study_writes_results_md() {
-        assert_eq!(report_kind(false, false, DEFAULT_SEEDS).0, "");
-        assert_eq!(report_kind(false, false, 10).0, "-seeds10");
-        assert_eq!(report_kind(false, true, 10).0, "-focus");
-        assert_eq!(report_kind(true, false, 1).0, "-quick");
+        let all: Vec<&Method> = METHODS.iter().collect();
+        assert_eq!(report_kind(&all, DEFAULT_SEEDS, false).suffix, "");
+        assert_eq!(report_kind(&all, 10, false).suffix, "-seeds10");
+        assert_eq!(report_kind(&all[..2], 10, false).suffix, "-focus");
+        assert_eq!(report_kind(&all, 1, true).suffix, "-quick");
     }
 }

@@ -4,9 +4,9 @@
 //! a finished sequence's blocks go straight to the next one.
 //!
 //! Data flow: rollout's scheduler reserves blocks (`reserve`), forks tables (`fork`, prompt
-//! prefixes and Step-GRPO probes; `fork_prefix`, a probe that leaves out the trigger) and releases them (`release`); `Qwen3::forward_paged`
-//! (paged_forward.rs) writes each new token's K/V into its table's blocks and attends over
-//! them.
+//! prefixes and Step-GRPO probes; `fork_prefix`, a probe that leaves out the trigger) and
+//! releases them (`release`); `Qwen3::forward_paged` (paged_forward.rs) writes each new token's
+//! K/V into its table's blocks and attends over them.
 
 use candle_core::{DType, Device, Result, Tensor};
 

@@ -299,11 +299,12 @@ pub(crate) fn try_exit(
     };
     // The path the probe continues: the table plus the last sampled token, less the trigger's
     // tokens when they are dropped (the table ends `drop - 1` tokens into the trigger).
-    let (mut probe, feed_last) = match drop {
-        0 => (cache.fork(table), true),
-        d => (cache.fork_prefix(table, pos as usize + 1 - d), false),
+    let last = row.out.tokens.len().saturating_sub(1);
+    let (mut probe, lead) = match drop {
+        0 => (cache.fork(table), &row.out.tokens[last..]),
+        d => (cache.fork_prefix(table, pos as usize + 1 - d), &[][..]),
     };
-    let out = probe_answer(model, snap, cache, &mut probe, row, feed_last, se, detok);
+    let out = probe_answer(model, snap, cache, &mut probe, lead, se, detok);
     cache.release(&mut probe);
     let (ans, lps) = out?;
     if confidence(&lps, se.confidence, se.skip_first_token) <= se.delta {
@@ -342,15 +343,14 @@ fn trigger_tokens(tokens: &[u32], se: &StepExit, detok: &dyn Detokenizer) -> usi
         .unwrap_or(most)
 }
 
-/// The probe's greedy trial answer and its log-probs, decoded through the forked table.
-#[allow(clippy::too_many_arguments)]
+/// The probe's greedy trial answer and its log-probs, decoded through the forked table after
+/// `lead` (the path tokens the table does not hold yet) and the induction text.
 fn probe_answer(
     model: &Qwen3,
     snap: &DecodeWeights,
     cache: &mut PagedKvCache,
     probe: &mut BlockTable,
-    row: &Row,
-    feed_last: bool,
+    lead: &[u32],
     se: &StepExit,
     detok: &dyn Detokenizer,
 ) -> Result<(Vec<u32>, Vec<f32>)> {
@@ -367,11 +367,7 @@ fn probe_answer(
         }];
         model.forward_paged(snap, cache, &mut s)?.squeeze(0) // (V)
     };
-    let mut ids = match (feed_last, row.out.tokens.last()) {
-        (true, Some(&last)) => vec![last],
-        _ => vec![],
-    };
-    ids.extend_from_slice(&se.induction_ids);
+    let ids = [lead, &se.induction_ids].concat();
     let mut logits = feed(cache, probe, &ids)?;
     let (mut ans, mut lps) = (vec![], vec![]);
     for _ in 0..se.max_ans_tokens {
