@@ -38,6 +38,13 @@ fn step_grpo_truncated_rollout_runs_from_the_config() {
     // The SFT model re-checks with "Wait" after easy chains, where a trial answer is confident.
     assert!(exits > 0.0 && judges > 0.0, "no early exits: {lines:?}");
     assert!(lines.iter().all(|l| l.entropy > 0.0));
+    // A step with exits reports their accuracy, one without reports none.
+    for l in &lines {
+        match l.exit_accuracy {
+            Some(a) => assert!(l.early_exit > 0.0 && (0.0..=1.0).contains(&a), "{l:?}"),
+            None => assert_eq!(l.early_exit, 0.0, "{l:?}"),
+        }
+    }
 
     // Without the induction text the config is rejected with the key named.
     let bad = "[grpo.step_exit]\ntriggers = [\"Wait\"]\n";

@@ -152,6 +152,14 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
             &|a, l| cuts_length(a, l, 0.02),
         );
     }
+    // Step-GRPO is two things, a step-count reward and an early-exit rollout; this row decides
+    // (b) for the reward alone, so the report can say which part a failure of (b) comes from.
+    push(
+        "(b) shorter at ≤ 2 points accuracy loss (Step-GRPO's reward without its early exit)",
+        "step_grpo_no_dtr",
+        "standard",
+        &|a, l| cuts_length(a, l, 0.02),
+    );
     push(
         "(c) GRPO-λ beats its λ = 1 control",
         "grpo_lambda",
@@ -325,6 +333,15 @@ mod tests {
                 stats(0.81, 30.5, [10.0, 54.9]),
             ],
         );
+        // Step-GRPO's reward alone: shorter, one point less accurate -> (b) holds.
+        runs.insert(
+            "step_grpo_no_dtr",
+            vec![
+                stats(0.79, 35.0, [15.0, 55.0]),
+                stats(0.81, 36.0, [16.0, 56.0]),
+                stats(0.80, 35.5, [15.0, 55.0]),
+            ],
+        );
         // Short-RL: longer -> (b) fails.
         runs.insert(
             "short_rl",
@@ -344,6 +361,7 @@ mod tests {
         assert!(line("(a)", "kimi − standard").ends_with("**holds** |"));
         assert!(line("(b)", "care − standard").ends_with("**holds** |"));
         assert!(line("(b)", "short_rl − standard").ends_with("**fails** |"));
+        assert!(line("(b)", "step_grpo_no_dtr − standard").ends_with("**holds** |"));
         assert!(line("(d)", "care vs standard").ends_with("**holds** |"));
         assert!(!s.contains("cos_fn"), "a claim without its runs is skipped");
         // One seed: every verdict unresolved.

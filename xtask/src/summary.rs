@@ -31,6 +31,9 @@ struct RunResult {
     gamma: Option<f64>,
     /// CARE's direction per step, averaged over steps: groups with d = +1, with d = -1.
     care_dirs: Option<(f64, f64)>,
+    /// Step-GRPO's early exits: the fraction of rollouts that exited (mean over steps) and
+    /// the fraction of those that were right (pooled over steps); None without exits.
+    exits: Option<(f64, f64)>,
     len_curve: Vec<f64>,
     acc_curve: Vec<f64>,
     /// The first (step 0) and the last evaluation, whole.
@@ -76,11 +79,30 @@ fn read_run(dir: &Path) -> Result<RunResult> {
         len_last: len_curve.last().copied().unwrap_or(f64::NAN),
         gamma: step_mean(&grpo, "gamma_l"),
         care_dirs: step_mean(&grpo, "care_dir_longer").zip(step_mean(&grpo, "care_dir_shorter")),
+        exits: exit_stats(&grpo),
         acc_curve: grpo.iter().map(|l| l.accuracy).collect(),
         len_curve,
         first_eval: evals.iter().find(|e| e.step == 0).map(|e| e.report.clone()),
         last_eval: last.report.clone(),
     })
+}
+
+/// The exit rate averaged over steps and the accuracy of the exits pooled over steps (every
+/// step samples the same number of rollouts, so a step's exits weigh by its rate). None
+/// without exits, or for a run from a build that did not log the exits' accuracy.
+fn exit_stats(steps: &[terse_train::report::StepReport]) -> Option<(f64, f64)> {
+    if steps
+        .iter()
+        .any(|l| l.early_exit > 0.0 && l.exit_accuracy.is_none())
+    {
+        return None;
+    }
+    let rate: f64 = steps.iter().map(|l| l.early_exit).sum();
+    let right: f64 = steps
+        .iter()
+        .map(|l| l.early_exit * l.exit_accuracy.unwrap_or(0.0))
+        .sum();
+    (rate > 0.0).then(|| (rate / steps.len() as f64, right / rate))
 }
 
 /// "mean ± sd" over seeds (sd with ddof 1; just the mean for one seed).
@@ -311,6 +333,30 @@ pub fn write(
             )?;
         }
     }
+    // Step-GRPO's early exits, the reason behind its rows: how often a rollout exited at a
+    // `Wait` and how often that trial answer was right.
+    for (m, runs) in &all {
+        let ex: Vec<((f64, f64), f64)> = runs
+            .iter()
+            .filter_map(|r| r.exits.map(|e| (e, r.acc)))
+            .collect();
+        if ex.is_empty() {
+            continue;
+        }
+        let n = ex.len() as f64;
+        let by_seed: Vec<String> = ex
+            .iter()
+            .map(|(e, acc)| format!("{:.0} % / {:.0} % / {acc:.3}", 100.0 * e.0, 100.0 * e.1))
+            .collect();
+        writeln!(
+            md,
+            "{}'s early exits (mean over steps and seeds): {:.0} % of rollouts exit at a `Wait`, and {:.0} % of those trial answers are right. By seed (exit rate / exits right / final pass@1): {}.\n",
+            m.label,
+            100.0 * ex.iter().map(|e| e.0 .0).sum::<f64>() / n,
+            100.0 * ex.iter().map(|e| e.0 .1).sum::<f64>() / n,
+            by_seed.join("; ")
+        )?;
+    }
     writeln!(
         md,
         "## Method overrides\n\nEach run is configs/repro.toml plus:\n"
@@ -403,5 +449,23 @@ mod tests {
         assert_eq!(report_kind(&all, 10, false).suffix, "-seeds10");
         assert_eq!(report_kind(&all[..2], 10, false).suffix, "-focus");
         assert_eq!(report_kind(&all, 1, true).suffix, "-quick");
+    }
+
+    #[test]
+    fn exit_accuracy_pools_the_steps_by_their_exit_rate() {
+        let step = |rate: f64, acc: Option<f64>| terse_train::report::StepReport {
+            early_exit: rate,
+            exit_accuracy: acc,
+            ..Default::default()
+        };
+        // Step 1: half the rollouts exit, all right; step 2: a quarter exit, none right;
+        // step 3: none exit. Pooled: 0.5 / 0.75 of the exits are right.
+        let steps = [step(0.5, Some(1.0)), step(0.25, Some(0.0)), step(0.0, None)];
+        let (rate, right) = exit_stats(&steps).expect("exits");
+        assert!((rate - 0.25).abs() < 1e-12, "{rate}");
+        assert!((right - 2.0 / 3.0).abs() < 1e-12, "{right}");
+        assert_eq!(exit_stats(&steps[2..]), None);
+        // An older run's exits without their accuracy are not counted as wrong.
+        assert_eq!(exit_stats(&[step(0.5, None)]), None);
     }
 }

@@ -80,6 +80,10 @@ pub struct StepReport {
     /// Step-GRPO: probes per sample, and the fraction of samples that exited early.
     pub judge_mean: f64,
     pub early_exit: f64,
+    /// Step-GRPO: accuracy of the samples that exited early (None when none did): exits that
+    /// answer wrong are the probe trusting a confidence that does not mean "done".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_accuracy: Option<f64>,
     /// Dynamic sampling: rollout rounds and groups dropped for equal rewards.
     pub rounds: usize,
     pub dropped_groups: usize,

@@ -221,6 +221,14 @@ impl GrpoTrainer {
         let all = || groups.iter().flat_map(|g| &g.samples);
         let tokens = st.tokens.max(1) as f64;
         let entropy_tokens: usize = extras.iter().map(|s| s.entropy_tokens).sum();
+        // `extras` lists the samples in the groups' order, so zipping pairs each with its stat.
+        let exits: Vec<bool> = all()
+            .zip(extras)
+            .filter(|(_, e)| e.early_exit)
+            .map(|(s, _)| s.correct)
+            .collect();
+        let exit_accuracy = (!exits.is_empty())
+            .then(|| exits.iter().filter(|&&c| c).count() as f64 / exits.len() as f64);
         StepReport {
             step: self.step,
             reward: s.shaped.rewards.iter().flatten().sum::<f64>() / n,
@@ -246,6 +254,7 @@ impl GrpoTrainer {
                 / entropy_tokens.max(1) as f64,
             judge_mean: extras.iter().map(|s| s.judge_count as f64).sum::<f64>() / n,
             early_exit: extras.iter().filter(|s| s.early_exit).count() as f64 / n,
+            exit_accuracy,
             rounds: c.rounds,
             dropped_groups: c.dropped,
             time,
