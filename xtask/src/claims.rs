@@ -19,11 +19,15 @@ pub struct RunStats {
     pub tokens_by_level: Vec<f64>,
 }
 
-/// A mean difference with its 95 % interval (None with fewer than two seeds).
+/// A mean difference with its 95 % interval (None with fewer than two seeds), and how many of
+/// the `n` differences are below 0: a sign count that one outlier seed cannot move the way it
+/// widens a t interval.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Interval {
     pub mean: f64,
     pub ci: Option<(f64, f64)>,
+    pub below_zero: usize,
+    pub n: usize,
 }
 
 /// The 0.975 quantile of Student's t with `df` degrees of freedom.
@@ -40,14 +44,22 @@ fn t975(df: usize) -> f64 {
 pub fn paired(diffs: &[f64]) -> Interval {
     let n = diffs.len();
     let mean = diffs.iter().sum::<f64>() / n.max(1) as f64;
+    let below_zero = diffs.iter().filter(|&&d| d < 0.0).count();
     if n < 2 {
-        return Interval { mean, ci: None };
+        return Interval {
+            mean,
+            ci: None,
+            below_zero,
+            n,
+        };
     }
     let sd = (diffs.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
     let half = t975(n - 1) * sd / (n as f64).sqrt();
     Interval {
         mean,
         ci: Some((mean - half, mean + half)),
+        below_zero,
+        n,
     }
 }
 
@@ -245,24 +257,28 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
     let seeds = runs.values().map(Vec::len).min().unwrap_or(0);
     let _ = writeln!(
         s,
-        "## Claims, decided\n\nComputed by summary.rs from the runs above, not written by hand. Each row pairs seed s of a method with seed s of its comparison (same SFT start, same data order) and gives the mean difference with a 95 % interval (Student t over {seeds} seeds). A claim **holds** when its interval lies on the claimed side, **fails** when it lies on the opposite side, and is unresolved otherwise. Accuracy is the final mean pass@1 (points as fractions), length the final evaluation tokens.\n"
+        "## Claims, decided\n\nComputed by summary.rs from the runs above, not written by hand. Each row pairs seed s of a method with seed s of its comparison (same SFT start, same data order) and gives the mean difference with a 95 % interval (Student t over {seeds} seeds). A claim **holds** when its interval lies on the claimed side, **fails** when it lies on the opposite side, and is unresolved otherwise. Accuracy is the final mean pass@1 (points as fractions), length the final evaluation tokens. The seeds column counts the seeds whose difference is below 0 (accuracy / tokens), which one outlier seed cannot move the way it widens an interval; the verdict reads the interval only.\n"
     );
     let _ = writeln!(
         s,
-        "| Claim | Comparison | Δ accuracy | Δ eval tokens | Verdict |"
+        "| Claim | Comparison | Δ accuracy | Δ eval tokens | Seeds below 0 | Verdict |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
     for r in &rows {
         let extra = r.extra.as_ref().map_or(String::new(), |(what, i)| {
             format!("; {what} {}", fmt(*i, 3))
         });
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {}{extra} | {} |",
+            "| {} | {} | {} | {}{extra} | {}/{} / {}/{} | {} |",
             r.claim,
             r.comparison,
             fmt(r.acc, 3),
             fmt(r.len, 1),
+            r.acc.below_zero,
+            r.acc.n,
+            r.len.below_zero,
+            r.len.n,
             r.verdict.text()
         );
     }
@@ -292,7 +308,10 @@ mod tests {
                 && (lo - (2.0 - h)).abs() < 1e-12
                 && (hi - (2.0 + h)).abs() < 1e-12
         );
+        assert_eq!((i.below_zero, i.n), (0, 3));
         assert_eq!(paired(&[0.5]).ci, None);
+        let j = paired(&[-1.0, 0.0, -0.5, 2.0]);
+        assert_eq!((j.below_zero, j.n), (2, 4), "0 is not below 0");
         assert_eq!(t975(100), 1.960);
     }
 
@@ -360,8 +379,9 @@ mod tests {
         };
         assert!(line("(a)", "kimi − standard").ends_with("**holds** |"));
         assert!(line("(b)", "care − standard").ends_with("**holds** |"));
-        assert!(line("(b)", "short_rl − standard").ends_with("**fails** |"));
-        assert!(line("(b)", "step_grpo_no_dtr − standard").ends_with("**holds** |"));
+        // The seeds column: equal accuracy is not below 0.
+        assert!(line("(b)", "short_rl − standard").ends_with("| 0/3 / 0/3 | **fails** |"));
+        assert!(line("(b)", "step_grpo_no_dtr − standard").ends_with("| 3/3 / 3/3 | **holds** |"));
         assert!(line("(d)", "care vs standard").ends_with("**holds** |"));
         assert!(!s.contains("cos_fn"), "a claim without its runs is skipped");
         // One seed: every verdict unresolved.
