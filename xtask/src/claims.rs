@@ -44,21 +44,15 @@ fn t975(df: usize) -> f64 {
 pub fn paired(diffs: &[f64]) -> Interval {
     let n = diffs.len();
     let mean = diffs.iter().sum::<f64>() / n.max(1) as f64;
-    let below_zero = diffs.iter().filter(|&&d| d < 0.0).count();
-    if n < 2 {
-        return Interval {
-            mean,
-            ci: None,
-            below_zero,
-            n,
-        };
-    }
-    let sd = (diffs.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
-    let half = t975(n - 1) * sd / (n as f64).sqrt();
+    let ci = (n >= 2).then(|| {
+        let sd = (diffs.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
+        let half = t975(n - 1) * sd / (n as f64).sqrt();
+        (mean - half, mean + half)
+    });
     Interval {
         mean,
-        ci: Some((mean - half, mean + half)),
-        below_zero,
+        ci,
+        below_zero: diffs.iter().filter(|&&d| d < 0.0).count(),
         n,
     }
 }

@@ -91,17 +91,11 @@ fn read_run(dir: &Path) -> Result<RunResult> {
 /// step samples the same number of rollouts, so a step's exits weigh by its rate). None
 /// without exits, or for a run from a build that did not log the exits' accuracy.
 fn exit_stats(steps: &[terse_train::report::StepReport]) -> Option<(f64, f64)> {
-    if steps
-        .iter()
-        .any(|l| l.early_exit > 0.0 && l.exit_accuracy.is_none())
-    {
-        return None;
+    let (mut rate, mut right) = (0.0, 0.0);
+    for l in steps.iter().filter(|l| l.early_exit > 0.0) {
+        rate += l.early_exit;
+        right += l.early_exit * l.exit_accuracy?;
     }
-    let rate: f64 = steps.iter().map(|l| l.early_exit).sum();
-    let right: f64 = steps
-        .iter()
-        .map(|l| l.early_exit * l.exit_accuracy.unwrap_or(0.0))
-        .sum();
     (rate > 0.0).then(|| (rate / steps.len() as f64, right / rate))
 }
 
@@ -336,9 +330,10 @@ pub fn write(
     // Step-GRPO's early exits, the reason behind its rows: how often a rollout exited at a
     // `Wait` and how often that trial answer was right.
     for (m, runs) in &all {
-        let ex: Vec<((f64, f64), f64)> = runs
+        // (exit rate, exits right, final pass@1) by seed.
+        let ex: Vec<(f64, f64, f64)> = runs
             .iter()
-            .filter_map(|r| r.exits.map(|e| (e, r.acc)))
+            .filter_map(|r| r.exits.map(|(rate, right)| (rate, right, r.acc)))
             .collect();
         if ex.is_empty() {
             continue;
@@ -346,14 +341,16 @@ pub fn write(
         let n = ex.len() as f64;
         let by_seed: Vec<String> = ex
             .iter()
-            .map(|(e, acc)| format!("{:.0} % / {:.0} % / {acc:.3}", 100.0 * e.0, 100.0 * e.1))
+            .map(|(rate, right, acc)| {
+                format!("{:.0} % / {:.0} % / {acc:.3}", 100.0 * rate, 100.0 * right)
+            })
             .collect();
         writeln!(
             md,
             "{}'s early exits (mean over steps and seeds): {:.0} % of rollouts exit at a `Wait`, and {:.0} % of those trial answers are right. By seed (exit rate / exits right / final pass@1): {}.\n",
             m.label,
-            100.0 * ex.iter().map(|e| e.0 .0).sum::<f64>() / n,
-            100.0 * ex.iter().map(|e| e.0 .1).sum::<f64>() / n,
+            100.0 * ex.iter().map(|e| e.0).sum::<f64>() / n,
+            100.0 * ex.iter().map(|e| e.1).sum::<f64>() / n,
             by_seed.join("; ")
         )?;
     }

@@ -222,13 +222,11 @@ impl GrpoTrainer {
         let tokens = st.tokens.max(1) as f64;
         let entropy_tokens: usize = extras.iter().map(|s| s.entropy_tokens).sum();
         // `extras` lists the samples in the groups' order, so zipping pairs each with its stat.
-        let exits: Vec<bool> = all()
+        let (exited, exits_right) = all()
             .zip(extras)
             .filter(|(_, e)| e.early_exit)
-            .map(|(s, _)| s.correct)
-            .collect();
-        let exit_accuracy = (!exits.is_empty())
-            .then(|| exits.iter().filter(|&&c| c).count() as f64 / exits.len() as f64);
+            .fold((0, 0), |(n, r), (s, _)| (n + 1, r + usize::from(s.correct)));
+        let exit_accuracy = (exited > 0).then(|| exits_right as f64 / exited as f64);
         StepReport {
             step: self.step,
             reward: s.shaped.rewards.iter().flatten().sum::<f64>() / n,
@@ -253,7 +251,7 @@ impl GrpoTrainer {
             entropy: extras.iter().map(|s| s.entropy_sum).sum::<f64>()
                 / entropy_tokens.max(1) as f64,
             judge_mean: extras.iter().map(|s| s.judge_count as f64).sum::<f64>() / n,
-            early_exit: extras.iter().filter(|s| s.early_exit).count() as f64 / n,
+            early_exit: exited as f64 / n,
             exit_accuracy,
             rounds: c.rounds,
             dropped_groups: c.dropped,
