@@ -1,7 +1,7 @@
 """Writes the tiny HF-transformers Qwen3 checkpoints terse's golden tests check against.
 
 Each variant goes to tests/fixtures/<name>/: config.json + weights written by
-`save_pretrained`, and reference.safetensors in the layout of shared/fixtures/qwen3-tiny
+`save_pretrained`, and reference.safetensors in the layout of tests/fixtures/qwen3-tiny
 (see its REFERENCE.json): logits, token log-probs, greedy continuation and per-step decode logits,
 all computed by transformers in float32 from the weights exactly as stored.
 

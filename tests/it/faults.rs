@@ -273,7 +273,7 @@ fn item15_non_finite_weights_are_refused_and_the_stop_names_the_checkpoint() {
     assert!(!root.join("nan/step_000000").exists());
     // The stop message names the newest complete checkpoint, not the run directory.
     let ok = terse_train::train(&small_config(&root, "ok", 2)).expect("run");
-    let msg = terse_train::checkpoint::last_good(&ok.dir);
+    let msg = terse_train::checkpoint::last_good(Some(&ok.dir));
     assert!(msg.ends_with("step_000002"), "{msg}");
 }
 
@@ -286,4 +286,24 @@ fn item17_zero_sized_evaluations_are_errors() {
         let e = RunConfig::from_toml(toml, Path::new("e.toml")).expect_err(flag);
         assert!(format!("{e:#}").contains(flag), "{e:#}");
     }
+}
+
+/// Issue 37 item 10: a torn last line (a kill mid-write) is left out and the complete lines are
+/// drawn; a torn line in the middle stays an error naming it.
+#[test]
+fn item10_a_torn_last_metrics_line_still_plots() {
+    let root = crate::scratch("fault-torn");
+    let m = root.join("metrics.jsonl");
+    let good = "{\"phase\":\"grpo\",\"step\":0,\"reward\":0.5,\"len_mean\":10.0}\n\
+                {\"phase\":\"grpo\",\"step\":1,\"reward\":0.6,\"len_mean\":9.0}\n";
+    std::fs::write(&m, format!("{good}{{\"phase\":\"grpo\",\"step\":2,\"rew")).expect("m");
+    let drawn = terse_train::plot::plot_run(&m, &root).expect("the complete lines plot");
+    assert!(drawn.iter().any(|p| p.ends_with("length.png")), "{drawn:?}");
+    assert_eq!(terse_train::report::read_steps(&m).expect("steps").len(), 2);
+    std::fs::write(&m, format!("{{\"phase\":\"grpo\",\"ste\n{good}")).expect("m");
+    let e = format!(
+        "{:#}",
+        terse_train::plot::plot_run(&m, &root).expect_err("middle")
+    );
+    assert!(e.contains("metrics.jsonl line 1"), "{e}");
 }

@@ -2,6 +2,7 @@
 //! checkpoint round trips and bad-input errors, KV-cache parity.
 
 mod checkpoint;
+mod docs;
 mod examples;
 mod faults;
 mod golden;
@@ -13,6 +14,7 @@ mod paged_rollout;
 mod paper_configs;
 mod ranks;
 mod rollout;
+mod run_faults;
 mod step_exit;
 mod tasks;
 mod train;

@@ -1,6 +1,6 @@
 //! configs/papers/*.toml against the papers: each file parses and validates, and its
-//! hyperparameters equal the values the papers state (source in each comment; spec §2.5, §3.1,
-//! §4.1, §5.1). Model and data paths point into models/ and data/.
+//! hyperparameters equal the values the papers state (source in each comment; docs/methods.md, Short-RL, GRPO-λ,
+//! docs/methods.md, CARE, Step-GRPO). Model and data paths point into models/ and data/.
 
 use std::path::PathBuf;
 use terse_reward::{Advantage, Method};
@@ -74,7 +74,7 @@ fn short_rl_configs_match_table_3() {
 
 #[test]
 fn grpo_lambda_config_matches_the_paper() {
-    // GRPO-λ §4.1: Qwen3-8B, DeepMath-103K (2-6 of 8 correct), lr 1e-6, 16 samples per query,
+    // GRPO-λ paper §4.1: Qwen3-8B, DeepMath-103K (2-6 of 8 correct), lr 1e-6, 16 samples per query,
     // generation and training batch 128 x 16, α = 0.2, λ = 20 %; 0/1 outcome reward.
     let c = load("grpo_lambda_qwen3_8b.toml");
     check_grpo(
@@ -122,7 +122,7 @@ fn care_config_matches_table_8() {
 
 #[test]
 fn step_grpo_config_matches_section_4_1() {
-    // Step-GRPO §4.1: α 0.1, β 0.5, G 5, δ 0.95, global batch 512, constant lr 1e-6,
+    // Step-GRPO paper §4.1: α 0.1, β 0.5, G 5, δ 0.95, global batch 512, constant lr 1e-6,
     // β_KL 0.01, max generation 16,384, triggers "Wait" and "Alternatively"; EasyR1 defaults
     // (top-p 0.99, low_var_kl, 0.9·acc + 0.1·format).
     let c = load("step_grpo_qwen3_8b.toml");

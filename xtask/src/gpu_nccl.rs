@@ -1,5 +1,5 @@
 //! gpu-check's data-parallel rows (GPU builds): the NCCL backend (`terse_dist::NcclGroup`) on
-//! the machine's first GPU at world size 1, because a lent machine has one GPU. Checks that each
+//! the machine's first GPU at world size 1, because the check runs on one GPU. Checks that each
 //! collective gives its exact result (world 1: the identity), reports the staged all-reduce's
 //! bandwidth against a plain host -> device -> host round trip of the same buffer, and trains 2
 //! GRPO steps of the testbed fixture on the GPU through the NCCL ZeRO-2 path, against the same

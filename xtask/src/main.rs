@@ -73,12 +73,12 @@ enum Cmd {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
-    /// Build the GPU binary (as build-gpu) and print the exact `device` run that executes
-    /// gpu-check on a lent machine (scripts/gpu-check.sh), with its retry.
+    /// Build the GPU binary (as build-gpu) and print how to run the device check
+    /// (scripts/gpu-check.sh) on a GPU machine, and where its report lands.
     GpuSession {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
-        /// The device run's wall-clock limit; gpu-check itself gets 60 s less.
+        /// The wall-clock limit to plan for; gpu-check's own limit is 60 s less.
         #[arg(long, default_value_t = 420)]
         timeout_s: u64,
     },
@@ -180,6 +180,7 @@ fn plan(
     let target = Target {
         cuda: cfg.run.device.starts_with("cuda"),
         device_bytes: gpu_mem.map(|g| (g * (1u64 << 30) as f64) as u64),
+        device_total: gpu_mem.map(|g| (g * (1u64 << 30) as f64) as u64),
         gpus,
         prompt_tokens,
     };

@@ -174,14 +174,25 @@ impl Qwen3 {
     /// The first weight (by HF key) holding a NaN or an infinity, if any: x·0 is NaN exactly
     /// for those, so one reduction per tensor tells, on any device.
     pub fn first_non_finite(&self) -> Result<Option<String>> {
-        for (k, v) in &self.vars {
-            let probe = v
-                .as_tensor()
+        // x * 0 is 0 for a finite x and NaN otherwise; one device sync for the whole model
+        // (the trainer checks after every update), then a tensor at a time only on a miss.
+        let probe = |v: &Var| {
+            v.as_tensor()
                 .affine(0.0, 0.0)?
                 .to_dtype(DType::F32)?
+                .sum_all()
+        };
+        let sums = self.vars.values().map(probe).collect::<Result<Vec<_>>>()?;
+        if sums.is_empty()
+            || Tensor::stack(&sums, 0)?
                 .sum_all()?
-                .to_scalar::<f32>()?;
-            if !probe.is_finite() {
+                .to_scalar::<f32>()?
+                .is_finite()
+        {
+            return Ok(None);
+        }
+        for (k, s) in self.vars.keys().zip(&sums) {
+            if !s.to_scalar::<f32>()?.is_finite() {
                 return Ok(Some(k.clone()));
             }
         }

@@ -58,16 +58,16 @@ fn max_diff(a: &[f64], b: &[f64]) -> f64 {
     if a.len() != b.len() {
         return f64::INFINITY;
     }
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, |m, d| {
-            if d.is_nan() || m.is_nan() {
-                f64::NAN
-            } else {
-                m.max(d)
-            }
-        })
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, worse)
+}
+
+/// The larger difference, NaN when either is NaN (`f64::max` returns the other one).
+fn worse(m: f64, d: f64) -> f64 {
+    if d.is_nan() || m.is_nan() {
+        f64::NAN
+    } else {
+        m.max(d)
+    }
 }
 
 /// Runs every check of the reference file against `model`.
@@ -97,12 +97,17 @@ pub fn check(model: &Qwen3, path: &Path) -> Result<Report> {
             theirs.len()
         );
     }
-    let mut max_logit_diff = 0f64;
+    // A reference with a NaN anywhere, padding rows included, is broken: it fails.
+    let mut max_logit_diff = if theirs.iter().any(|x| x.is_nan()) {
+        f64::NAN
+    } else {
+        0f64
+    };
     for i in (0..b * t).filter(|&i| mask[i] != 0) {
-        max_logit_diff = max_logit_diff.max(max_diff(
-            &ours[i * v..(i + 1) * v],
-            &theirs[i * v..(i + 1) * v],
-        ));
+        max_logit_diff = worse(
+            max_logit_diff,
+            max_diff(&ours[i * v..(i + 1) * v], &theirs[i * v..(i + 1) * v]),
+        );
     }
 
     // Token log-probs through the fused path; the reference is zero where it is masked.
@@ -135,8 +140,10 @@ pub fn check(model: &Qwen3, path: &Path) -> Result<Report> {
     let (mut greedy, mut max_step_logit_diff) = (vec![], 0f64);
     for s in 0..steps {
         let row = floats(&logits)?;
-        max_step_logit_diff =
-            max_step_logit_diff.max(max_diff(&row, &step_ref[s * v..(s + 1) * v]));
+        max_step_logit_diff = worse(
+            max_step_logit_diff,
+            max_diff(&row, &step_ref[s * v..(s + 1) * v]),
+        );
         greedy.push(logits.argmax(D::Minus1)?.to_vec1::<u32>()?[0]);
         let next = full[p + s];
         if s + 1 < steps {

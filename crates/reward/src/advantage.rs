@@ -1,8 +1,8 @@
-//! Advantage estimators over shaped rewards (spec §0.3): GRPO (group mean/std), Dr.GRPO (mean
+//! Advantage estimators over shaped rewards (docs/methods.md, Advantage estimators): GRPO (group mean/std), Dr.GRPO (mean
 //! only), RLOO (leave-one-out mean) and REINFORCE++ (token-weighted whitening over the batch).
 //! Unscorable samples get advantage 0 and do not enter any statistic. A group (or, for
 //! REINFORCE++, a batch) whose scorable rewards are all equal gets exactly 0 whatever `eps` is
-//! (spec §0.3): with `eps = 0` the float noise of the mean would otherwise be divided by the
+//! (docs/methods.md, Advantage estimators): with `eps = 0` the float noise of the mean would otherwise be divided by the
 //! float noise of the std. A zero denominator gives 0, never NaN.
 
 use crate::types::{mean, std, Group, RewardError, Shaped};

@@ -1,11 +1,11 @@
-//! The baselines the papers compare against (spec §6): Kimi, CosFn, Efficient (Arora &
+//! The baselines the papers compare against (docs/methods.md, Baselines): Kimi, CosFn, Efficient (Arora &
 //! Zanette), DAPO soft overlong punishment, ALP, DAST and L1. Each is a pure function of a group.
 
 use crate::grpo_lambda::sigmoid_length_rewards;
 use crate::types::{mean, Group};
 use serde::{Deserialize, Serialize};
 
-/// Kimi k1.5 (§6.1): λ over all completions' min/max; correct get λ, incorrect min(0, λ).
+/// Kimi k1.5 (docs/methods.md, Kimi): λ over all completions' min/max; correct get λ, incorrect min(0, λ).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Kimi {
@@ -68,7 +68,7 @@ impl Kimi {
     }
 }
 
-/// CosFn (§6.2): a cosine schedule over length, replacing the base reward.
+/// CosFn (docs/methods.md, CosFn): a cosine schedule over length, replacing the base reward.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CosFn {
@@ -116,7 +116,7 @@ impl CosFn {
     }
 }
 
-/// "Efficient" (§6.3): 1 − α·σ(z) for correct completions with EOS, 0 otherwise (replaces the base).
+/// "Efficient" (docs/methods.md, Efficient): 1 − α·σ(z) for correct completions with EOS, 0 otherwise (replaces the base).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Efficient {
@@ -135,7 +135,7 @@ impl Efficient {
     }
 }
 
-/// DAPO soft overlong punishment (§6.4), added to any other shaping.
+/// DAPO soft overlong punishment (docs/methods.md, DAPO overlong), added to any other shaping.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DapoOverlong {
@@ -183,7 +183,7 @@ impl DapoOverlong {
     }
 }
 
-/// ALP (§6.5): r = 1[correct] − (β/N)·max(p_solved, 1/K)·L, with K = G and N = L_max.
+/// ALP (docs/methods.md, ALP): r = 1[correct] − (β/N)·max(p_solved, 1/K)·L, with K = G and N = L_max.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Alp {
@@ -204,7 +204,7 @@ impl Alp {
     }
 }
 
-/// DAST (§6.6): token length budget L_b = p·L̄_correct + (1 − p)·L_max and a piecewise score.
+/// DAST (docs/methods.md, DAST): token length budget L_b = p·L̄_correct + (1 − p)·L_max and a piecewise score.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Dast {
@@ -244,7 +244,7 @@ impl Dast {
     }
 }
 
-/// L1 / LCPO (§6.7) modes.
+/// L1 / LCPO (docs/methods.md, L1 / LCPO) modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum L1Mode {

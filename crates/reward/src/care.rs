@@ -1,6 +1,6 @@
-//! CARE (spec §4): per question, compare the accuracy of the shorter and the longer half of the
+//! CARE (docs/methods.md, CARE): per question, compare the accuracy of the shorter and the longer half of the
 //! group; reward length in the direction that helped: r = y + coef · d(q) · L / L_max.
-//! Also the fixed-direction "short"/"long" proxies and the signal-stability analysis (§4.5).
+//! Also the fixed-direction "short"/"long" proxies and the signal-stability analysis (docs/methods.md, CARE).
 
 use crate::grpo_lambda::{tie_rng, TieBreak};
 use crate::types::{mean, Group, Shaped, StepCtx};
@@ -129,7 +129,7 @@ impl Care {
     }
 }
 
-/// Signal stability (§4.5): subsample `g` of the group without replacement `draws` times and
+/// Signal stability (docs/methods.md, CARE): subsample `g` of the group without replacement `draws` times and
 /// report (exact agreement P[d_g = d_G], agreement restricted to d_G ≠ 0, or None when d_G = 0).
 pub fn signal_stability(
     group: &Group,

@@ -1,5 +1,5 @@
-//! One test per row of the spec's edge-case tables (Short-RL §2.4, GRPO-λ §3.2, CARE §4.4,
-//! Step-GRPO §5.5-5.7, baselines §6).
+//! One test per edge case of each method (Short-RL, GRPO-λ, CARE, Step-GRPO, the baselines; the
+//! cases are listed with each method in docs/methods.md).
 
 use crate::baselines::{Alp, DapoOverlong, Dast, Kimi, L1Mode, L1};
 use crate::care::{signal_stability, Care};
@@ -10,7 +10,7 @@ use crate::tests::{check, group, shape, spec_group};
 use crate::*;
 use rand::SeedableRng;
 
-// ---- Short-RL edge cases (spec §2.4) ----
+// ---- Short-RL edge cases (docs/methods.md, Short-RL) ----
 
 fn short_terms(g: Group, tau_len: f64) -> Vec<f64> {
     ShortRl {
@@ -106,7 +106,7 @@ fn short_rl_gate_tracks_acc_max_and_zero_correct_batch() {
     check(&t[0], &[0.5, 0.5 - 10.0 / (10.0 + 1e-5)]);
 }
 
-// ---- GRPO-λ edge cases (spec §3.2) ----
+// ---- GRPO-λ edge cases (docs/methods.md, GRPO-λ) ----
 
 #[test]
 fn grpo_lambda_selection_count_ties_and_unsolved_groups() {
@@ -189,7 +189,7 @@ fn grpo_lambda_reward_edge_cases() {
     );
 }
 
-// ---- CARE edge cases (spec §4.4) ----
+// ---- CARE edge cases (docs/methods.md, CARE) ----
 
 #[test]
 fn care_edge_cases() {
@@ -253,7 +253,7 @@ fn care_signal_stability_is_exact_when_subsample_is_the_group() {
     assert!(p4 > 0.0 && p4 < 1.0, "{p4}");
 }
 
-// ---- Step-GRPO (spec §5.5–5.7) ----
+// ---- Step-GRPO (docs/methods.md, Step-GRPO) ----
 
 #[test]
 fn step_grpo_edge_cases() {
@@ -327,7 +327,7 @@ fn step_counting_by_trigger_words() {
     );
 }
 
-// ---- Baselines (spec §6) ----
+// ---- Baselines (docs/methods.md, Baselines) ----
 
 #[test]
 fn baseline_edge_cases() {

@@ -1,4 +1,4 @@
-//! GRPO-λ (spec §3): the sigmoid length penalty of Arora & Zanette applied only to the top-λ
+//! GRPO-λ (docs/methods.md, GRPO-λ): the sigmoid length penalty of Arora & Zanette applied only to the top-λ
 //! groups of the batch by correctness ratio; the others keep the plain 0/1 reward. λ = 1 is the
 //! paper's "+LP" control.
 
@@ -51,7 +51,7 @@ impl Default for GrpoLambda {
 }
 
 /// Correct and stopped by EOS: GRPO-λ's and Arora's notion of a correct completion (a
-/// truncated completion is incorrect, reward 0, spec §3.2 and §6.3).
+/// truncated completion is incorrect, reward 0, docs/methods.md, GRPO-λ and Efficient).
 pub fn finished_correct(s: &crate::SampleStat) -> bool {
     s.correct && !s.truncated
 }
@@ -126,7 +126,7 @@ impl GrpoLambda {
     }
 
     /// Indices of the groups in E: the top n_E by correctness ratio, among groups with p > 0.
-    /// A truncated completion counts as incorrect here too (spec §3.2).
+    /// A truncated completion counts as incorrect here too (docs/methods.md, GRPO-λ).
     pub fn selected(&self, groups: &[Group], ctx: &StepCtx) -> Vec<usize> {
         let n_e = self.group_count(groups.len());
         let p: Vec<f64> = groups.iter().map(finished_accuracy).collect();

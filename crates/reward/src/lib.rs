@@ -1,5 +1,5 @@
 //! terse-reward: outcomes and lengths in, shaped rewards and advantages out. Pure functions, no
-//! tensors, no IO: every formula, default and edge case follows shared/spec/length-rewards.md.
+//! tensors, no IO: every formula, default and edge case is written down, with its paper, in docs/methods.md.
 //!
 //! Data flow: `Group`s (one per prompt, G `SampleStat`s) -> [`RewardConfig::shape`] (with
 //! [`ShaperState`] for Short-RL's acc_max) -> [`Shaped`] -> [`Advantage::compute`].

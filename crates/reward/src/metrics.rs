@@ -1,4 +1,4 @@
-//! RL and evaluation metrics (spec §2.8, §7): length statistics, unbiased pass@k, compression
+//! RL and evaluation metrics (docs/methods.md, Short-RL, Evaluation metrics): length statistics, unbiased pass@k, compression
 //! rate and the unweighted Overall mean, Short-RL's "averaged by steps" and "last", distinct-n
 //! and lexical TTR, CARE's difficulty buckets and per-question length z-score bins.
 
@@ -145,7 +145,7 @@ pub fn lexical_diversity(texts: &[&str], cap: usize, seed: u64) -> f64 {
     mean(&ttr)
 }
 
-/// CARE's difficulty buckets of a solve rate p (spec §7.6).
+/// CARE's difficulty buckets of a solve rate p (docs/methods.md, Evaluation metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Difficulty {
@@ -167,7 +167,7 @@ pub fn difficulty(p: f64) -> Difficulty {
     }
 }
 
-/// Per-question length z-score bins (spec §7.6): z from the mean/population std of each
+/// Per-question length z-score bins (docs/methods.md, Evaluation metrics): z from the mean/population std of each
 /// question's correct lengths, applied to all its samples; questions with < 3 correct samples or
 /// zero std are skipped. Returns bin index (floor(z / width)) -> (correct, total), pooled.
 pub fn zscore_bins(questions: &[Group], width: f64) -> BTreeMap<i64, (usize, usize)> {

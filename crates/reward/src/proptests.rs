@@ -1,4 +1,4 @@
-//! Property tests: for arbitrary finite inputs no shaper returns NaN or inf, the spec's bounds
+//! Property tests: for arbitrary finite inputs no shaper returns NaN or inf, the methods' bounds
 //! hold, and order-free methods are invariant to the order of samples in a group.
 
 use crate::baselines::*;

@@ -172,7 +172,7 @@ impl RewardConfig {
 /// Runs a shaper on the batch with every unscorable sample removed, and puts the rewards back
 /// in place (0 for an unscorable sample, whose advantage is 0 anyway).
 ///
-/// An unscorable completion carries no information (spec §0.3 gives it no advantage), so it
+/// An unscorable completion carries no information (docs/methods.md, Advantage estimators gives it no advantage), so it
 /// must not move anyone else's reward either: its length does not enter a group's mean or
 /// range (Kimi, Efficient, CARE, ...), its "wrong" verdict does not lower a group's or the
 /// batch's accuracy (Short-RL's gate, GRPO-λ's ranking, ALP, DAST). A group left empty is

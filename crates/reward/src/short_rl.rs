@@ -1,6 +1,6 @@
-//! Short-RL (spec §2): a length reward only for correct completions, a tolerance nucleus τ_ℓ
+//! Short-RL (docs/methods.md, Short-RL): a length reward only for correct completions, a tolerance nucleus τ_ℓ
 //! around the shortest correct one, and a gate on batch accuracy against its running maximum.
-//! Also γ_ℓ, the length control rate (spec §2.8).
+//! Also γ_ℓ, the length control rate (docs/methods.md, Short-RL).
 
 use crate::types::{Group, Shaped};
 use serde::{Deserialize, Serialize};
@@ -35,7 +35,7 @@ impl Default for ShortRl {
     }
 }
 
-/// The state Short-RL carries across steps; the trainer checkpoints it (spec §2.3: unlike the
+/// The state Short-RL carries across steps; the trainer checkpoints it (docs/methods.md, Short-RL: unlike the
 /// released code, a resumed run continues with the same acc_max).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct ShortRlState {
@@ -76,7 +76,7 @@ impl ShortRl {
     }
 
     /// The length term of every completion (before adding to the base reward), the gate, and
-    /// the diagnostics. Updates `state.acc_max` with this batch before the gate test (§2.2).
+    /// the diagnostics. Updates `state.acc_max` with this batch before the gate test (docs/methods.md, Short-RL).
     pub fn length_terms(
         &self,
         groups: &[Group],
@@ -159,7 +159,7 @@ impl ShortRl {
     }
 }
 
-/// γ_ℓ (spec §2.8): −1 when the gate is off; else R/N, the fraction of correct completions
+/// γ_ℓ (docs/methods.md, Short-RL): −1 when the gate is off; else R/N, the fraction of correct completions
 /// whose length term is below 0.5 (0 when there is no correct completion).
 pub fn gamma_l(groups: &[Group], terms: &[Vec<f64>], gate_on: bool) -> f64 {
     if !gate_on {

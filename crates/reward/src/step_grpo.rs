@@ -1,11 +1,11 @@
-//! Step-GRPO's reward side (spec §5.5–5.7): semantic steps counted by trigger words, the dynamic
+//! Step-GRPO's reward side (docs/methods.md, Step-GRPO): semantic steps counted by trigger words, the dynamic
 //! baseline μ over correct completions, and R = (1−α)·R_acc·[1 − β·tanh((k−μ)/μ)] + α·R_form.
 //! The rollout side (early exit at triggers) lives in the rollout crate.
 
 use crate::types::{mean, Group, Shaped};
 use serde::{Deserialize, Serialize};
 
-/// Where α goes: the EasyR1 format weight (default, spec §5.7 RECON) or on accuracy (as in the
+/// Where α goes: the EasyR1 format weight (default, docs/methods.md, Step-GRPO RECON) or on accuracy (as in the
 /// paper notes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -77,7 +77,7 @@ impl StepGrpo {
                     .filter(|s| s.correct || self.baseline == StepBaseline::All)
                     .map(|s| s.steps.max(1) as f64)
                     .collect();
-                // No correct completion: the efficiency term is omitted (spec §5.6).
+                // No correct completion: the efficiency term is omitted (docs/methods.md, Step-GRPO).
                 let mu =
                     (self.step_reward && g.samples.iter().any(|s| s.correct)).then(|| mean(&pool));
                 g.samples
@@ -113,23 +113,9 @@ pub enum StepScope {
     Whole,
 }
 
-/// The default trigger set (spec §5.2).
+/// The default trigger set (docs/methods.md, Step-GRPO).
 pub fn default_triggers() -> Vec<String> {
     vec!["Wait".into(), "Alternatively".into()]
-}
-
-/// The unverified "extended" preset of spec §5.2.
-pub fn extended_triggers() -> Vec<String> {
-    [
-        "Wait",
-        "Alternatively",
-        "Hmm",
-        "But wait",
-        "Hold on",
-        "Let me double-check",
-    ]
-    .map(String::from)
-    .to_vec()
 }
 
 fn is_word(c: char) -> bool {

@@ -1,5 +1,5 @@
-//! Spec §8 test vectors (to 1e-6), advantages, config parsing and metrics. The edge-case rows
-//! of the spec's tables are in `edge_cases.rs`.
+//! Spec the test vectors (crates/reward/src/tests.rs) test vectors (to 1e-6), advantages, config parsing and metrics. The edge-case rows
+//! of the methods' edge cases are in `edge_cases.rs`.
 
 use crate::baselines::{CosFn, DapoOverlong, Dast, Efficient, Kimi};
 use crate::care::{direction, Care};
@@ -185,7 +185,7 @@ fn pass_at_k_vectors() {
     );
 }
 
-// ---- Advantages (spec §0.3) ----
+// ---- Advantages (docs/methods.md, Advantage estimators) ----
 
 #[test]
 fn advantages() {
@@ -305,7 +305,7 @@ fn config_from_toml_with_tag_defaults_and_errors() {
     assert!(bad.contains("ddof") && bad.contains('2'));
 }
 
-// ---- Metrics (spec §7) ----
+// ---- Metrics (docs/methods.md, Evaluation metrics) ----
 
 #[test]
 fn metrics() {

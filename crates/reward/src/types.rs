@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 /// One completion's outcome, as the verifier and the sampler report it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SampleStat {
-    /// Length in tokens (spec §0.2: sampled completion tokens incl. the stop token, or the
+    /// Length in tokens (docs/methods.md, Notation: sampled completion tokens incl. the stop token, or the
     /// thinking span when the trainer's `length_mode` says so).
     pub len: usize,
     /// The verifier's outcome y_i (for K&K: answer score > 0).
@@ -19,7 +19,7 @@ pub struct SampleStat {
     pub base_reward: f64,
     /// Whether the completion passed the task's format check (Step-GRPO's R_form).
     pub format_ok: bool,
-    /// Semantic step count k_i = 1 + trigger occurrences (spec §5.5).
+    /// Semantic step count k_i = 1 + trigger occurrences (docs/methods.md, Step-GRPO).
     pub steps: usize,
     /// Stopped by the length limit, with no EOS.
     pub truncated: bool,

@@ -110,7 +110,7 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// Length as the rewards count it: policy-produced tokens only (spec §0.2, §5.3).
+    /// Length as the rewards count it: policy-produced tokens only (docs/methods.md, Notation, Step-GRPO).
     pub fn len(&self) -> usize {
         self.sampled.iter().filter(|s| **s).count()
     }

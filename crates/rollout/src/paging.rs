@@ -143,6 +143,59 @@ fn meminfo(key: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The memory a KV budget is a share of, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetMemory {
+    /// Free now: what "auto" takes its share of.
+    pub free: u64,
+    /// The device's (or the host's) size: what "N%" is a share of, as in vLLM's
+    /// `gpu_memory_utilization`.
+    pub total: u64,
+    /// The share of `free` "auto" takes: 80 % of a GPU's, half the host's available RAM.
+    pub auto_share: f64,
+}
+
+impl BudgetMemory {
+    /// A GPU's free and total memory.
+    pub fn device(free: u64, total: u64) -> Self {
+        Self {
+            free,
+            total,
+            auto_share: 0.8,
+        }
+    }
+
+    /// What `device` has: its free and total memory on a GPU, the host's available and total
+    /// RAM on the CPU; None where the system does not say.
+    pub fn of(device: &candle_core::Device) -> Option<Self> {
+        match terse_model::device::memory(device) {
+            Some((free, total)) => Some(Self::device(free, total)),
+            None => Some(Self {
+                free: meminfo("MemAvailable")?,
+                total: meminfo("MemTotal")?,
+                auto_share: 0.5,
+            }),
+        }
+    }
+}
+
+/// The one conversion of a budget into blocks of `block_bytes`: the rollout's pool and the
+/// start-up memory plan both call it, so "N%" means the same in both (N % of the total).
+/// None when the budget depends on memory that is not known.
+pub fn budget_blocks(
+    budget: KvBudget,
+    block_bytes: usize,
+    mem: Option<BudgetMemory>,
+) -> Option<usize> {
+    let bytes = |b: f64| (b / block_bytes as f64).floor() as usize;
+    match budget {
+        KvBudget::Blocks(n) => Some(n),
+        KvBudget::Gib(g) => Some(bytes(g * f64::from(1u32 << 30))),
+        KvBudget::Fraction(f) => mem.map(|m| bytes(f * m.total as f64)),
+        KvBudget::Auto => mem.map(|m| bytes(m.auto_share * m.free as f64)),
+    }
+}
+
 /// The pool size in blocks for a rollout whose sequences need at most `worst` blocks all
 /// together, `block_bytes` each, on `device`: the budget, capped at `worst`.
 pub fn pool_blocks(
@@ -151,21 +204,9 @@ pub fn pool_blocks(
     block_bytes: usize,
     device: &candle_core::Device,
 ) -> usize {
-    let bytes = |b: f64| (b / block_bytes as f64).floor() as usize;
-    let mem = terse_model::device::memory(device);
-    let blocks = match budget {
-        KvBudget::Blocks(n) => n,
-        KvBudget::Gib(g) => bytes(g * f64::from(1u32 << 30)),
-        KvBudget::Fraction(f) => match mem.map(|m| m.1).or_else(|| meminfo("MemTotal")) {
-            Some(total) => bytes(f * total as f64),
-            None => worst,
-        },
-        KvBudget::Auto => match mem {
-            Some((free, _)) => bytes(0.8 * free as f64),
-            None => meminfo("MemAvailable").map_or(worst, |a| bytes(0.5 * a as f64)),
-        },
-    };
-    blocks.min(worst)
+    budget_blocks(budget, block_bytes, BudgetMemory::of(device))
+        .unwrap_or(worst)
+        .min(worst)
 }
 
 #[cfg(test)]
@@ -219,5 +260,19 @@ mod tests {
             all_at_once_blocks([(40, 100), (64, 128)], 2, 64),
             (1 + 4) + (1 + 2)
         );
+    }
+
+    /// Issue 37 item 3: "N%" is N % of the total memory, whatever is free; "auto" is a share of
+    /// what is free.
+    #[test]
+    fn item3_a_percent_budget_is_a_share_of_the_total() {
+        let gib = 1usize << 30;
+        let mem = BudgetMemory::device(10 * gib as u64, 100 * gib as u64);
+        let blocks = |b| budget_blocks(b, gib, Some(mem));
+        assert_eq!(blocks(KvBudget::Fraction(0.25)), Some(25));
+        assert_eq!(blocks(KvBudget::Auto), Some(8));
+        assert_eq!(blocks(KvBudget::Gib(3.0)), Some(3));
+        assert_eq!(blocks(KvBudget::Blocks(7)), Some(7));
+        assert_eq!(budget_blocks(KvBudget::Fraction(0.25), gib, None), None);
     }
 }

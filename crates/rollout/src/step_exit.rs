@@ -1,4 +1,4 @@
-//! Step-GRPO's dynamic truncated rollout (spec §5.2–5.4): the configuration, trigger detection
+//! Step-GRPO's dynamic truncated rollout (docs/methods.md, Step-GRPO): the configuration, trigger detection
 //! on decoded text, and the confidence of a trial answer. The engine runs the probes.
 
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,7 @@
 //! Knights & Knaves (Logic-RL): a seeded puzzle generator for 2..8 people whose statements use
 //! the Logic-RL statement types, a brute-force solver that keeps only puzzles with exactly one
 //! solution, the Logic-RL text format, and the Logic-RL scorer exactly as Logic-RL's kk.py
-//! (spec §1.1; a completion without an assistant marker scores as kk.py scores it, −1 or −3).
+//! (docs/methods.md, Base task rewards; a completion without an assistant marker scores as kk.py scores it, −1 or −3).
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -175,7 +175,7 @@ impl Puzzle {
     }
 }
 
-/// The Logic-RL scorer's verdict (spec §1.1).
+/// The Logic-RL scorer's verdict (docs/methods.md, Base task rewards).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KkScore {
     pub format_score: f64,
@@ -249,7 +249,7 @@ pub fn score(solution_str: &str, ground_truth: &str) -> KkScore {
         reason,
     };
     // Without an assistant marker Logic-RL's kk.py checks the format on the whole text and has
-    // no answer: −3 for bad tags, but −1 for well-formed ones (spec §1.1 says "the format
+    // no answer: −3 for bad tags, but −1 for well-formed ones (docs/methods.md, Base task rewards says "the format
     // check will fail", which holds only when the prompt carries a <think> of its own).
     if !fmt_ok {
         return done(-1.0, -2.0, "format: tags missing, repeated or out of order");

@@ -1,6 +1,7 @@
 //! Run checkpoints: `step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
 //! state.json, written into a temporary directory that is renamed into place, DONE last; resume
-//! takes the newest directory with DONE; keep-last-N pruning (step 0, the GRPO start and KL
+//! takes the newest directory with DONE whose weights are finite (start.rs); a checkpoint
+//! of non-finite weights is never written; keep-last-N pruning (step 0, the GRPO start and KL
 //! reference, is always kept). Every file and the directory are fsynced before DONE is
 //! written, and DONE and the rename are fsynced too: after a power loss a checkpoint marked DONE
 //! has all its files on disk.
@@ -35,6 +36,14 @@ pub fn save_checkpoint(
     state: &TrainState,
     model_src: &Path,
 ) -> Result<PathBuf> {
+    // A checkpoint is a promise that a run can go on from it: never one of non-finite weights.
+    if let Some(name) = model.first_non_finite()? {
+        anyhow::bail!(
+            "step {step}: not writing {}: the weights hold non-finite values (first: {name}); {}",
+            run_dir.join(step_name(step)).display(),
+            last_good(Some(run_dir))
+        );
+    }
     let extra = |tmp: &Path| -> Result<()> {
         std::fs::write(tmp.join("optimizer.safetensors"), opt.to_safetensors()?)
             .with_context(|| format!("writing {}", tmp.display()))?;
@@ -101,12 +110,53 @@ fn sync_tree(dir: &Path) -> Result<()> {
     sync_path(dir)
 }
 
-/// Where a stopped run can restart: the newest complete checkpoint, named for error messages.
-pub fn last_good(run_dir: &Path) -> String {
-    match complete_steps(run_dir).ok().and_then(|mut s| s.pop()) {
-        Some((_, p)) => format!("the last good checkpoint is {}", p.display()),
-        None => format!("{} holds no complete checkpoint", run_dir.display()),
+/// Where a stopped run can restart, for error messages: the newest complete checkpoint whose
+/// weights are finite (a checkpoint written by an older build may hold inf weights). Library
+/// use without a run directory says so rather than naming an empty path.
+pub fn last_good(run_dir: Option<&Path>) -> String {
+    let Some(run_dir) = run_dir else {
+        return "no checkpoint was written (the trainer has no run directory)".into();
+    };
+    let good = checkpoints_newest_first(run_dir)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|p| matches!(first_non_finite_weight(p), Ok(None)));
+    match good {
+        Some(p) => format!("the last good checkpoint is {}", p.display()),
+        None => format!(
+            "{} holds no complete checkpoint with finite weights",
+            run_dir.display()
+        ),
     }
+}
+
+/// The first tensor of a checkpoint's weight files (every `*.safetensors` but the optimizer's)
+/// holding a NaN or an infinity, read on the CPU.
+pub fn first_non_finite_weight(dir: &Path) -> Result<Option<String>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "safetensors")
+                && p.file_name().is_some_and(|n| n != "optimizer.safetensors")
+        })
+        .collect();
+    files.sort();
+    for f in files {
+        let tensors = candle_core::safetensors::load(&f, &candle_core::Device::Cpu)
+            .with_context(|| format!("reading {}", f.display()))?;
+        let mut names: Vec<&String> = tensors.keys().collect();
+        names.sort();
+        for name in names {
+            let t = tensors[name]
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?;
+            if t.to_vec1::<f32>()?.iter().any(|x| !x.is_finite()) {
+                return Ok(Some(name.clone()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn complete_steps(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
@@ -134,18 +184,20 @@ fn complete_steps(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
-/// The newest complete checkpoint and its state; directories without DONE are ignored.
-pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(PathBuf, TrainState)>> {
-    match complete_steps(run_dir)?.pop() {
-        Some((_, p)) => {
-            let text = std::fs::read_to_string(p.join("state.json"))
-                .with_context(|| format!("reading {}", p.display()))?;
-            let state: TrainState = serde_json::from_str(&text)
-                .with_context(|| format!("{}/state.json", p.display()))?;
-            Ok(Some((p, state)))
-        }
-        None => Ok(None),
-    }
+/// The complete checkpoints (directories with DONE), newest first.
+pub fn checkpoints_newest_first(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    Ok(complete_steps(run_dir)?
+        .into_iter()
+        .rev()
+        .map(|(_, p)| p)
+        .collect())
+}
+
+/// A checkpoint's state.json.
+pub fn read_state(ckpt: &Path) -> Result<TrainState> {
+    let text = std::fs::read_to_string(ckpt.join("state.json"))
+        .with_context(|| format!("reading {}", ckpt.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}/state.json", ckpt.display()))
 }
 
 /// Deletes all but the newest `keep` complete checkpoints (step 0 always stays).

@@ -1,6 +1,7 @@
 //! One GRPO step's experience: items from the data cursor -> G samples each (with Step-GRPO's
 //! truncated rollout when configured) -> scores and step counts -> `Group`s, with DAPO's dynamic
-//! sampling dropping all-equal groups and refilling. The loop in run.rs shapes and trains on it.
+//! sampling dropping all-equal groups and refilling. The trainer (trainer.rs) shapes and trains on
+//! it.
 //!
 //! Data parallel (a `Collective` of N ranks): rank r generates every N-th group of each round
 //! (a sample depends only on seed, prompt id and sample index, so the split changes no
@@ -55,16 +56,21 @@ pub struct SampleExtra {
     pub entropy_tokens: usize,
     pub judge_count: usize,
     pub early_exit: bool,
+    /// The model's context limit (`max_position_embeddings`) stopped it before
+    /// `max_new_tokens`.
+    #[serde(default)]
+    pub context_cut: bool,
 }
 
 impl SampleExtra {
-    fn of(s: &Sample) -> Self {
+    fn of(s: &Sample, max_new_tokens: usize) -> Self {
         Self {
             loss_tokens: s.sampled.iter().filter(|&&m| m).count(),
             entropy_sum: s.entropy_sum,
             entropy_tokens: s.entropy_tokens,
             judge_count: s.judge_count,
             early_exit: s.finish == Finish::EarlyExit,
+            context_cut: s.finish == Finish::Length && s.tokens.len() < max_new_tokens,
         }
     }
 }
@@ -185,7 +191,10 @@ pub fn collect(
                     }
                 })
                 .collect();
-            let extras = group.iter().map(SampleExtra::of).collect();
+            let extras = group
+                .iter()
+                .map(|s| SampleExtra::of(s, g.max_new_tokens))
+                .collect();
             share.groups.push((j, Group::new(p.id, stats), extras));
             my_samples.push(group);
         }

@@ -19,7 +19,10 @@ use terse_model::Config;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Target {
     pub cuda: bool,
+    /// The memory the run may use (free memory at start-up; `xtask plan`: the device's size).
     pub device_bytes: Option<u64>,
+    /// The device's size, what a `kv_budget = "N%"` is a share of.
+    pub device_total: Option<u64>,
     pub gpus: usize,
     /// Prompt tokens the rollout plans for (the config does not bound prompts).
     pub prompt_tokens: usize,
@@ -199,13 +202,13 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
     let one = full.div_ceil(block) + 1;
     let block_bytes = block * per_token;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    // The rollout's own conversion (paging::budget_blocks); "auto" is what is left then.
+    let mem = t.device_total.map(|total| {
+        terse_rollout::paging::BudgetMemory::device(t.device_bytes.unwrap_or(total), total)
+    });
     let budget = match g.paging.kv_budget {
         terse_rollout::KvBudget::Auto => None,
-        terse_rollout::KvBudget::Gib(x) => Some((x * (1u64 << 30) as f64) as u64 / block_bytes),
-        terse_rollout::KvBudget::Fraction(f) => {
-            t.device_bytes.map(|d| (f * d as f64) as u64 / block_bytes)
-        }
-        terse_rollout::KvBudget::Blocks(n) => Some(n as u64),
+        b => terse_rollout::paging::budget_blocks(b, block_bytes as usize, mem).map(|n| n as u64),
     };
     let pool = budget.map_or(one, |b| b.min(worst));
     add(
@@ -252,12 +255,13 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
 }
 
 /// Before a GPU run loads anything: the plan against the device's free memory; a run that
-/// cannot fit stops here, the table on stderr and one line naming the totals.
-pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64) -> Result<()> {
+/// cannot fit stops here, the table in the log and one line naming the totals.
+pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64, total: u64) -> Result<()> {
     let shape = model_shape(cfg)?;
     let target = Target {
         cuda: true,
         device_bytes: Some(free),
+        device_total: Some(total),
         gpus: 1,
         prompt_tokens,
     };
@@ -266,7 +270,7 @@ pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64) -> Result<
         tracing::info!("memory plan:\n{}", p.table());
         return Ok(());
     }
-    eprintln!("memory plan of {}:\n{}", cfg.run.name, p.table());
+    tracing::error!("memory plan of {}:\n{}", cfg.run.name, p.table());
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     bail!(
         "the run needs {:.1} GiB but the GPU has {:.1} GiB free (the plan above; `cargo xtask plan` prints it too)",
@@ -304,6 +308,7 @@ mod tests {
         Target {
             cuda,
             device_bytes: gb.map(|g| (g * (1u64 << 30) as f64) as u64),
+            device_total: gb.map(|g| (g * (1u64 << 30) as f64) as u64),
             gpus: 1,
             prompt_tokens: 512,
         }
@@ -357,5 +362,44 @@ mod tests {
         cfg.model.path = "models/nope".into();
         let e = model_shape(&cfg).expect_err("unknown");
         assert!(e.to_string().contains("models/nope/config.json"), "{e}");
+    }
+
+    /// Issue 37 item 3: the plan counts a "25%" budget as the rollout's pool does: a quarter of
+    /// the device's total memory, not of what is free at start-up.
+    #[test]
+    fn item3_the_plan_and_the_pool_read_a_percent_budget_alike() {
+        let mut cfg = RunConfig::default();
+        cfg.grpo.prompts_per_step = 256;
+        cfg.grpo.group_size = 16;
+        cfg.grpo.max_new_tokens = 6144;
+        cfg.grpo.paging.kv_budget = terse_rollout::KvBudget::Fraction(0.25);
+        let c = Config::qwen3_0_6b();
+        let gib = 1u64 << 30;
+        let t = Target {
+            cuda: true,
+            device_bytes: Some(40 * gib),
+            device_total: Some(140 * gib),
+            gpus: 1,
+            prompt_tokens: 512,
+        };
+        let p = plan(&cfg, &c, t);
+        let kv = p
+            .components
+            .iter()
+            .find(|x| x.name.starts_with("rollout KV"))
+            .expect("kv line");
+        let block_bytes = 2
+            * (c.num_hidden_layers * c.num_key_value_heads * c.head_dim) as u64
+            * 2
+            * cfg.grpo.paging.block_size as u64;
+        let mem = terse_rollout::paging::BudgetMemory::device(40 * gib, 140 * gib);
+        let pool = terse_rollout::paging::budget_blocks(
+            cfg.grpo.paging.kv_budget,
+            block_bytes as usize,
+            Some(mem),
+        )
+        .expect("blocks") as u64;
+        assert_eq!(kv.bytes, pool * block_bytes, "{}", p.table());
+        assert!(kv.bytes > 34 * gib, "a quarter of 140 GiB: {}", p.table());
     }
 }

@@ -84,6 +84,10 @@ pub struct StepReport {
     /// answer wrong are the probe trusting a confidence that does not mean "done".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_accuracy: Option<f64>,
+    /// Completions the model's context limit (`max_position_embeddings`) cut before
+    /// `max_new_tokens`; written only when some were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub context_cut: usize,
     /// Dynamic sampling: rollout rounds and groups dropped for equal rewards.
     pub rounds: usize,
     pub dropped_groups: usize,
@@ -91,6 +95,10 @@ pub struct StepReport {
     /// The shaper's per-batch diagnostics (`gamma_l`, `acc`, `acc_max`, `gate_on`, ...).
     #[serde(flatten)]
     pub diagnostics: BTreeMap<String, f64>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl StepReport {
@@ -109,17 +117,32 @@ pub struct EvalLine {
 }
 
 /// Every line of a metrics file, in order. A line that is not a metrics record is an error
-/// naming the file and the line.
+/// naming the file and the line, except the last one: a kill mid-write leaves a torn last line,
+/// which is left out with one warning naming it.
 pub fn read_metrics(path: &Path) -> Result<Vec<MetricsLine>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
+    let lines: Vec<(usize, &str)> = text
+        .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1))
-        })
-        .collect()
+        .collect();
+    let mut out = Vec::with_capacity(lines.len());
+    for (k, &(i, l)) in lines.iter().enumerate() {
+        match serde_json::from_str(l) {
+            Ok(line) => out.push(line),
+            Err(e) if k + 1 == lines.len() => tracing::warn!(
+                "{} line {}: left out, a torn last line ({e}); the {} lines before it are read",
+                path.display(),
+                i + 1,
+                out.len()
+            ),
+            Err(e) => {
+                return Err(e).with_context(|| format!("{} line {}", path.display(), i + 1));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The GRPO steps of a metrics file.

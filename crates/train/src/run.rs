@@ -64,12 +64,14 @@ pub(crate) fn train_loop(
     extra: Vec<Box<dyn Observer>>,
     mut collective: Option<Box<dyn terse_dist::Collective>>,
 ) -> Result<RunSummary> {
-    // Validate, lock, load, check; SFT and step 0's checkpoint for a fresh run.
+    // Validate, lock, load, check; SFT and step 0's checkpoint for a fresh run. `_lock` is
+    // bound (not `..`-dropped) so LOCK stays held to the end of the loop.
     let Started {
         mut trainer,
         dir,
         mut observers,
         kept_evals,
+        lock: _lock,
         ..
     } = start(cfg, shaper, extra, terse_dist::lend(&mut collective))?;
     if let Some(mut c) = collective {

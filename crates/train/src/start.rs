@@ -3,7 +3,7 @@
 //! and shaper state, KL reference), and only then write into the run directory. A refused or
 //! failed start loses nothing. Fresh runs get their SFT warm-up and step 0's checkpoint here.
 
-use crate::checkpoint::{latest_checkpoint, save_checkpoint, TrainState};
+use crate::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
 use crate::config::{Resume, RunConfig};
 use crate::load::{encode, init_model, load_tokenizer};
 use crate::lock::RunLock;
@@ -26,7 +26,7 @@ pub struct Started {
     pub observers: Observers,
     /// Steps of the evaluation lines kept from before a resume.
     pub kept_evals: Vec<u64>,
-    pub resumed: bool,
+    /// The run directory's lock: whoever drives the run keeps it until the run ends.
     pub lock: RunLock,
 }
 
@@ -57,9 +57,16 @@ pub fn start(
         Ok(n)
     };
     task.check_context(&cfg.data, count, max_pos)?;
+    if longest.get() + cfg.grpo.max_new_tokens > max_pos {
+        tracing::warn!(
+            "the longest prompt ({} tokens) + grpo.max_new_tokens ({}) exceeds the model's max_position_embeddings ({max_pos}): completions that reach it are cut (counted per step as context_cut)",
+            longest.get(),
+            cfg.grpo.max_new_tokens
+        );
+    }
     // On a GPU, the memory plan before any weight is loaded: a run that cannot fit stops here.
-    if let Some((free, _)) = terse_model::device::memory(&dev) {
-        crate::plan::check_device(cfg, longest.get(), free)?;
+    if let Some((free, total)) = terse_model::device::memory(&dev) {
+        crate::plan::check_device(cfg, longest.get(), free, total)?;
     }
     let mut cfg = cfg.clone();
     if let Some(e) = cfg.grpo.data_epochs {
@@ -68,22 +75,21 @@ pub fn start(
         cfg.grpo.data_epochs = None;
     }
 
-    // Resume from the newest complete checkpoint, or start from the configured model.
+    // Resume from the newest complete checkpoint with finite weights, or start from the
+    // configured model.
     let resume = match cfg.run.resume {
-        Resume::Auto => latest_checkpoint(&dir)?,
+        Resume::Auto => resume_point(&dir, &dev, dtype)?,
         Resume::Never => None,
     };
     if resume.is_none() && cfg.run.resume == Resume::Never && dir.join("metrics.jsonl").exists() {
         bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
     }
-    let loaded = match &resume {
-        Some((ckpt, state)) => {
+    let loaded = match resume {
+        Some((ckpt, state, m)) => {
             tracing::info!("resuming from {}", ckpt.display());
             shaper
                 .restore(&state.shaper)
                 .with_context(|| format!("{}/state.json: shaper state", ckpt.display()))?;
-            let m = Qwen3::load(ckpt, &dev, dtype)?;
-            check_weights(&m, ckpt)?;
             let opt_path = ckpt.join("optimizer.safetensors");
             let bytes = std::fs::read(&opt_path)
                 .with_context(|| format!("reading {}", opt_path.display()))?;
@@ -126,7 +132,6 @@ pub fn start(
         observers.push(Box::new(TensorBoard::create(&dir)?));
     }
     observers.0.extend(extra);
-    let resumed = loaded.is_some();
     let (policy, step, cursor, opt, reference) = match (loaded, fresh) {
         (Some(l), _) => {
             if let Some(c) = dp {
@@ -163,9 +168,29 @@ pub fn start(
         dir,
         observers,
         kept_evals,
-        resumed,
         lock,
     })
+}
+
+/// The newest complete checkpoint whose weights are finite, its state and its weights. A
+/// newer one of non-finite weights (written by an older build) is skipped with one line.
+fn resume_point(
+    dir: &Path,
+    dev: &candle_core::Device,
+    dtype: candle_core::DType,
+) -> Result<Option<(PathBuf, TrainState, Qwen3)>> {
+    for ckpt in checkpoints_newest_first(dir)? {
+        let state = read_state(&ckpt)?;
+        let m = Qwen3::load(&ckpt, dev, dtype)?;
+        match m.first_non_finite()? {
+            None => return Ok(Some((ckpt, state, m))),
+            Some(name) => tracing::warn!(
+                "skipping checkpoint {}: its weights hold non-finite values (first: {name})",
+                ckpt.display()
+            ),
+        }
+    }
+    Ok(None)
 }
 
 /// The KL reference (step 0's weights) when `grpo.kl_coef > 0`.

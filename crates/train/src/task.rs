@@ -334,11 +334,6 @@ impl Task {
     pub fn train_rows(&self) -> usize {
         self.train.len()
     }
-
-    /// Whether SFT teacher traces exist for this task (only the testbed has a teacher).
-    pub fn has_teacher(&self) -> bool {
-        self.scorer.is(&Scorer::Testbed)
-    }
 }
 
 /// A text template's preset name resolved to its text (anything else is the template itself).

@@ -142,7 +142,7 @@ impl GrpoTrainer {
             .find_map(|(k, r)| r.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
         {
             bail!(
-                "step {}: non-finite shaped reward {} (prompt {}, sample {i}); stopped before updating; {}",
+                "step {}: non-finite shaped reward {} (group {k}, prompt {}, sample {i}); stopped before updating; {}",
                 self.step,
                 shaped.rewards[k][i],
                 groups[k].prompt_id,
@@ -153,6 +153,21 @@ impl GrpoTrainer {
             Some(e) => e.estimate(groups, &shaped)?,
             None => self.cfg.advantage.compute(groups, &shaped)?,
         };
+        // A research estimator can return inf or NaN where the built-in ones cannot.
+        if let Some((k, i)) = advantages
+            .values
+            .iter()
+            .enumerate()
+            .find_map(|(k, a)| a.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
+        {
+            bail!(
+                "step {}: non-finite advantage {} (group {k}, prompt {}, sample {i}); stopped before updating; {}",
+                self.step,
+                advantages.values[k][i],
+                groups[k].prompt_id,
+                self.last_good()
+            );
+        }
         Ok(Scored { shaped, advantages })
     }
 
@@ -162,7 +177,6 @@ impl GrpoTrainer {
         let g = &self.cfg.grpo;
         let lr = g.schedule.lr_at(self.step);
         let seqs = sequences(c, &advantages.values, g.group_size);
-        let dir = self.run_dir.clone().unwrap_or_default();
         policy_update(
             g,
             &self.policy,
@@ -173,17 +187,14 @@ impl GrpoTrainer {
             &c.extras,
             lr,
             self.step,
-            &dir,
+            self.run_dir.as_deref(),
             self.policy_loss.as_deref(),
             terse_dist::lend(&mut self.collective),
         )
     }
 
     fn last_good(&self) -> String {
-        match &self.run_dir {
-            Some(d) => crate::checkpoint::last_good(d),
-            None => "no run directory".into(),
-        }
+        crate::checkpoint::last_good(self.run_dir.as_deref())
     }
 
     /// One whole GRPO step; advances the step and the data cursor.
@@ -253,6 +264,7 @@ impl GrpoTrainer {
             judge_mean: extras.iter().map(|s| s.judge_count as f64).sum::<f64>() / n,
             early_exit: exited as f64 / n,
             exit_accuracy,
+            context_cut: extras.iter().filter(|e| e.context_cut).count(),
             rounds: c.rounds,
             dropped_groups: c.dropped,
             time,

@@ -1,7 +1,7 @@
 //! The policy update of one GRPO step: samples + advantages -> sequences with loss masks and
 //! sampler log-probs -> (reference log-probs for the KL term) -> for each PPO epoch and
 //! mini-batch: micro-batched gradients with the mini-batch's aggregation weights, clipping, a
-//! non-finite check, and one AdamW step. Called by the loop in run.rs after shaping. With a
+//! non-finite check, one AdamW step, and a check that the new weights are finite. Called by the loop in run.rs after shaping. With a
 //! `Collective` of several ranks, each rank differentiates the groups of every mini-batch it
 //! rolled out (with the mini-batch's global weights) and
 //! the optimizer step is ZeRO-2 (`zero::sharded_step`: gradients reduce-scattered, the global
@@ -72,7 +72,7 @@ pub fn policy_update(
     extras: &[SampleExtra],
     lr: f64,
     step: u64,
-    run_dir: &Path,
+    run_dir: Option<&Path>,
     custom_loss: Option<&dyn PolicyLoss>,
     mut dp: Option<&mut dyn Collective>,
 ) -> Result<UpdateStats> {
@@ -143,6 +143,14 @@ pub fn policy_update(
             }
             if dp.is_none() {
                 opt.step(model.vars(), &grads, lr)?;
+            }
+            // A finite gradient can still make infinite weights (an absurd learning rate):
+            // stop here, before a checkpoint or an evaluation sees them.
+            if let Some(name) = model.first_non_finite()? {
+                bail!(
+                    "step {step}: the update made the weights non-finite (first: {name}; learning rate {lr:e}); stopped before writing anything; {}",
+                    crate::checkpoint::last_good(run_dir)
+                );
             }
             if out.updates == 0 {
                 out.logp_gap = st.logp_gap_sum / st.tokens.max(1) as f64;

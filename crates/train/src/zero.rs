@@ -11,9 +11,8 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, Var};
 use std::collections::BTreeMap;
-use std::path::Path;
 use terse_dist::Collective;
-use terse_optim::{AdamW, AdamWConfig, Grads};
+use terse_optim::{AdamW, Grads};
 
 /// Which rank owns each parameter, and where it sits in the reduce-scatter buffer: rank r's
 /// parameters fill part r (`len` values, zero-padded) in key order.
@@ -158,77 +157,15 @@ pub fn sharded_step(
     Ok(norm)
 }
 
-/// The file rank `rank` of `world` writes its optimizer shard to.
-pub fn shard_file(rank: usize, world: usize) -> String {
-    format!("optimizer.rank{rank}-of-{world}.safetensors")
-}
-
-/// Writes this rank's optimizer shard (its parameters' state) into `dir`, through a temporary
-/// file and a rename.
-pub fn save_shard(dir: &Path, opt: &AdamW, rank: usize, world: usize) -> Result<()> {
-    let path = dir.join(shard_file(rank, world));
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, opt.to_safetensors()?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
-}
-
-/// The optimizer of rank `rank` of `world` from the shards in `dir`, whatever world size wrote
-/// them: every shard of that world is read (one missing is an error naming its file, never a
-/// fresh state), and this rank keeps its parameters' state under the new partition.
-pub fn load_shards(
-    dir: &Path,
-    config: AdamWConfig,
-    params: &BTreeMap<String, Var>,
-    rank: usize,
-    world: usize,
-) -> Result<AdamW> {
-    let written: Vec<usize> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
-            let rest = name
-                .strip_prefix("optimizer.rank")?
-                .strip_suffix(".safetensors")?;
-            rest.split_once("-of-")?.1.parse().ok()
-        })
-        .collect();
-    let Some(&old) = written.iter().max() else {
-        bail!(
-            "{}: no optimizer shard (optimizer.rank<r>-of-<n>.safetensors)",
-            dir.display()
-        );
-    };
-    if written.iter().any(|&w| w != old) {
-        bail!(
-            "{}: optimizer shards of different world sizes",
-            dir.display()
-        );
-    }
-    let shards = (0..old)
-        .map(|r| {
-            let path = dir.join(shard_file(r, old));
-            std::fs::read(&path)
-                .with_context(|| format!("optimizer shard {} is missing", path.display()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mine = Partition::new(params, world).owned(params, rank);
-    AdamW::from_shards(config, &mine, &shards).with_context(|| {
-        format!(
-            "{}: resharding {old} optimizer shards for rank {rank} of {world}",
-            dir.display()
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::Device;
+    use std::path::Path;
     use std::time::Duration;
     use terse_dist::TcpGroup;
     use terse_optim::clip_grad_norm;
+    use terse_optim::AdamWConfig;
 
     fn params() -> BTreeMap<String, Var> {
         (0..5)
@@ -341,9 +278,14 @@ mod tests {
                 }
             }
             let cfg = AdamWConfig::default();
+            // As a resume does: the whole optimizer of the checkpoint, on any world size.
             let mut opt = match &load {
-                Some(d) => load_shards(d, cfg, &p, r, world)?,
-                None => AdamW::new(cfg, &p)?,
+                Some(d) => AdamW::from_safetensors(
+                    cfg.clone(),
+                    &p,
+                    &std::fs::read(d.join("optimizer.safetensors"))?,
+                )?,
+                None => AdamW::new(cfg.clone(), &p)?,
             };
             for step in from..to {
                 let g = grads(&p, 0, 1, step);
@@ -356,7 +298,16 @@ mod tests {
                 };
                 sharded_step(&mut c, &p, &mut opt, &g, 0.5, 1e-2, true)?;
             }
-            save_shard(&save, &opt, r, world)?;
+            // As a checkpoint does (ranks::gather_optimizer): each rank's shard gathered and
+            // merged at rank 0 into the whole optimizer.
+            let part = Partition::new(&p, world);
+            let mut mine = opt.clone();
+            mine.retain(|k| part.place.get(k).is_some_and(|x| x.0 == r));
+            let shards = c.all_gather_bytes(mine.to_safetensors()?)?;
+            if r == 0 {
+                let full = AdamW::from_shards(cfg, &p, &shards)?;
+                std::fs::write(save.join("optimizer.safetensors"), full.to_safetensors()?)?;
+            }
             Ok(p.iter()
                 .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
                 .collect::<BTreeMap<_, _>>())
@@ -390,14 +341,6 @@ mod tests {
             let d = terse_model::testing::relative_diff(a, &w[k]).expect("diff");
             assert!(d < 1e-6, "{k}: {d}");
         }
-        // A missing shard is an error naming it, never a fresh optimizer.
-        std::fs::remove_file(dirs[3].join(shard_file(2, 4))).expect("rm");
-        let e =
-            load_shards(&dirs[3], AdamWConfig::default(), &params(), 0, 2).expect_err("missing");
-        assert!(
-            format!("{e:#}").contains("optimizer.rank2-of-4.safetensors"),
-            "{e:#}"
-        );
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -222,11 +222,15 @@ fn prepare(a: &Answer) -> Vec<Item> {
 /// Answer `a` against ground truth `g`.
 pub(crate) fn answers_eq(a: &Answer, g: &Answer) -> bool {
     let (pa, pg) = (prepare(a), prepare(g));
+    let singleton =
+        |s: &Item, y: &Item| matches!(s, Item::Set(xs) if xs.len() == 1 && item_eq(&xs[0], y));
     match (pa.as_slice(), pg.as_slice()) {
-        ([x], [y]) => item_eq(x, y),
+        // A one-element set is its element: `\{3\}` against 3.
+        ([x], [y]) => item_eq(x, y) || singleton(x, y) || singleton(y, x),
         // A bare list against a set (unordered) or a tuple (ordered).
         (xs, [Item::Set(ys)]) | ([Item::Set(ys)], xs) if xs.len() > 1 => unordered_eq(xs, ys),
-        (xs, [Item::Bracket('(', ys, ')')]) | ([Item::Bracket('(', ys, ')')], xs)
+        (xs, [Item::Bracket('(' | '[', ys, ')' | ']')])
+        | ([Item::Bracket('(' | '[', ys, ')' | ']')], xs)
             if xs.len() > 1 =>
         {
             ordered_eq(xs, ys)

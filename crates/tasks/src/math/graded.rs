@@ -107,3 +107,33 @@ fn issue_examples_get_the_human_verdict() {
         assert!(equivalent(a, g), "{a} rejected for {g}");
     }
 }
+
+/// Issue 37 item 8: the classes an outside corpus still found refused (units as words, thousands
+/// grouped by spaces, an equation whose right side is the value, several boxed values forming
+/// a tuple, a one-element set, `\binom`, `\ln e`, `e^{i\pi}`) agree with the human grade on
+/// every pair, near misses included.
+#[test]
+fn item8_the_remaining_classes_agree_with_the_human_grade() {
+    let classes = [
+        "units_as_words",
+        "thousands_by_space",
+        "equation_value",
+        "boxed_tuple",
+        "singleton_set",
+        "binom_ln_euler",
+    ];
+    let rows: Vec<_> = table()
+        .into_iter()
+        .filter(|r| classes.contains(&r.0))
+        .collect();
+    for c in classes {
+        let n = rows.iter().filter(|r| r.0 == c).count();
+        let wrong = rows.iter().filter(|r| r.0 == c && !r.3).count();
+        assert!(n >= 6 && wrong >= 2, "{c}: {n} pairs, {wrong} near misses");
+    }
+    let bad: Vec<_> = rows
+        .iter()
+        .filter(|(_, a, g, want)| equivalent(a, g) != *want)
+        .collect();
+    assert!(bad.is_empty(), "{bad:#?}");
+}

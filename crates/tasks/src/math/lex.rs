@@ -153,8 +153,8 @@ fn lex_into(b: &[char], text: bool, out: &mut Vec<Tok>) -> Option<()> {
                 match d {
                     '{' => out.push(Tok::SetOpen),
                     '}' => out.push(Tok::SetClose),
-                    ',' => out.push(Tok::ThinSpace),
-                    ';' | '!' | ':' | ' ' => out.push(Tok::Gap),
+                    ',' | ' ' => out.push(Tok::ThinSpace),
+                    ';' | '!' | ':' => out.push(Tok::Gap),
                     '%' | '$' | '(' | ')' | '[' | ']' | '\\' => {}
                     _ => return None,
                 }
@@ -279,8 +279,9 @@ fn number(b: &[char]) -> (Tok, usize) {
 }
 
 /// Joins thousands groups: `1,234,567` (a first group of one to three digits, then groups of
-/// exactly three after a comma with no space, the last may carry decimals) and `1\,000`.
-/// `1, 234` stays a list of two numbers. Drops the spacing marks.
+/// exactly three after a comma with no space, the last may carry decimals), `1\,000`,
+/// `1\ 000` and `1 000 000` (one separator kind throughout: `1,000 000` is not joined).
+/// `1, 234` stays a list of two numbers and `12 34` two numbers. Drops the spacing marks.
 fn join_numbers(toks: Vec<Tok>) -> Vec<Tok> {
     let mut out: Vec<Tok> = Vec::with_capacity(toks.len());
     let mut i = 0;
@@ -293,6 +294,7 @@ fn join_numbers(toks: Vec<Tok>) -> Vec<Tok> {
         {
             if (1..=3).contains(&digits.len()) {
                 let (mut joined, mut decimals, mut j) = (digits.clone(), None, i + 1);
+                let mut kind = None;
                 while decimals.is_none() {
                     let (
                         Some(sep),
@@ -305,10 +307,16 @@ fn join_numbers(toks: Vec<Tok>) -> Vec<Tok> {
                     else {
                         break;
                     };
-                    let ok_sep = matches!(sep, Tok::Op(',') | Tok::ThinSpace);
-                    if !ok_sep || g.len() - d.unwrap_or(0) != 3 {
+                    // Commas, or spaces (thin or plain); never the two mixed.
+                    let this = match sep {
+                        Tok::Op(',') => ',',
+                        Tok::ThinSpace | Tok::Gap => ' ',
+                        _ => break,
+                    };
+                    if kind.is_some_and(|k| k != this) || g.len() - d.unwrap_or(0) != 3 {
                         break;
                     }
+                    kind = Some(this);
                     joined.push_str(g);
                     decimals = *d;
                     j += 2;

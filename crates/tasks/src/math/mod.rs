@@ -1,5 +1,5 @@
 //! Math answers: extraction (`\boxed{}` with nested braces, several boxed answers, GSM8K
-//! `####`, `<answer>` tags), equivalence, and the scorers of spec §1.2 (Short-RL) and §1.3
+//! `####`, `<answer>` tags), equivalence, and the scorers of docs/methods.md, Base task rewards (Short-RL) and docs/methods.md, Base task rewards
 //! (EasyR1). Unparsable input is "wrong", never a panic.
 //!
 //! Equivalence reads both answers into a small expression form and compares values, never a
@@ -176,7 +176,7 @@ pub fn equivalent(answer: &str, reference: &str) -> bool {
     }
 }
 
-/// Short-RL's math reward (spec §1.2): four-tag format, answer in the last `<answer>` block.
+/// Short-RL's math reward (docs/methods.md, Base task rewards): four-tag format, answer in the last `<answer>` block.
 /// Returns (total, correct): 3 / −0.5 / −3.
 pub fn score_short_rl(solution_str: &str, ground_truth: &str) -> (f64, bool) {
     let processed = solution_str
@@ -206,7 +206,7 @@ pub fn score_short_rl(solution_str: &str, ground_truth: &str) -> (f64, bool) {
     }
 }
 
-/// EasyR1's math reward (spec §1.3): overall = (1 − w)·accuracy + w·format, w = 0.1 by default.
+/// EasyR1's math reward (docs/methods.md, Base task rewards): overall = (1 − w)·accuracy + w·format, w = 0.1 by default.
 /// Returns (overall, accuracy, format).
 pub fn score_easyr1(response: &str, ground_truth: &str, format_weight: f64) -> (f64, f64, f64) {
     static WS: OnceLock<Regex> = OnceLock::new();

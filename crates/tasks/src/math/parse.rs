@@ -117,6 +117,8 @@ impl P {
         {
             self.i += 2;
         }
+        // `f(x) = x^2 + 1`, `g(2) = 7`: a function's value named, then the value.
+        self.function_name();
         if self.eat_cmd("emptyset") {
             return Some(Item::Set(vec![]));
         }
@@ -242,7 +244,37 @@ impl P {
         Some(op)
     }
 
-    /// Drops units after a value: `cm`, `\text{m}^2`, `km/h`, `square units`.
+    /// Skips `f(...) =` at the start of an item: one letter, a parenthesised argument list
+    /// without relations, and `=`. What follows is the answer (as `x = 3` is 3).
+    fn function_name(&mut self) {
+        if !matches!(self.peek(), Some(Tok::Word { w, .. }) if w.chars().count() == 1)
+            || self.peek_at(1) != Some(&Tok::Op('('))
+        {
+            return;
+        }
+        let mut depth = 0usize;
+        let mut k = 1;
+        while let Some(t) = self.peek_at(k) {
+            match t {
+                Tok::Op('(') => depth += 1,
+                Tok::Op(')') => {
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                Tok::Op('=' | '<' | '>') => return,
+                _ => {}
+            }
+            k += 1;
+        }
+        if self.peek_at(k) == Some(&Tok::Op(')')) && self.peek_at(k + 1) == Some(&Tok::Op('=')) {
+            self.i += k + 2;
+        }
+    }
+
+    /// Drops units after a value: `cm`, `\text{m}^2`, `km/h`, `square units`, `meters per
+    /// second`.
     fn units(&mut self) {
         let unit_at = |p: &P, k: usize| match p.peek_at(k) {
             Some(Tok::Word { w, text }) => {
@@ -266,6 +298,11 @@ impl P {
                 {
                     self.i += 4;
                 }
+            }
+            // Rates in words: "meters per second", "miles per hour".
+            if matches!(self.peek(), Some(Tok::Word { w, .. }) if w == "per") && unit_at(self, 1) {
+                self.i += 1;
+                continue;
             }
             // km/h, m/s: after a unit, a one-letter unit needs no \text{}.
             let letter_unit = matches!(self.peek_at(1), Some(Tok::Word { w, .. }) if TEXT_UNITS.contains(&w.as_str()));

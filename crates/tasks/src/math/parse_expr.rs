@@ -48,7 +48,7 @@ impl P {
                     || UNITS.contains(&w.as_str())
                     || (*text && TEXT_UNITS.contains(&w.as_str()))
                     || noun(w, *text)
-                    || MULTIPLIERS.iter().any(|(m, _)| m == w))
+                    || MULTIPLIERS.iter().any(|(m, ..)| m == w))
             }
             Some(Tok::Cmd(c)) => {
                 !["le", "ge", "ne", "pm", "mp", "cup", "in", "emptyset"].contains(&c.as_str())
@@ -98,7 +98,7 @@ impl P {
                 self.single()?
             };
             self.depth -= 1;
-            base = Expr::Pow(Box::new(base), Box::new(e));
+            base = euler(Expr::Pow(Box::new(base), Box::new(e)));
             while self.eat_op('!') {
                 base = Expr::Fact(Box::new(base));
             }
@@ -217,9 +217,9 @@ impl P {
                 }
                 // "3 million".
                 if let Some(Tok::Word { w, .. }) = self.peek() {
-                    if let Some((_, p)) = MULTIPLIERS.iter().find(|(m, _)| m == w) {
+                    if let Some((_, d, p)) = MULTIPLIERS.iter().find(|(m, ..)| m == w) {
                         self.i += 1;
-                        v = Expr::Mul(Box::new(v), Box::new(num("1", None, *p as i32)?));
+                        v = Expr::Mul(Box::new(v), Box::new(num(d, None, *p)?));
                     }
                 }
                 Some(v)
@@ -231,7 +231,7 @@ impl P {
                     "infinity" | "inf" => Some(Expr::Inf),
                     "sqrt" => Some(Expr::Root(Box::new(int(2)), Box::new(self.arg()?))),
                     f if FUNCS.contains(&f) => self.func(f),
-                    _ if w.chars().count() == 1 => Some(Expr::Var(w)),
+                    _ if w.chars().count() == 1 => Some(self.subscript(w)),
                     // Several letters in an expression: a product of variables ("xy").
                     _ if w.len() <= 3 && !UNITS.contains(&w.as_str()) => {
                         let mut it = w.chars().map(|c| Expr::Var(c.to_string()));
@@ -258,6 +258,7 @@ impl P {
                         Some(Expr::Root(Box::new(index), Box::new(self.arg()?)))
                     }
                     "pi" => Some(Expr::Pi),
+                    "binom" | "dbinom" | "tbinom" => self.binom(),
                     "infty" => Some(Expr::Inf),
                     "log" if self.peek() == Some(&Tok::Op('_')) => {
                         self.i += 1;
@@ -284,7 +285,68 @@ impl P {
 
     fn func(&mut self, name: &str) -> R<Expr> {
         let x = self.func_arg()?;
+        // ln e = 1 and ln e^x = x: `e` before a natural log is Euler's number.
+        if name == "ln" {
+            match x {
+                Expr::Var(v) if v == "e" => return Some(int(1)),
+                Expr::Pow(b, p) if matches!(&*b, Expr::Var(v) if v == "e") => return Some(*p),
+                _ => {}
+            }
+        }
         Some(Expr::Func(name.to_string(), Box::new(x)))
+    }
+
+    /// A one-letter name with its subscript, if any (`x_1`, `a_{10}`, `x_n`): one variable.
+    fn subscript(&mut self, w: String) -> Expr {
+        if self.peek() != Some(&Tok::Op('_')) {
+            return Expr::Var(w);
+        }
+        let text = |t: &Tok| match t {
+            Tok::Num {
+                digits,
+                decimals: None,
+                exp: 0,
+            } => Some(digits.clone()),
+            Tok::Word { w, .. } => Some(w.clone()),
+            _ => None,
+        };
+        let (sub, used) = match (self.peek_at(1), self.peek_at(2), self.peek_at(3)) {
+            (Some(Tok::Op('{')), Some(t), Some(Tok::Op('}'))) => (text(t), 4),
+            (Some(t), _, _) => (text(t), 2),
+            _ => (None, 0),
+        };
+        match sub {
+            Some(s) => {
+                self.i += used;
+                Expr::Var(format!("{w}_{s}"))
+            }
+            None => Expr::Var(w),
+        }
+    }
+
+    /// `\binom{n}{k}` of two integers, exactly (n below 10 000; anything else is unread).
+    fn binom(&mut self) -> R<Expr> {
+        let (n, k) = (self.arg()?.exact()?, self.arg()?.exact()?);
+        if !n.is_integer() || !k.is_integer() {
+            return None;
+        }
+        let (n, k) = (n.to_integer(), k.to_integer());
+        let (n, k): (i64, i64) = (i64::try_from(n).ok()?, i64::try_from(k).ok()?);
+        if !(0..10_000).contains(&n) || k < 0 {
+            return None;
+        }
+        let mut c = num_bigint::BigInt::from(1);
+        if k <= n {
+            for j in 0..k.min(n - k) {
+                c = c * (n - j) / (j + 1);
+            }
+        } else {
+            c = num_bigint::BigInt::from(0);
+        }
+        Some(Expr::Num {
+            value: num_rational::BigRational::from_integer(c),
+            decimals: None,
+        })
     }
 }
 
@@ -294,4 +356,22 @@ fn num(digits: &str, decimals: Option<usize>, exp: i32) -> R<Expr> {
         value: literal(digits, decimals, exp)?,
         decimals: if exp == 0 { decimals } else { None },
     })
+}
+
+/// Euler's identity: e^{iπ} (or e^{πi}) is −1. `e` and `i` are otherwise variables, so it is
+/// read here, where the power is built, and nowhere else.
+fn euler(p: Expr) -> Expr {
+    let Expr::Pow(b, x) = &p else {
+        return p;
+    };
+    let is = |e: &Expr, name: &str| matches!(e, Expr::Var(v) if v == name);
+    let i_pi = match &**x {
+        Expr::Mul(a, c) => (is(a, "i") && **c == Expr::Pi) || (**a == Expr::Pi && is(c, "i")),
+        _ => false,
+    };
+    if is(b, "e") && i_pi {
+        Expr::Neg(Box::new(int(1)))
+    } else {
+        p
+    }
 }

@@ -113,7 +113,6 @@ pub(super) const UNITS: &[&str] = &[
 pub(super) const MATH_WORDS: &[&str] = &[
     "squared",
     "cubed",
-    "dozen",
     "dozens",
     "half",
     "halves",
@@ -180,13 +179,14 @@ pub(super) fn noun(w: &str, text: bool) -> bool {
 /// One-letter units, recognised only inside `\text{}`-like wrappers.
 pub(super) const TEXT_UNITS: &[&str] = &["m", "g", "s", "h", "L", "l", "A", "C", "F"];
 
-/// Number words that multiply the value before them.
-pub(super) const MULTIPLIERS: &[(&str, u32)] = &[
-    ("hundred", 2),
-    ("thousand", 3),
-    ("million", 6),
-    ("billion", 9),
-    ("trillion", 12),
+/// Number words that multiply the value before them: (word, digits, decimal exponent).
+pub(super) const MULTIPLIERS: &[(&str, &str, i32)] = &[
+    ("dozen", "12", 0),
+    ("hundred", "1", 2),
+    ("thousand", "1", 3),
+    ("million", "1", 6),
+    ("billion", "1", 9),
+    ("trillion", "1", 12),
 ];
 
 /// Function names, as commands or plain words.

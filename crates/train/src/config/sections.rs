@@ -314,9 +314,9 @@ pub struct GrpoSection {
     /// stays inside each sequence) when the attention is flash; else rows are padded.
     pub packing: bool,
     pub grad_clip: f64,
-    /// Step-GRPO's dynamic truncated rollout (spec §5.3); absent = plain sampling.
+    /// Step-GRPO's dynamic truncated rollout (docs/methods.md, Step-GRPO); absent = plain sampling.
     pub step_exit: Option<StepExit>,
-    /// Trigger words counted as reasoning steps (spec §5.5), for Step-GRPO's reward and the
+    /// Trigger words counted as reasoning steps (docs/methods.md, Step-GRPO), for Step-GRPO's reward and the
     /// `steps_mean` metric.
     pub step_triggers: Vec<String>,
     /// DAPO's dynamic sampling: drop groups whose rewards are all equal and refill the step
