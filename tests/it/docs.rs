@@ -26,7 +26,11 @@ fn item6_no_file_points_outside_the_repository() {
     text_files(&root, &mut files);
     assert!(files.len() > 100, "{} files", files.len());
     // Built from parts so this file does not match itself.
-    let outside = [concat!("..", "/shared"), concat!("shared", "/spec"), concat!("shared", "/fixtures")];
+    let outside = [
+        concat!("..", "/shared"),
+        concat!("shared", "/spec"),
+        concat!("shared", "/fixtures"),
+    ];
     let hits: Vec<String> = files
         .iter()
         .flat_map(|f| {
@@ -60,7 +64,14 @@ fn item6_the_method_reference_covers_every_shaper() {
         let tag = format!("method = \"{m}\"");
         assert!(text.contains(&tag), "docs/methods.md lacks {tag}");
         // The TOML name parses as a method, so the reference names real keys.
-        let toml = format!("[shaper]\n{tag}\n{}", if m == "alp" { "beta = 1\nl_max = 10\n" } else { "" });
+        let toml = format!(
+            "[shaper]\n{tag}\n{}",
+            if m == "alp" {
+                "beta = 1\nl_max = 10\n"
+            } else {
+                ""
+            }
+        );
         toml::from_str::<terse_reward::RewardConfig>(&toml).unwrap_or_else(|e| panic!("{m}: {e}"));
     }
     for estimator in ["grpo", "dr_grpo", "rloo", "reinforce_pp"] {

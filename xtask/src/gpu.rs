@@ -59,11 +59,26 @@ pub fn build_gpu(dir: Option<PathBuf>) -> Result<ExitCode> {
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["build", "--release", "-p", "xtask", "--features", "cuda"])
         .env("CARGO_TARGET_DIR", &target)
-        .envs(env)
+        .envs(env.clone())
         .status()
         .context("running cargo build --features cuda")?;
     if !status.success() {
         bail!("cargo build --features cuda failed ({status})");
+    }
+    // ptxas's register and local-memory report of every kernel for sm_90: a spill fails.
+    let report = target.join("ptxas.txt");
+    let status = Command::new("bash")
+        .args(["scripts/ptxas-check.sh", "--out"])
+        .arg(&report)
+        .envs(env.clone())
+        .status()
+        .context("running scripts/ptxas-check.sh")?;
+    print!("{}", std::fs::read_to_string(&report).unwrap_or_default());
+    if !status.success() {
+        bail!(
+            "a kernel spills to local memory on sm_90 (the table above, {})",
+            report.display()
+        );
     }
     // Strip a copy (the symbols are most of the size), then compress it.
     let built = target.join("release/xtask");
@@ -112,73 +127,81 @@ pub fn gpu_check(_out: &Path) -> Result<ExitCode> {
 
 #[cfg(feature = "cuda")]
 pub fn gpu_check(out: &Path) -> Result<ExitCode> {
-    use serde_json::{json, Value};
+    use crate::gpu_plan::{parity_rows, run, Step};
+    use serde_json::Value;
     let (dev, _) = terse_model::device::select("cuda")?;
-    let mut report = serde_json::Map::new();
+    // The random Qwen3-0.6B the benchmarks share, built once (and only when a step needs it).
+    let model = std::cell::RefCell::new(None);
+    let with_model = |f: &dyn Fn(&mut terse_model::Qwen3) -> Result<Value>| -> Result<Value> {
+        let mut slot = model.borrow_mut();
+        if slot.is_none() {
+            let cfg = terse_model::Config::qwen3_0_6b();
+            *slot = Some(terse_model::Qwen3::random(
+                cfg,
+                0,
+                &dev,
+                candle_core::DType::BF16,
+            )?);
+        }
+        f(slot.as_mut().context("the shared model")?)
+    };
+    let with_model = &with_model;
+    let mut steps = vec![];
+    // Parity first, the path a training run executes before the rest (parity.rs's order).
+    for (group, f) in terse_model::testing::parity::groups() {
+        let dev = &dev;
+        steps.push(Step::new(&format!("parity {group}"), 4.0, move || {
+            Ok(parity_rows(group, &f(dev)?))
+        }));
+    }
+    let d = &dev;
+    steps.push(Step::new("decode", 45.0, || {
+        with_model(&|m| crate::gpu_bench::decode(d, m))
+    }));
+    steps.push(Step::new("fwd_bwd", 15.0, || {
+        with_model(&|m| crate::gpu_bench::fwd_bwd(d, m))
+    }));
+    steps.push(Step::new("flash_kernel", 10.0, || {
+        crate::gpu_long::flash_kernel(d)
+    }));
+    steps.push(Step::new("attention_paths", 30.0, || {
+        crate::gpu_long::attention_paths(d)
+    }));
+    steps.push(Step::new("long_context", 60.0, || {
+        with_model(&|m| crate::gpu_long::long_context(d, m))
+    }));
+    steps.push(Step::new("logprob", 10.0, || crate::gpu_bench::logprob(d)));
+    // NCCL at world size 1: its first initialisation may hang, so after terse's own rows.
+    steps.push(Step::new("nccl", 30.0, || crate::gpu_nccl::nccl(d)));
+    // HF generate (the torch on the machine) last: it may take two minutes.
+    steps.push(Step::new("hf_generate", 120.0, || {
+        Ok(crate::gpu_bench::hf_generate())
+    }));
     let write = |report: &serde_json::Map<String, Value>| -> Result<()> {
         let text = serde_json::to_string_pretty(&Value::Object(report.clone()))?;
         std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
     };
-    // Parity group by group; the report is rewritten after each, so a crash or a timeout
-    // leaves every finished row on disk. The first failing row stops the run.
-    let mut rows: Vec<Value> = vec![];
-    for (group, run) in terse_model::testing::parity::groups() {
-        println!("parity group {group} ...");
-        let result = run(&dev);
-        let failed = match result {
-            Ok(got) => {
-                let mut failed = None;
-                for r in got {
-                    println!(
-                        "parity {}: max diff {:.2e} (tolerance {:.0e}) {}",
-                        r.name,
-                        r.max_diff,
-                        r.tolerance,
-                        if r.ok() { "ok" } else { "FAIL" }
-                    );
-                    rows.push(json!({"group": group, "op": r.name, "max_diff": r.max_diff,
-                        "tolerance": r.tolerance, "ok": r.ok()}));
-                    if !r.ok() && failed.is_none() {
-                        failed = Some(r.name.clone());
-                    }
-                }
-                failed
-            }
-            Err(e) => {
-                rows.push(json!({"group": group, "error": format!("{e}")}));
-                Some(format!("{group}: {e}"))
-            }
-        };
-        report.insert("parity".into(), Value::Array(rows.clone()));
-        write(&report)?;
-        if let Some(name) = failed {
-            report.insert("stopped_at".into(), json!(name));
-            write(&report)?;
-            println!("{}", serde_json::to_string(&Value::Object(report))?);
-            bail!(
-                "gpu-check: parity row `{name}` failed; the rows so far are in {}",
-                out.display()
-            );
-        }
+    let report = run(steps, write)?;
+    let misses: Vec<&str> = report
+        .values()
+        .filter_map(Value::as_array)
+        .flatten()
+        .filter(|r| r["ok"] == false)
+        .filter_map(|r| r["op"].as_str())
+        .collect();
+    println!("{}", serde_json::to_string(&Value::Object(report.clone()))?);
+    if let Some(at) = report.get("stopped_at") {
+        bail!(
+            "gpu-check: a device fault at {at} ended the check; the rows so far are in {}",
+            out.display()
+        );
     }
-    report.insert("decode".into(), crate::gpu_bench::decode(&dev)?);
-    write(&report)?;
-    report.insert("hf_generate".into(), crate::gpu_bench::hf_generate());
-    write(&report)?;
-    report.insert("fwd_bwd".into(), crate::gpu_bench::fwd_bwd(&dev)?);
-    write(&report)?;
-    report.insert("flash_kernel".into(), crate::gpu_long::flash_kernel(&dev)?);
-    write(&report)?;
-    report.insert("long_context".into(), crate::gpu_long::long_context(&dev)?);
-    write(&report)?;
-    report.insert("logprob".into(), crate::gpu_bench::logprob(&dev)?);
-    write(&report)?;
-    // The NCCL backend at world size 1, last: its first run must not cost the rows above if
-    // it hangs in initialisation (a failure is a row, not the end of the check).
-    let nccl = crate::gpu_nccl::nccl(&dev).unwrap_or_else(|e| json!({"error": format!("{e:#}")}));
-    report.insert("nccl".into(), nccl);
-    write(&report)?;
-    println!("{}", serde_json::to_string(&Value::Object(report))?);
+    if !misses.is_empty() {
+        bail!(
+            "gpu-check: parity rows out of tolerance: {}",
+            misses.join(", ")
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -7,7 +7,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 use std::time::Instant;
-use terse_model::{Batch, Config, Padding, Qwen3};
+use terse_model::{Batch, Padding, Qwen3};
 
 /// H200 HBM3e bandwidth (bytes/s), for the roofline fraction.
 const HBM_BYTES_PER_S: f64 = 4.8e12;
@@ -19,12 +19,11 @@ fn sync(dev: &Device) -> Result<()> {
 
 /// Decode tokens/s (prompt 32, 128 new) and the roofline: each decode step must read every
 /// weight once plus the KV cache so far, so tokens/s ≤ B · bandwidth / bytes per step.
-pub fn decode(dev: &Device) -> Result<Value> {
+pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
     use terse_rollout::{generate, GenParams, Prompt, SamplingParams};
-    let cfg = Config::qwen3_0_6b();
+    let cfg = &model.config;
     let (layers, kv, hd) = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
     let v = cfg.vocab_size;
-    let model = Qwen3::random(cfg, 0, dev, DType::BF16)?;
     let params_bytes: f64 = model
         .vars()
         .values()
@@ -52,7 +51,7 @@ pub fn decode(dev: &Device) -> Result<Value> {
             .collect();
         let none = |_: &[u32]| String::new();
         generate(
-            &model,
+            model,
             &prompts[..1],
             1,
             &GenParams {
@@ -64,7 +63,7 @@ pub fn decode(dev: &Device) -> Result<Value> {
         )?;
         sync(dev)?;
         let t0 = Instant::now();
-        let s = generate(&model, &prompts, 1, &gen, 0, &none)?;
+        let s = generate(model, &prompts, 1, &gen, 0, &none)?;
         sync(dev)?;
         let secs = t0.elapsed().as_secs_f64();
         let toks: usize = s.iter().map(|x| x.tokens.len()).sum();
@@ -120,10 +119,8 @@ pub fn hf_generate() -> Value {
 }
 
 /// Training forward+backward tokens/s through the fused log-prob head (batch 8 x 1024).
-pub fn fwd_bwd(dev: &Device) -> Result<Value> {
-    let cfg = Config::qwen3_0_6b();
-    let v = cfg.vocab_size;
-    let model = Qwen3::random(cfg, 0, dev, DType::BF16)?;
+pub fn fwd_bwd(dev: &Device, model: &Qwen3) -> Result<Value> {
+    let v = model.config.vocab_size;
     let (b, t) = (8usize, 1024usize);
     let rows: Vec<Vec<u32>> = (0..b)
         .map(|i| {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use terse_model::flash::{attention, KeyRanges};
-use terse_model::{Batch, Config, ForwardOptions, Qwen3};
+use terse_model::{Batch, ForwardOptions, Qwen3};
 
 /// H200 (and H100 SXM) dense bf16 tensor-core peak, FLOP/s.
 const BF16_PEAK: f64 = 989e12;
@@ -50,16 +50,23 @@ pub fn flash_kernel(dev: &Device) -> Result<Value> {
     )
 }
 
-/// Qwen3-0.6B shape, 28 layers: one packed forward+backward at 8k and 16k tokens.
-pub fn long_context(dev: &Device) -> Result<Value> {
-    let ctx = context(dev)?;
-    let cfg = Config::qwen3_0_6b();
-    let (free_start, total) = ctx.mem_get_info()?;
-    let mut model = Qwen3::random(cfg.clone(), 0, dev, DType::BF16)?;
+/// Qwen3-0.6B shape, 28 layers: one packed forward+backward at 8k and 16k tokens, whose loss
+/// must be finite.
+pub fn long_context(dev: &Device, model: &mut Qwen3) -> Result<Value> {
+    let before = model.options;
     model.options = ForwardOptions {
         flash: true,
         checkpoint_layers: true,
     };
+    let result = long_context_runs(dev, model);
+    model.options = before;
+    result
+}
+
+fn long_context_runs(dev: &Device, model: &Qwen3) -> Result<Value> {
+    let ctx = context(dev)?;
+    let cfg = model.config.clone();
+    let (free_start, total) = ctx.mem_get_info()?;
     let v = cfg.vocab_size;
     let mut out = vec![];
     for t in [8192usize, 16384] {
@@ -93,7 +100,12 @@ pub fn long_context(dev: &Device) -> Result<Value> {
             })
         };
         let t0 = Instant::now();
-        let mut loss = |lp: &Tensor| lp.sum_all()?.neg();
+        let loss_value = std::cell::Cell::new(f32::NAN);
+        let mut loss = |lp: &Tensor| {
+            let l = lp.sum_all()?.neg()?;
+            loss_value.set(l.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+            Ok(l)
+        };
         let result = model.logprob_backward(&batch, &sel, &targets, &mut loss);
         let synced = dev.synchronize();
         let secs = t0.elapsed().as_secs_f64();
@@ -102,6 +114,10 @@ pub fn long_context(dev: &Device) -> Result<Value> {
         let grads = result?;
         synced?;
         drop(grads);
+        let loss = loss_value.get();
+        if !loss.is_finite() {
+            bail!("long context T={t}: the loss is {loss}, not finite");
+        }
         let min_free = min_free.load(Ordering::Relaxed);
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         let (peak_total, peak_step) = (
@@ -123,7 +139,60 @@ pub fn long_context(dev: &Device) -> Result<Value> {
             gib(peak_total), gib(peak_step), t as f64 / secs, 100.0 * mfu
         );
         out.push(json!({"t": t, "packed": lens, "peak_gib": gib(peak_total), "peak_above_weights_gib": gib(peak_step),
-                        "tokens_per_s": t as f64 / secs, "mfu": mfu, "device_total_gib": gib(total)}));
+                        "tokens_per_s": t as f64 / secs, "mfu": mfu, "device_total_gib": gib(total),
+                        "loss": loss}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// Attention forward+backward through the composite path (cuBLAS matmuls, (B, H, T, T) scores)
+/// beside flash, at 1k and 4k tokens (1, 16 heads, 8 KV heads, head size 128, causal): the
+/// reference for the flash kernel's speed, and where `model.attention = "auto"` should switch.
+pub fn attention_paths(dev: &Device) -> Result<Value> {
+    let (hq, hkv, d) = (16usize, 8usize, 128usize);
+    let mut out = vec![];
+    for t in [1024usize, 4096] {
+        let q = candle_core::Var::from_tensor(
+            &Tensor::randn(0f32, 1.0, (1, hq, t, d), dev)?.to_dtype(DType::BF16)?,
+        )?;
+        let k = candle_core::Var::from_tensor(
+            &Tensor::randn(0f32, 1.0, (1, hkv, t, d), dev)?.to_dtype(DType::BF16)?,
+        )?;
+        let v = candle_core::Var::from_tensor(
+            &Tensor::randn(0f32, 1.0, (1, hkv, t, d), dev)?.to_dtype(DType::BF16)?,
+        )?;
+        let ranges = KeyRanges::packed(&[t], t, dev)?;
+        let allowed: Vec<u8> = (0..t * t).map(|x| u8::from(x % t <= x / t)).collect();
+        let bias = terse_model::ops::attention_bias(&allowed, 1, t, t, DType::BF16, dev)?;
+        let time = |flash: bool| -> Result<f64> {
+            let once = || -> Result<()> {
+                let o = if flash {
+                    attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &ranges)?
+                } else {
+                    terse_model::ops::gqa_attention(
+                        q.as_tensor(),
+                        k.as_tensor(),
+                        v.as_tensor(),
+                        &bias,
+                    )?
+                };
+                let g = o.to_dtype(DType::F32)?.sum_all()?.backward()?;
+                drop(g);
+                Ok(())
+            };
+            once()?;
+            dev.synchronize()?;
+            let t0 = Instant::now();
+            once()?;
+            dev.synchronize()?;
+            Ok(t0.elapsed().as_secs_f64())
+        };
+        let (flash_s, composite_s) = (time(true)?, time(false)?);
+        println!("attention fwd+bwd T={t}: flash {flash_s:.4} s, composite {composite_s:.4} s");
+        out.push(
+            json!({"t": t, "flash_s": flash_s, "composite_s": composite_s,
+                        "flash_over_composite": flash_s / composite_s}),
+        );
     }
     Ok(Value::Array(out))
 }

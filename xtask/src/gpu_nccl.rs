@@ -17,7 +17,7 @@ use terse_dist::{Collective, NcclGroup, TcpGroup};
 fn group_of_one() -> Result<NcclGroup> {
     let mut out = TcpGroup::on_threads(1, Duration::from_secs(30), Ok);
     let tcp = out.pop().context("no rank")??;
-    NcclGroup::new(tcp, 0)
+    NcclGroup::new(tcp, 0, Duration::from_secs(60))
 }
 
 /// Seconds per call of `f`, after one warm-up call.

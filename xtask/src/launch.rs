@@ -260,22 +260,35 @@ pub fn rank(config: &str, a: &RankArgs) -> Result<Option<terse_train::RunSummary
         config: cfg.reward.clone(),
         state: Default::default(),
     };
-    terse_train::train_ranked(&cfg, &mut shaper, on_device(group, &cfg.run.device)?)
-        .with_context(|| format!("rank {rank} of {world}"))
+    terse_train::train_ranked(
+        &cfg,
+        &mut shaper,
+        on_device(group, &cfg.run.device, timeout)?,
+    )
+    .with_context(|| format!("rank {rank} of {world}"))
 }
 
 /// The rank's collective: NCCL over the TCP group for a CUDA rank (GPU builds), else the TCP
 /// group itself.
+/// The NCCL communicator's initialisation and collectives wait at most `timeout`.
 #[cfg(feature = "cuda")]
-fn on_device(g: terse_dist::TcpGroup, device: &str) -> Result<Box<dyn terse_dist::Collective>> {
+fn on_device(
+    g: terse_dist::TcpGroup,
+    device: &str,
+    timeout: Duration,
+) -> Result<Box<dyn terse_dist::Collective>> {
     match device.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-        Some(ordinal) => Ok(Box::new(terse_dist::NcclGroup::new(g, ordinal)?)),
+        Some(ordinal) => Ok(Box::new(terse_dist::NcclGroup::new(g, ordinal, timeout)?)),
         None => Ok(Box::new(g)),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn on_device(g: terse_dist::TcpGroup, _device: &str) -> Result<Box<dyn terse_dist::Collective>> {
+fn on_device(
+    g: terse_dist::TcpGroup,
+    _device: &str,
+    _timeout: Duration,
+) -> Result<Box<dyn terse_dist::Collective>> {
     Ok(Box::new(g))
 }
 

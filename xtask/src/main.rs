@@ -10,12 +10,15 @@ mod check_model;
 mod claims;
 mod eval;
 mod gpu;
+// Run by the CUDA build's gpu-check; its driver is tested on every build.
 #[cfg(feature = "cuda")]
 mod gpu_bench;
 #[cfg(feature = "cuda")]
 mod gpu_long;
 #[cfg(feature = "cuda")]
 mod gpu_nccl;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod gpu_plan;
 mod launch;
 mod mem;
 mod methods;

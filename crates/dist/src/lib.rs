@@ -13,6 +13,7 @@
 //! shard -> `all_gather` of the new weights (terse_train's zero.rs); rollout statistics ->
 //! `all_gather_bytes`; rank 0's start and checkpoints -> `broadcast`.
 
+pub mod deadline;
 #[cfg(feature = "nccl")]
 mod nccl;
 mod tcp;

@@ -53,6 +53,39 @@ pub fn logprob_stats(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     logits.apply_op2(targets, LogprobFwd)
 }
 
+/// `logprob_stats` for a caller that checked every target against V itself (token_logprobs
+/// checks a whole call's targets once, not each chunk's: a host read per chunk would stall the
+/// device); the shapes are still checked.
+pub(crate) fn logprob_stats_of_checked(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let (n, _) = logits.dims2()?;
+    if targets.dims1()? != n {
+        crate::fail!(
+            "logprob: logits {:?} vs targets {:?}",
+            logits.shape(),
+            targets.shape()
+        );
+    }
+    logits.apply_op2(targets, LogprobFwd)
+}
+
+/// `logprob_grad` for a caller that checked the targets (see `logprob_stats_of_checked`).
+pub(crate) fn logprob_grad_of_checked(
+    logits: &Tensor,
+    targets: &Tensor,
+    lse_g: &Tensor,
+) -> Result<Tensor> {
+    let (n, _) = logits.dims2()?;
+    if targets.dims1()? != n || lse_g.dims() != [n, 2] {
+        crate::fail!(
+            "logprob grad: logits {:?}, targets {:?}, lse_g {:?}",
+            logits.shape(),
+            targets.shape(),
+            lse_g.shape()
+        );
+    }
+    logits.apply_op3(targets, lse_g, LogprobBwd)
+}
+
 fn target_ids(targets: &Tensor) -> Result<Vec<u32>> {
     if targets.dtype() != candle_core::DType::U32 {
         crate::fail!("logprob: targets must be u32, got {:?}", targets.dtype());

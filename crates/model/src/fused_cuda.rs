@@ -4,10 +4,10 @@
 
 #![allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 
-use crate::kernel_checks::{DECODE_WARPS, LOGPROB_BLOCK, RMSNORM_BLOCK};
+use crate::launch::{self, Arg, Launch, Storage as Store};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
@@ -27,24 +27,114 @@ pub(crate) fn view<'a, T: CudaDType>(
     }
 }
 
-fn suffix(dt: DType, what: &str) -> Result<&'static str> {
+/// The storage type of a kernel instantiation.
+fn store(dt: DType, what: &str) -> Result<Store> {
     match dt {
-        DType::F32 => Ok("f32"),
-        DType::BF16 => Ok("bf16"),
+        DType::F32 => Ok(Store::F32),
+        DType::BF16 => Ok(Store::Bf16),
         other => crate::fail!("{what}: no kernel for {other:?} (f32 or bf16)"),
     }
 }
 
-fn grid(rows: usize, block: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    }
+/// The PTX module of a kernels/ file, as build.rs compiled it.
+pub(crate) fn module_ptx(module: &str) -> Result<&'static str> {
+    Ok(match module {
+        "rmsnorm" => ptx::RMSNORM,
+        "rope" => ptx::ROPE,
+        "logprob" => ptx::LOGPROB,
+        "kv_cache" => ptx::KV_CACHE,
+        "paged_attention" => ptx::PAGED_ATTENTION,
+        "flash_attn" => ptx::FLASH_ATTN,
+        "flash_tc" => ptx::FLASH_TC,
+        other => crate::fail!("no PTX module for kernels/{other}.cu"),
+    })
 }
 
-fn elementwise(n: usize) -> LaunchConfig {
-    LaunchConfig::for_num_elems(n as u32)
+/// The function a launch description names, loaded once per device by candle's cache (a
+/// macro: candle does not export the function type).
+macro_rules! func {
+    ($dev:expr, $l:expr) => {
+        $dev.get_or_load_custom_func(
+            &$l.kernel,
+            &format!("terse_{}", $l.module),
+            crate::fused_cuda::module_ptx($l.module)?,
+        )
+    };
+}
+pub(crate) use func;
+
+/// A cudarc launch that follows its description (crate::launch, which the CPU shim runs too):
+/// scalars and geometry come from the description, and each buffer the caller pushes is
+/// checked against the position the description gives it, so the two cannot disagree.
+pub(crate) struct Described<'a> {
+    args: LaunchArgs<'a>,
+    l: &'a Launch,
+    at: usize,
+}
+
+impl<'a> Described<'a> {
+    /// `args`: the function's builder (`func!(dev, l)?.builder()`).
+    pub(crate) fn new(args: LaunchArgs<'a>, l: &'a Launch) -> Self {
+        Self { args, l, at: 0 }
+    }
+
+    /// The scalars up to the next buffer.
+    fn scalars(&mut self) {
+        while let Some(a) = self.l.args.get(self.at) {
+            match a {
+                Arg::I32(v) => self.args.arg(v),
+                Arg::U32(v) => self.args.arg(v),
+                Arg::F32(v) => self.args.arg(v),
+                Arg::U64(v) => self.args.arg(v),
+                Arg::Buf(_) => break,
+            };
+            self.at += 1;
+        }
+    }
+
+    /// Buffer `i` of the description, next in order.
+    pub(crate) fn buf<A>(&mut self, i: usize, a: A) -> Result<&mut Self>
+    where
+        LaunchArgs<'a>: PushKernelArg<A>,
+    {
+        self.scalars();
+        match self.l.args.get(self.at) {
+            Some(Arg::Buf(j)) if *j == i => {}
+            other => crate::fail!(
+                "{}: argument {} is {other:?} in its launch description, the launch pushes buffer {i}",
+                self.l.kernel,
+                self.at
+            ),
+        }
+        self.args.arg(a);
+        self.at += 1;
+        Ok(self)
+    }
+
+    /// Launches with the description's grid and block, once every argument is pushed.
+    ///
+    /// # Safety
+    /// The buffers are those the description documents, each as long as the kernel indexes.
+    pub(crate) unsafe fn launch(&mut self) -> Result<()> {
+        self.scalars();
+        if self.at != self.l.args.len() {
+            crate::fail!(
+                "{}: {} of its {} arguments pushed",
+                self.l.kernel,
+                self.at,
+                self.l.args.len()
+            );
+        }
+        let cfg = LaunchConfig {
+            grid_dim: self.l.grid,
+            block_dim: self.l.block,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the argument kinds and order are the description's (checked above), which
+        // the shim's tests run against the kernels' signatures; sizes are the caller's promise.
+        unsafe { self.args.launch(cfg) }.w()?;
+        Ok(())
+    }
 }
 
 /// Launches `rmsnorm_fwd_{sfx}` on contiguous x (rows, cols) and w (cols) -> (y, rstd).
@@ -54,14 +144,14 @@ fn rmsnorm_fwd_launch<T: CudaDType + DeviceRepr>(
     w: &CudaStorage,
     lw: &Layout,
     eps: f32,
-    sfx: &str,
+    s: Store,
 ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
     let dev: &CudaDevice = x.device();
     let cols = lw.shape().elem_count();
     let n = lx.shape().elem_count();
     let rows = n / cols;
-    let f =
-        dev.get_or_load_custom_func(&format!("rmsnorm_fwd_{sfx}"), "terse_rmsnorm", ptx::RMSNORM)?;
+    let l = launch::rmsnorm_fwd(s, rows, cols, eps);
+    let f = func!(dev, l)?;
     let (xv, wv) = (
         view::<T>(x, lx, "rmsnorm x")?,
         view::<T>(w, lw, "rmsnorm w")?,
@@ -69,16 +159,13 @@ fn rmsnorm_fwd_launch<T: CudaDType + DeviceRepr>(
     // SAFETY: every element is written by the kernel.
     let mut y = unsafe { dev.alloc::<T>(n)? };
     let mut rstd = unsafe { dev.alloc::<f32>(rows)? };
-    let cols_i = cols as i32;
-    let mut b = f.builder();
-    b.arg(&xv)
-        .arg(&wv)
-        .arg(&mut y)
-        .arg(&mut rstd)
-        .arg(&cols_i)
-        .arg(&eps);
-    // SAFETY: argument types and counts match the kernel's signature.
-    unsafe { b.launch(grid(rows, RMSNORM_BLOCK)) }.w()?;
+    let mut d = Described::new(f.builder(), &l);
+    d.buf(0, &xv)?
+        .buf(1, &wv)?
+        .buf(2, &mut y)?
+        .buf(3, &mut rstd)?;
+    // SAFETY: x and y hold rows x cols, w cols and rstd rows elements.
+    unsafe { d.launch() }?;
     Ok((y, rstd))
 }
 
@@ -92,14 +179,14 @@ pub fn rmsnorm_fwd(
     let dev = x.device().clone();
     let s = match x.dtype() {
         DType::F32 => CudaStorage::wrap_cuda_slice(
-            rmsnorm_fwd_launch::<f32>(x, lx, w, lw, eps, "f32")?.0,
+            rmsnorm_fwd_launch::<f32>(x, lx, w, lw, eps, Store::F32)?.0,
             dev,
         ),
         DType::BF16 => CudaStorage::wrap_cuda_slice(
-            rmsnorm_fwd_launch::<half::bf16>(x, lx, w, lw, eps, "bf16")?.0,
+            rmsnorm_fwd_launch::<half::bf16>(x, lx, w, lw, eps, Store::Bf16)?.0,
             dev,
         ),
-        dt => suffix(dt, "rmsnorm").map(|_| unreachable!())?,
+        dt => store(dt, "rmsnorm").map(|_| unreachable!())?,
     };
     Ok((s, lx.shape().clone()))
 }
@@ -119,28 +206,27 @@ pub fn rmsnorm_bwd(
     let cols = lw.shape().elem_count();
     let n = lx.shape().elem_count();
     let rows = n / cols;
-    let (_, rstd) = rmsnorm_fwd_launch::<f32>(x, lx, w, lw, eps, "f32")?;
+    let (_, rstd) = rmsnorm_fwd_launch::<f32>(x, lx, w, lw, eps, Store::F32)?;
     let (xv, wv, gv) = (
         view::<f32>(x, lx, "rmsnorm bwd x")?,
         view::<f32>(w, lw, "rmsnorm bwd w")?,
         view::<f32>(dy, ldy, "rmsnorm bwd dy")?,
     );
-    let cols_i = cols as i32;
-    let bwd = dev.get_or_load_custom_func("rmsnorm_bwd_f32", "terse_rmsnorm", ptx::RMSNORM)?;
+    let l = launch::rmsnorm_bwd(rows, cols);
+    let bwd = func!(dev, l)?;
     // dw accumulates with atomics, so its row starts at zero.
     let mut out = dev.alloc_zeros::<f32>(n + cols)?;
     {
         let (mut dx, mut dw) = out.split_at_mut(n);
-        let mut b = bwd.builder();
-        b.arg(&xv)
-            .arg(&wv)
-            .arg(&rstd)
-            .arg(&gv)
-            .arg(&mut dx)
-            .arg(&mut dw)
-            .arg(&cols_i);
-        // SAFETY: argument types and counts match the kernel's signature.
-        unsafe { b.launch(grid(rows, RMSNORM_BLOCK)) }.w()?;
+        let mut d = Described::new(bwd.builder(), &l);
+        d.buf(0, &xv)?
+            .buf(1, &wv)?
+            .buf(2, &rstd)?
+            .buf(3, &gv)?
+            .buf(4, &mut dx)?
+            .buf(5, &mut dw)?;
+        // SAFETY: x, dy and dx hold rows x cols, w and dw cols, rstd rows elements.
+        unsafe { d.launch() }?;
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
@@ -166,12 +252,12 @@ pub fn rope(
         s: &CudaStorage,
         ls: &Layout,
         inverse: bool,
-        sfx: &str,
+        st: Store,
     ) -> Result<CudaStorage> {
         let dev: &CudaDevice = x.device();
         let (b, h, t, d) = lx.shape().dims4()?;
-        let name = format!("rope_{}_{sfx}", if inverse { "bwd" } else { "fwd" });
-        let f = dev.get_or_load_custom_func(&name, "terse_rope", ptx::ROPE)?;
+        let l = launch::rope(st, inverse, [b, h, t, d]);
+        let f = func!(dev, l)?;
         let (xv, cv, sv) = (
             view::<T>(x, lx, "rope x")?,
             view::<T>(c, lc, "rope cos")?,
@@ -180,24 +266,16 @@ pub fn rope(
         let n = lx.shape().elem_count();
         // SAFETY: every element is written by the kernel.
         let mut y = unsafe { dev.alloc::<T>(n)? };
-        let dims = [b as i32, h as i32, t as i32, d as i32];
-        let mut bld = f.builder();
-        bld.arg(&xv)
-            .arg(&cv)
-            .arg(&sv)
-            .arg(&mut y)
-            .arg(&dims[0])
-            .arg(&dims[1])
-            .arg(&dims[2])
-            .arg(&dims[3]);
-        // SAFETY: argument types and counts match the kernel's signature.
-        unsafe { bld.launch(elementwise(n / 2)) }.w()?;
+        let mut dsc = Described::new(f.builder(), &l);
+        dsc.buf(0, &xv)?.buf(1, &cv)?.buf(2, &sv)?.buf(3, &mut y)?;
+        // SAFETY: x and y hold B x H x T x D elements, cos and sin B x T x D/2.
+        unsafe { dsc.launch() }?;
         Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
     }
     let out = match x.dtype() {
-        DType::F32 => go::<f32>(x, lx, c, lc, s, ls, inverse, "f32")?,
-        DType::BF16 => go::<half::bf16>(x, lx, c, lc, s, ls, inverse, "bf16")?,
-        dt => suffix(dt, "rope").map(|_| unreachable!())?,
+        DType::F32 => go::<f32>(x, lx, c, lc, s, ls, inverse, Store::F32)?,
+        DType::BF16 => go::<half::bf16>(x, lx, c, lc, s, ls, inverse, Store::Bf16)?,
+        dt => store(dt, "rope").map(|_| unreachable!())?,
     };
     Ok((out, lx.shape().clone()))
 }
@@ -210,18 +288,18 @@ pub fn logprob_fwd(
 ) -> Result<(CudaStorage, Shape)> {
     let dev: &CudaDevice = l.device();
     let (n, v) = ll.shape().dims2()?;
-    let f = dev.get_or_load_custom_func("logprob_fwd_f32", "terse_logprob", ptx::LOGPROB)?;
+    let lau = launch::logprob_fwd(n, v);
+    let f = func!(dev, lau)?;
     let (lv, tv) = (
         view::<f32>(l, ll, "logits")?,
         view::<u32>(t, lt, "targets")?,
     );
     // SAFETY: every element is written by the kernel.
     let mut stats = unsafe { dev.alloc::<f32>(n * 3)? };
-    let v_i = v as i32;
-    let mut b = f.builder();
-    b.arg(&lv).arg(&tv).arg(&mut stats).arg(&v_i);
-    // SAFETY: argument types and counts match the kernel's signature.
-    unsafe { b.launch(grid(n, LOGPROB_BLOCK)) }.w()?;
+    let mut d = Described::new(f.builder(), &lau);
+    d.buf(0, &lv)?.buf(1, &tv)?.buf(2, &mut stats)?;
+    // SAFETY: logits hold n x v elements, targets n (each < v, checked), stats n x 3.
+    unsafe { d.launch() }?;
     Ok((
         CudaStorage::wrap_cuda_slice(stats, dev.clone()),
         Shape::from((n, 3)),
@@ -238,17 +316,17 @@ pub fn logprob_bwd(
 ) -> Result<(CudaStorage, Shape)> {
     let dev: &CudaDevice = l.device();
     let (n, v) = ll.shape().dims2()?;
-    let f = dev.get_or_load_custom_func("logprob_bwd_f32", "terse_logprob", ptx::LOGPROB)?;
+    let lau = launch::logprob_bwd(n, v);
+    let f = func!(dev, lau)?;
     let lgv = view::<f32>(lg, llg, "lse_g")?;
     // The kernel works in place: copy the logits chunk into the output first.
     let mut out = unsafe { dev.alloc::<f32>(n * v)? };
     dev.memcpy_dtod(&view::<f32>(l, ll, "logits")?, &mut out)?;
     let tv = view::<u32>(t, lt, "targets")?;
-    let v_i = v as i32;
-    let mut b = f.builder();
-    b.arg(&mut out).arg(&tv).arg(&lgv).arg(&v_i);
-    // SAFETY: argument types and counts match the kernel's signature.
-    unsafe { b.launch(grid(n, LOGPROB_BLOCK)) }.w()?;
+    let mut d = Described::new(f.builder(), &lau);
+    d.buf(0, &mut out)?.buf(1, &tv)?.buf(2, &lgv)?;
+    // SAFETY: logits hold n x v elements, targets n (each < v, checked), lse_g n x 2.
+    unsafe { d.launch() }?;
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
         ll.shape().clone(),
@@ -267,22 +345,17 @@ pub fn kv_write(
         crate::fail!("kv write: the cache {:?} must be contiguous", lc.shape());
     }
     let dev = cache.device().clone();
-    let sfx = suffix(cache.dtype(), "kv write")?;
-    let f =
-        dev.get_or_load_custom_func(&format!("kv_write_{sfx}"), "terse_kv_cache", ptx::KV_CACHE)?;
-    let args = [b as i32, hkv as i32, cap as i32, d as i32, slot as i32];
-    let n = b * hkv * d;
+    let l = launch::kv_write(store(cache.dtype(), "kv write")?, [b, hkv, cap, d], slot);
+    let f = func!(&dev, l)?;
     macro_rules! launch {
         ($t:ty) => {{
             let sv = view::<$t>(src, ls, "kv src")?;
             let c = cache.as_cuda_slice_mut::<$t>()?;
-            let mut bld = f.builder();
-            bld.arg(&sv).arg(c);
-            for a in &args {
-                bld.arg(a);
-            }
-            // SAFETY: argument types and counts match the kernel's signature.
-            unsafe { bld.launch(elementwise(n)) }.w()?;
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &sv)?.buf(1, c)?;
+            // SAFETY: src holds B x Hkv x D elements and the cache B x Hkv x cap x D, slot < cap
+            // (checked).
+            unsafe { dsc.launch() }?;
         }};
     }
     match cache.dtype() {
@@ -313,16 +386,10 @@ pub fn decode_attention(
         lvalid.shape().elem_count(),
         len,
     )?;
-    let sfx = suffix(q.dtype(), "decode attention")?;
-    let f = dev.get_or_load_custom_func(
-        &format!("decode_attention_{sfx}"),
-        "terse_kv_cache",
-        ptx::KV_CACHE,
-    )?;
+    let st = store(q.dtype(), "decode attention")?;
+    let l = launch::decode_attention(st, [b, hq, hkv, cap, d], len);
+    let f = func!(dev, l)?;
     let valid_d = view::<u8>(valid, lvalid, "validity flags")?;
-    let ints = [hq as i32, hkv as i32, cap as i32, len as i32, d as i32];
-    let scale = 1.0f32 / (d as f32).sqrt();
-    let cfg = grid(b * hq, 32 * DECODE_WARPS);
     macro_rules! launch {
         ($t:ty) => {{
             let (qv, kv, vv) = (
@@ -332,14 +399,14 @@ pub fn decode_attention(
             );
             // SAFETY: every element is written by the kernel.
             let mut out = unsafe { dev.alloc::<$t>(b * hq * d)? };
-            let mut bld = f.builder();
-            bld.arg(&qv).arg(&kv).arg(&vv).arg(&valid_d).arg(&mut out);
-            for a in &ints {
-                bld.arg(a);
-            }
-            bld.arg(&scale);
-            // SAFETY: argument types and counts match the kernel's signature.
-            unsafe { bld.launch(cfg) }.w()?;
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &qv)?
+                .buf(1, &kv)?
+                .buf(2, &vv)?
+                .buf(3, &valid_d)?
+                .buf(4, &mut out)?;
+            // SAFETY: the shapes were checked by kernel_checks::decode_attention.
+            unsafe { dsc.launch() }?;
             CudaStorage::wrap_cuda_slice(out, dev.clone())
         }};
     }
@@ -377,27 +444,18 @@ pub fn paged_kv_write(
         );
     }
     let dev = pool.device().clone();
-    let sfx = suffix(pool.dtype(), "paged kv write")?;
-    let f = dev.get_or_load_custom_func(
-        &format!("paged_kv_write_{sfx}"),
-        "terse_paged_attention",
-        ptx::PAGED_ATTENTION,
-    )?;
+    let l = launch::paged_kv_write(store(pool.dtype(), "paged kv write")?, [b, hkv, bs, d]);
+    let f = func!(&dev, l)?;
     let guard = meta.dev[2].storage_and_layout();
     let slots = meta_view(&guard.0, guard.1, "write slots")?;
-    let args = [b as i32, hkv as i32, bs as i32, d as i32];
     macro_rules! launch {
         ($t:ty) => {{
             let sv = view::<$t>(src, ls, "paged kv src")?;
             let p = pool.as_cuda_slice_mut::<$t>()?;
-            let mut bld = f.builder();
-            bld.arg(&sv).arg(p).arg(&slots);
-            for a in &args {
-                bld.arg(a);
-            }
-            // SAFETY: argument types and counts match the kernel's signature; every slot was
-            // checked to lie in the pool (`kernel_checks::paged_tables`).
-            unsafe { bld.launch(elementwise(b * hkv * d)) }.w()?;
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &sv)?.buf(1, p)?.buf(2, &slots)?;
+            // SAFETY: every slot was checked to lie in the pool (`kernel_checks::paged_tables`).
+            unsafe { dsc.launch() }?;
         }};
     }
     match pool.dtype() {
@@ -424,21 +482,15 @@ pub fn paged_decode_attention(
         lv.dims(),
         meta.lens.len(),
     )?;
-    let sfx = suffix(q.dtype(), "paged attention")?;
-    let f = dev.get_or_load_custom_func(
-        &format!("paged_decode_attention_{sfx}"),
-        "terse_paged_attention",
-        ptx::PAGED_ATTENTION,
-    )?;
+    let st = store(q.dtype(), "paged attention")?;
+    let l = launch::paged_decode_attention(st, [b, hq, hkv, bs, meta.maxb, d]);
+    let f = func!(dev, l)?;
     let (gt, gl) = (
         meta.dev[0].storage_and_layout(),
         meta.dev[1].storage_and_layout(),
     );
     let tables = meta_view(&gt.0, gt.1, "block tables")?;
     let lens = meta_view(&gl.0, gl.1, "lengths")?;
-    let ints = [hq as i32, hkv as i32, bs as i32, meta.maxb as i32, d as i32];
-    let scale = 1.0f32 / (d as f32).sqrt();
-    let cfg = grid(b * hq, 32 * DECODE_WARPS);
     macro_rules! launch {
         ($t:ty) => {{
             let (qv, kv, vv) = (
@@ -448,20 +500,16 @@ pub fn paged_decode_attention(
             );
             // SAFETY: every element is written by the kernel.
             let mut out = unsafe { dev.alloc::<$t>(b * hq * d)? };
-            let mut bld = f.builder();
-            bld.arg(&qv)
-                .arg(&kv)
-                .arg(&vv)
-                .arg(&tables)
-                .arg(&lens)
-                .arg(&mut out);
-            for a in &ints {
-                bld.arg(a);
-            }
-            bld.arg(&scale);
-            // SAFETY: argument types and counts match the kernel's signature; the tables were
-            // checked to hold blocks of the pool and lengths within them.
-            unsafe { bld.launch(cfg) }.w()?;
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &qv)?
+                .buf(1, &kv)?
+                .buf(2, &vv)?
+                .buf(3, &tables)?
+                .buf(4, &lens)?
+                .buf(5, &mut out)?;
+            // SAFETY: the tables were checked to hold blocks of the pool and lengths within
+            // them.
+            unsafe { dsc.launch() }?;
             CudaStorage::wrap_cuda_slice(out, dev.clone())
         }};
     }

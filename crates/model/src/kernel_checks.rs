@@ -18,6 +18,11 @@ pub const DECODE_MAX_HEAD_DIM: usize = 256;
 /// Warps per block of `flash_*` (one warp per query or key row; head sizes up to
 /// `DECODE_MAX_HEAD_DIM`).
 pub const FLASH_WARPS: u32 = 4;
+/// Warps per block of the tensor-core `flash_tc_*` kernels: each owns 16 rows (query rows in
+/// the forward and dQ, key rows in dK/dV), so a block covers 16 x FLASH_TC_WARPS rows.
+pub const FLASH_TC_WARPS: u32 = 4;
+/// Keys per inner tile of `flash_tc_fwd_*` and `flash_tc_bwd_dq_*` (a multiple of 16).
+pub const FLASH_TC_KEYS: u32 = 32;
 
 /// The `-D` macros build.rs gives nvcc; kernels/common.cuh refuses to compile without each.
 pub fn nvcc_defines() -> Vec<(&'static str, u64)> {
@@ -27,6 +32,8 @@ pub fn nvcc_defines() -> Vec<(&'static str, u64)> {
         ("TERSE_DECODE_WARPS", u64::from(DECODE_WARPS)),
         ("TERSE_DECODE_MAX_HEAD_DIM", DECODE_MAX_HEAD_DIM as u64),
         ("TERSE_FLASH_WARPS", u64::from(FLASH_WARPS)),
+        ("TERSE_FLASH_TC_WARPS", u64::from(FLASH_TC_WARPS)),
+        ("TERSE_FLASH_TC_KEYS", u64::from(FLASH_TC_KEYS)),
     ]
 }
 

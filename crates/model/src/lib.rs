@@ -37,6 +37,7 @@ mod fused_cuda;
 mod fused_paged;
 pub mod kernel_checks;
 pub(crate) mod kernels;
+pub mod launch;
 pub mod logprob;
 pub mod model;
 pub mod ops;

@@ -32,10 +32,21 @@ pub fn token_logprobs(
     }
     let chunk = chunk_rows.max(1);
     let (hd, wd) = (hidden.detach(), weight.detach());
+    let fused = uses_kernels(hidden)?;
+    if fused {
+        check_targets(targets, weight.dim(0)?)?;
+    }
     let mut parts = Vec::with_capacity(n.div_ceil(chunk));
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);
         let logits = chunk_logits(&hd.narrow(0, start, len)?, &wd)?; // (n, V)
+        let tg = targets.narrow(0, start, len)?;
+        if fused {
+            // One pass of the logprob_fwd kernel: [log p(target), log Z, entropy] per row.
+            let stats = crate::fused::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
+            parts.push(stats.narrow(1, 0, 1)?.squeeze(1)?);
+            continue;
+        }
         let m = logits.max_keepdim(D::Minus1)?;
         let lse = (logits
             .broadcast_sub(&m)?
@@ -43,7 +54,7 @@ pub fn token_logprobs(
             .sum_keepdim(D::Minus1)?
             .log()?
             + m)?; // (n, 1)
-        let tgt = logits.gather(&targets.narrow(0, start, len)?.unsqueeze(1)?, 1)?; // (n, 1)
+        let tgt = logits.gather(&tg.unsqueeze(1)?, 1)?; // (n, 1)
         parts.push((tgt - lse)?.squeeze(1)?);
     }
     let values = if parts.is_empty() {
@@ -62,6 +73,22 @@ pub fn token_logprobs(
             chunk,
         },
     )
+}
+
+/// Whether the chunks go through the log-prob kernels (kernels/logprob.cu): on CUDA, where they
+/// replace five to seven (n, V) passes of candle ops with one each way. The CPU keeps the
+/// composite ops (its numbers are the reference and stay as they were).
+fn uses_kernels(hidden: &Tensor) -> Result<bool> {
+    Ok(hidden.device().is_cuda() && accum_dtype(hidden.dtype()) == candle_core::DType::F32)
+}
+
+/// Every target below the vocabulary size, read once per call (the kernels index with them).
+fn check_targets(targets: &Tensor, v: usize) -> Result<()> {
+    let ids = targets.to_vec1::<u32>()?;
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= v) {
+        crate::fail!("token_logprobs: target {bad} is not below the vocabulary size {v}");
+    }
+    Ok(())
 }
 
 /// One chunk's logits in the accumulation dtype: h (n, H) @ W^T -> (n, V).
@@ -143,13 +170,21 @@ impl CustomOp2 for FusedLogProb {
         let wa = w.to_dtype(acc)?;
         let mut dh_parts = Vec::new();
         let mut dw: Option<Tensor> = None;
+        let fused = uses_kernels(&h)?;
         for start in (0..n).step_by(self.chunk) {
             let len = self.chunk.min(n - start);
             let hc = h.narrow(0, start, len)?;
             let g = grad.narrow(0, start, len)?.unsqueeze(1)?; // (n, 1)
             let tgt = self.targets.narrow(0, start, len)?.unsqueeze(1)?;
             // dlogits = g * (onehot - softmax), built with as few (n, V) temporaries as possible.
-            let dlogits = {
+            let dlogits = if fused {
+                // The kernels: log Z from logprob_fwd, then logprob_bwd's one pass.
+                let logits = chunk_logits(&hc, &w)?; // (n, V)
+                let tg = self.targets.narrow(0, start, len)?;
+                let stats = crate::fused::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
+                let lse_g = Tensor::cat(&[&stats.narrow(1, 1, 1)?, &g], 1)?; // (n, 2)
+                crate::fused::logprob_grad_of_checked(&logits, &tg, &lse_g.contiguous()?)?
+            } else {
                 let logits = chunk_logits(&hc, &w)?; // (n, V)
                 let m = logits.max_keepdim(D::Minus1)?;
                 let e = logits.broadcast_sub(&m)?.exp()?;

@@ -24,9 +24,14 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if !(x.track_op() || weight.track_op()) && x.dtype() != DType::F64 {
         return candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32);
     }
-    if x.device().is_cpu() && x.dtype() == DType::F32 && weight.dtype() == DType::F32 {
-        // Training on the CPU: one custom op each way (`fused`, its backward one pass over the
-        // rows) instead of seven composite ops and their graph nodes.
+    let f32_cpu = x.device().is_cpu() && x.dtype() == DType::F32 && weight.dtype() == DType::F32;
+    let cuda = x.device().is_cuda()
+        && matches!(x.dtype(), DType::F32 | DType::BF16)
+        && weight.dtype() == x.dtype();
+    if f32_cpu || cuda {
+        // Training: one custom op each way (`fused`; on CUDA the rmsnorm kernels, whose
+        // backward is one pass over the rows) instead of seven composite ops and their graph
+        // nodes.
         return crate::fused::rms_norm(&x.contiguous()?, weight, eps as f32);
     }
     rms_norm_composite(x, weight, eps)
@@ -66,8 +71,11 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if !x.track_op() {
         return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
     }
-    if x.device().is_cpu() && x.dtype() == DType::F32 {
-        // Training on the CPU: the fused rotation (its backward is the inverse rotation).
+    let fused = (x.device().is_cpu() && x.dtype() == DType::F32)
+        || (x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::BF16));
+    if fused && cos.dtype() == x.dtype() {
+        // Training: the fused rotation (on CUDA the rope kernels; its backward is the inverse
+        // rotation) instead of narrow / cat / neg / two broadcast products.
         return crate::fused::rope(&x.contiguous()?, cos, sin);
     }
     rope_composite(x, cos, sin)

@@ -4,8 +4,8 @@
 //! on the rounded values); a small random Qwen3 decoding 16 steps through the kernels against
 //! the composite path on the same device; and the training path's log-probs and gradients in
 //! bf16 against f32; flash attention forward and backward against its CPU implementation.
-//! `cargo xtask gpu-check` runs the groups one at a time (stopping at the
-//! first failing row, with what ran written down); the `cuda` integration test runs them all.
+//! `cargo xtask gpu-check` runs the groups one at a time (a failing row is recorded and the
+//! check goes on, xtask/src/gpu_plan.rs); the `cuda` integration test runs them all.
 //! On the CPU every group runs too, its "device" side on the CPU, so the code stays exercised.
 
 use crate::fused;
@@ -28,22 +28,23 @@ impl Row {
 /// A named group of rows, run on one device.
 pub type Group = (&'static str, fn(&Device) -> Result<Vec<Row>>);
 
-/// Every group, in the order gpu-check runs them (cheap kernels first, the model last).
+/// Every group, in the order gpu-check runs them: first what a training run executes (bf16
+/// flash attention, the paged rollout, a whole model decoding and training), then the rest.
 pub fn groups() -> Vec<Group> {
     vec![
+        ("flash attention bf16", flash_bf16),
+        ("paged attention bf16", super::parity_paged::paged_bf16),
+        ("model decode bf16", model_decode),
+        ("model training bf16 vs f32", model_training),
+        ("kv cache bf16", kv_cache_bf16),
+        ("rmsnorm bf16", rmsnorm_bf16),
+        ("rope bf16", rope_bf16),
+        ("flash attention f32", flash_f32),
+        ("paged attention f32", super::parity_paged::paged_f32),
+        ("kv cache f32", kv_cache_f32),
         ("rmsnorm f32", rmsnorm_f32),
         ("rope f32", rope_f32),
         ("logprob f32", logprob_f32),
-        ("kv cache f32", kv_cache_f32),
-        ("rmsnorm bf16", rmsnorm_bf16),
-        ("rope bf16", rope_bf16),
-        ("kv cache bf16", kv_cache_bf16),
-        ("paged attention f32", super::parity_paged::paged_f32),
-        ("paged attention bf16", super::parity_paged::paged_bf16),
-        ("flash attention f32", flash_f32),
-        ("flash attention bf16", flash_bf16),
-        ("model decode bf16", model_decode),
-        ("model training bf16 vs f32", model_training),
     ]
 }
 
@@ -390,8 +391,40 @@ fn model_training(dev: &Device) -> Result<Vec<Row>> {
 
 /// Flash attention on `dev` in `dt` against the CPU implementation in f32 on the same (rounded)
 /// inputs: out, dq, dk, dv for GQA 4 with left padding in row 0 and packed-like short rows.
-fn flash(dev: &Device, dt: DType) -> Result<Vec<Row>> {
-    let (b, hq, hkv, t, d) = (2, 8, 2, 150, 128);
+/// The masks the model makes: left padding (17 rows of row 0 attend nothing), right padding
+/// (row 1 ends after 101 tokens), and one packed row whose sequences end inside a 64-key tile
+/// (at 37), exactly on its edge (64), after one token (65), and at T.
+#[derive(Debug, Clone, Copy)]
+enum Mask {
+    Left,
+    Right,
+    Packed,
+}
+
+impl Mask {
+    fn rows(self) -> usize {
+        match self {
+            Mask::Packed => 1,
+            _ => 2,
+        }
+    }
+
+    fn ranges(self, t: usize, on: &Device) -> Result<crate::flash::KeyRanges> {
+        let mut mask = vec![1u8; 2 * t];
+        match self {
+            Mask::Left => mask[..17].fill(0),
+            Mask::Right => mask[t + 101..].fill(0),
+            Mask::Packed => return crate::flash::KeyRanges::packed(&[37, 27, 1, t - 65], t, on),
+        }
+        match crate::flash::KeyRanges::from_mask(&mask, 2, t, on)? {
+            Some(r) => Ok(r),
+            None => candle_core::bail!("parity: flash mask not contiguous"),
+        }
+    }
+}
+
+fn flash(dev: &Device, dt: DType, kind: Mask) -> Result<Vec<Row>> {
+    let (b, hq, hkv, t, d) = (kind.rows(), 8, 2, 150, 128);
     let round = |x: Tensor| {
         if dt == DType::BF16 {
             bf16_round(&x)
@@ -403,17 +436,12 @@ fn flash(dev: &Device, dt: DType) -> Result<Vec<Row>> {
     let k = round(rnd(&[b, hkv, t, d], 2)?)?;
     let v = round(rnd(&[b, hkv, t, d], 3)?)?;
     let g = round(rnd(&[b, hq, t, d], 4)?)?;
-    let mut mask = vec![1u8; b * t];
-    mask[..17].fill(0);
     let run = |on: &Device, dt: DType| -> Result<Vec<Tensor>> {
         let vars = [&q, &k, &v]
             .iter()
             .map(|x| Var::from_tensor(&x.to_device(on)?.to_dtype(dt)?))
             .collect::<Result<Vec<_>>>()?;
-        let ranges = match crate::flash::KeyRanges::from_mask(&mask, b, t, on)? {
-            Some(r) => r,
-            None => candle_core::bail!("parity: flash mask not contiguous"),
-        };
+        let ranges = kind.ranges(t, on)?;
         let out = crate::flash::attention(
             vars[0].as_tensor(),
             vars[1].as_tensor(),
@@ -441,18 +469,32 @@ fn flash(dev: &Device, dt: DType) -> Result<Vec<Row>> {
             } else {
                 1e-4
             };
-            row(&format!("flash attention {name} {sfx}"), a, c, tol)
+            row(
+                &format!("flash attention {name} {sfx} ({kind:?})"),
+                a,
+                c,
+                tol,
+            )
         })
         .collect()
 }
 
+/// Every mask kind in `dt`.
+fn flash_all(dev: &Device, dt: DType) -> Result<Vec<Row>> {
+    let mut rows = vec![];
+    for kind in [Mask::Left, Mask::Right, Mask::Packed] {
+        rows.extend(flash(dev, dt, kind)?);
+    }
+    Ok(rows)
+}
+
 fn flash_f32(dev: &Device) -> Result<Vec<Row>> {
-    flash(dev, DType::F32)
+    flash_all(dev, DType::F32)
 }
 
 fn flash_bf16(dev: &Device) -> Result<Vec<Row>> {
     // The CPU implementation is f32 only; on the CPU this group compares f32 with itself.
-    flash(
+    flash_all(
         dev,
         if dev.is_cuda() {
             DType::BF16

@@ -5,36 +5,20 @@
 #![allow(unsafe_code)] // kernel launches into device buffers the kernels fill
 
 use super::Dims;
-use crate::fused_cuda::{ptx, view};
-use crate::kernel_checks::{DECODE_MAX_HEAD_DIM, FLASH_WARPS};
+use crate::fused_cuda::{func, view, Described};
+use crate::kernel_checks::DECODE_MAX_HEAD_DIM;
+use crate::launch::{self, Storage as Store};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
+use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 type In<'a> = (&'a CudaStorage, &'a Layout);
 
-/// A function of the flash module (loaded once per device by candle's module cache).
-macro_rules! func {
-    ($dev:expr, $name:expr) => {
-        $dev.get_or_load_custom_func($name, "terse_flash", ptx::FLASH_ATTN)
-    };
-}
-
-fn rows_grid(rows: usize, heads: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows.div_ceil(FLASH_WARPS as usize) as u32, heads as u32, 1),
-        block_dim: (32 * FLASH_WARPS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn suffix(dt: DType) -> Result<&'static str> {
+fn store(dt: DType) -> Result<Store> {
     match dt {
-        DType::F32 => Ok("f32"),
-        DType::BF16 => Ok("bf16"),
+        DType::F32 => Ok(Store::F32),
+        DType::BF16 => Ok(Store::Bf16),
         other => crate::fail!("flash attention: no kernel for {other:?} (f32 or bf16)"),
     }
 }
@@ -80,10 +64,16 @@ pub(super) fn forward(
         v: In,
         starts: &Tensor,
         dm: Dims,
-        sfx: &str,
+        st: Store,
     ) -> Result<CudaSlice<f32>> {
         let dev: &CudaDevice = q.0.device();
-        let f = func!(dev, &format!("flash_fwd_{sfx}"))?;
+        // Tensor cores for bf16 at head sizes 64 and 128; the scalar kernel otherwise.
+        let l = if launch::flash_tc_covers(st, dm.d) {
+            launch::flash_tc_fwd(dm)
+        } else {
+            launch::flash_fwd(st, dm)
+        };
+        let f = func!(dev, l)?;
         let n = dm.b * dm.hq * dm.t * dm.d;
         let rows = dm.b * dm.hq * dm.t;
         // SAFETY: the kernel writes every output element and every lse entry.
@@ -96,29 +86,23 @@ pub(super) fn forward(
             );
             let sv = view::<u32>(sc, sl, "starts")?;
             let (mut out, mut lse) = both.split_at_mut(n);
-            let ints = [dm.hq as i32, dm.hkv as i32, dm.t as i32, dm.d as i32];
-            let mut b = f.builder();
-            b.arg(&qv)
-                .arg(&kv)
-                .arg(&vv)
-                .arg(&sv)
-                .arg(&mut out)
-                .arg(&mut lse);
-            ints.iter().for_each(|x| {
-                b.arg(x);
-            });
-            b.arg(&dm.scale);
-            // SAFETY: argument types and counts match `flash_fwd_*`.
-            unsafe { b.launch(rows_grid(dm.t, dm.b * dm.hq)) }.w()?;
-            Ok(())
+            let mut d = Described::new(f.builder(), &l);
+            d.buf(0, &qv)?
+                .buf(1, &kv)?
+                .buf(2, &vv)?
+                .buf(3, &sv)?
+                .buf(4, &mut out)?
+                .buf(5, &mut lse)?;
+            // SAFETY: q, out (B, Hq, T, D), k, v (B, Hkv, T, D), starts (B, T), lse (B, Hq, T).
+            unsafe { d.launch() }
         })?;
         Ok(both)
     }
     let dev = q.0.device().clone();
     let out = match q.0.dtype() {
-        DType::F32 => go::<f32>(q, k, v, starts, dm, "f32")?,
-        DType::BF16 => go::<half::bf16>(q, k, v, starts, dm, "bf16")?,
-        dt => suffix(dt).map(|_| unreachable!())?,
+        DType::F32 => go::<f32>(q, k, v, starts, dm, Store::F32)?,
+        DType::BF16 => go::<half::bf16>(q, k, v, starts, dm, Store::Bf16)?,
+        dt => store(dt).map(|_| unreachable!())?,
     };
     let len = out.len();
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(len)))
@@ -140,23 +124,21 @@ pub(super) fn backward(
         saved.2.contiguous()?,
     );
     let dev: CudaDevice = q.0.device().clone();
-    let sfx = suffix(q.0.dtype())?;
+    let st = store(q.0.dtype())?;
     let (nq, nk) = (dm.b * dm.hq * dm.t * dm.d, dm.b * dm.hkv * dm.t * dm.d);
     let rows = dm.b * dm.hq * dm.t;
     // SAFETY: the kernels write every element of dq, dk, dv and delta.
     let mut grads = unsafe { dev.alloc::<f32>(nq + 2 * nk)? };
     let mut delta = unsafe { dev.alloc::<f32>(rows)? };
-    let ints = [dm.hq as i32, dm.hkv as i32, dm.t as i32, dm.d as i32];
     with_slice::<f32, _>(&out, "out", |oc, ol| {
         with_slice::<f32, _>(&dout, "dout", |gc, gl| {
             let (ov, gv) = (view::<f32>(oc, ol, "out")?, view::<f32>(gc, gl, "dout")?);
-            let f = func!(dev, "flash_delta_f32")?;
-            let (rows_u, d_i) = (rows, dm.d as i32);
-            let mut b = f.builder();
-            b.arg(&ov).arg(&gv).arg(&mut delta).arg(&rows_u).arg(&d_i);
-            // SAFETY: argument types and counts match `flash_delta_f32`.
-            unsafe { b.launch(rows_grid(rows, 1)) }.w()?;
-            Ok(())
+            let l = launch::flash_delta(rows, dm.d);
+            let f = func!(&dev, l)?;
+            let mut d = Described::new(f.builder(), &l);
+            d.buf(0, &ov)?.buf(1, &gv)?.buf(2, &mut delta)?;
+            // SAFETY: out and dout hold rows x D elements, delta rows.
+            unsafe { d.launch() }
         })
     })?;
     with_slice::<f32, _>(&lse, "lse", |lc, ll| {
@@ -176,39 +158,39 @@ pub(super) fn backward(
                             view::<$t>(k.0, k.1, "k")?,
                             view::<$t>(v.0, v.1, "v")?,
                         );
-                        let f = func!(dev, &format!("flash_bwd_dq_{sfx}"))?;
-                        let mut b = f.builder();
-                        b.arg(&qv)
-                            .arg(&kv)
-                            .arg(&vv)
-                            .arg(&sv)
-                            .arg(&lv)
-                            .arg(&delta)
-                            .arg(&gv)
-                            .arg(&mut dq);
-                        ints.iter().for_each(|x| {
-                            b.arg(x);
-                        });
-                        b.arg(&dm.scale);
-                        // SAFETY: argument types and counts match `flash_bwd_dq_*`.
-                        unsafe { b.launch(rows_grid(dm.t, dm.b * dm.hq)) }.w()?;
-                        let f = func!(dev, &format!("flash_bwd_dkdv_{sfx}"))?;
-                        let mut b = f.builder();
-                        b.arg(&qv)
-                            .arg(&kv)
-                            .arg(&vv)
-                            .arg(&sv)
-                            .arg(&lv)
-                            .arg(&delta)
-                            .arg(&gv)
-                            .arg(&mut dk)
-                            .arg(&mut dv);
-                        ints.iter().for_each(|x| {
-                            b.arg(x);
-                        });
-                        b.arg(&dm.scale);
-                        // SAFETY: argument types and counts match `flash_bwd_dkdv_*`.
-                        unsafe { b.launch(rows_grid(dm.t, dm.b * dm.hkv)) }.w()?;
+                        // The seven inputs both backward kernels read, in their order.
+                        macro_rules! inputs {
+                            ($d:expr) => {
+                                $d.buf(0, &qv)?
+                                    .buf(1, &kv)?
+                                    .buf(2, &vv)?
+                                    .buf(3, &sv)?
+                                    .buf(4, &lv)?
+                                    .buf(5, &delta)?
+                                    .buf(6, &gv)?
+                            };
+                        }
+                        let tc = launch::flash_tc_covers(st, dm.d);
+                        let l = if tc {
+                            launch::flash_tc_bwd_dq(dm)
+                        } else {
+                            launch::flash_bwd_dq(st, dm)
+                        };
+                        let f = func!(&dev, l)?;
+                        let mut d = Described::new(f.builder(), &l);
+                        inputs!(d).buf(7, &mut dq)?;
+                        // SAFETY: the forward's shapes; dq as q.
+                        unsafe { d.launch() }?;
+                        let l = if tc {
+                            launch::flash_tc_bwd_dkdv(dm)
+                        } else {
+                            launch::flash_bwd_dkdv(st, dm)
+                        };
+                        let f = func!(&dev, l)?;
+                        let mut d = Described::new(f.builder(), &l);
+                        inputs!(d).buf(7, &mut dk)?.buf(8, &mut dv)?;
+                        // SAFETY: the forward's shapes; dk and dv as k and v.
+                        unsafe { d.launch() }?;
                     }};
                 }
                 match q.0.dtype() {

@@ -22,16 +22,8 @@ use crate::fused::f32s;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-/// The shape of one attention call.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Dims {
-    pub b: usize,
-    pub hq: usize,
-    pub hkv: usize,
-    pub t: usize,
-    pub d: usize,
-    pub scale: f32,
-}
+/// The shape of one attention call (the launch descriptions' `FlashDims`, one type for both).
+pub(crate) use crate::launch::FlashDims as Dims;
 
 /// Per query row of a (B, T) batch, the first key it may attend (it attends [start, i]); a
 /// row whose start is i + 1 attends nothing (padding). Starts never decrease along a row and

@@ -1,0 +1,142 @@
+//! RMSNorm, RoPE and the log-prob epilogue through the shim against their CPU references.
+
+use super::{bf16_tol, close, from_bf16, go, rand_vec, to_bf16};
+use crate::Buf;
+use terse_model::launch::{self, Storage};
+use terse_model::testing::references as r;
+
+#[test]
+fn rmsnorm_forward_and_backward() {
+    // cols 300: more than a block of 256 threads (the stride loop); 64: fewer.
+    for (rows, cols) in [(5, 300), (3, 64), (1, 1)] {
+        let (x, w, dy) = (
+            rand_vec(rows * cols, 1),
+            rand_vec(cols, 2),
+            rand_vec(rows * cols, 3),
+        );
+        let eps = 1e-6;
+        let (want_y, want_rstd) = r::rmsnorm_fwd(&x, &w, cols, eps);
+        let (mut y, mut rstd) = (vec![0f32; rows * cols], vec![0f32; rows]);
+        let (mut xs, mut ws) = (x.clone(), w.clone());
+        go(
+            &launch::rmsnorm_fwd(Storage::F32, rows, cols, eps),
+            vec![
+                Buf::F32(&mut xs),
+                Buf::F32(&mut ws),
+                Buf::F32(&mut y),
+                Buf::F32(&mut rstd),
+            ],
+        );
+        close("rmsnorm fwd y", &y, &want_y, 1e-4);
+        close("rmsnorm fwd rstd", &rstd, &want_rstd, 1e-4);
+
+        let (want_dx, want_dw) = r::rmsnorm_bwd(&x, &w, &want_rstd, &dy, cols);
+        let (mut dx, mut dw) = (vec![0f32; rows * cols], vec![0f32; cols]);
+        let mut dys = dy.clone();
+        go(
+            &launch::rmsnorm_bwd(rows, cols),
+            vec![
+                Buf::F32(&mut xs),
+                Buf::F32(&mut ws),
+                Buf::F32(&mut rstd),
+                Buf::F32(&mut dys),
+                Buf::F32(&mut dx),
+                Buf::F32(&mut dw),
+            ],
+        );
+        close("rmsnorm bwd dx", &dx, &want_dx, 1e-4);
+        close("rmsnorm bwd dw", &dw, &want_dw, 1e-4);
+
+        // bf16: the reference on the rounded inputs.
+        let ((mut xb, xr), (mut wb, wr)) = (to_bf16(&x), to_bf16(&w));
+        let (want, _) = r::rmsnorm_fwd(&xr, &wr, cols, eps);
+        let (mut yb, mut rstd) = (vec![0u16; rows * cols], vec![0f32; rows]);
+        go(
+            &launch::rmsnorm_fwd(Storage::Bf16, rows, cols, eps),
+            vec![
+                Buf::Bf16(&mut xb),
+                Buf::Bf16(&mut wb),
+                Buf::Bf16(&mut yb),
+                Buf::F32(&mut rstd),
+            ],
+        );
+        close("bf16 rmsnorm fwd", &from_bf16(&yb), &want, bf16_tol(&want));
+    }
+}
+
+#[test]
+fn rope_forward_and_backward() {
+    for dims @ [b, h, t, d] in [[2, 3, 5, 64], [1, 2, 3, 128], [1, 1, 1, 2]] {
+        let x = rand_vec(b * h * t * d, 4);
+        let (c, s) = (rand_vec(b * t * d / 2, 5), rand_vec(b * t * d / 2, 6));
+        for inverse in [false, true] {
+            let want = r::rope(&x, &c, &s, dims, inverse);
+            let (mut xs, mut cs, mut ss) = (x.clone(), c.clone(), s.clone());
+            let mut y = vec![0f32; x.len()];
+            go(
+                &launch::rope(Storage::F32, inverse, dims),
+                vec![
+                    Buf::F32(&mut xs),
+                    Buf::F32(&mut cs),
+                    Buf::F32(&mut ss),
+                    Buf::F32(&mut y),
+                ],
+            );
+            close(&format!("rope inverse={inverse}"), &y, &want, 1e-4);
+
+            let ((mut xb, xr), (mut cb, cr), (mut sb, sr)) =
+                (to_bf16(&x), to_bf16(&c), to_bf16(&s));
+            let want = r::rope(&xr, &cr, &sr, dims, inverse);
+            let mut yb = vec![0u16; x.len()];
+            go(
+                &launch::rope(Storage::Bf16, inverse, dims),
+                vec![
+                    Buf::Bf16(&mut xb),
+                    Buf::Bf16(&mut cb),
+                    Buf::Bf16(&mut sb),
+                    Buf::Bf16(&mut yb),
+                ],
+            );
+            close("bf16 rope", &from_bf16(&yb), &want, bf16_tol(&want));
+        }
+    }
+}
+
+#[test]
+fn logprob_forward_and_backward() {
+    // v 1000: more than a block of 512 threads; 7: fewer than a warp.
+    for (n, v) in [(3, 1000), (4, 7)] {
+        let logits: Vec<f32> = rand_vec(n * v, 7).iter().map(|x| 4.0 * x).collect();
+        let mut targets: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 2) % v as u32).collect();
+        targets[0] = v as u32 - 1;
+        let (logp, lse, ent) = r::logprob_fwd(&logits, &targets, v);
+        let mut stats = vec![0f32; 3 * n];
+        let mut ls = logits.clone();
+        go(
+            &launch::logprob_fwd(n, v),
+            vec![
+                Buf::F32(&mut ls),
+                Buf::U32(&mut targets),
+                Buf::F32(&mut stats),
+            ],
+        );
+        let col = |k: usize| stats.iter().skip(k).step_by(3).copied().collect::<Vec<_>>();
+        close("logprob fwd log p", &col(0), &logp, 1e-4);
+        close("logprob fwd lse", &col(1), &lse, 1e-4);
+        close("logprob fwd entropy", &col(2), &ent, 1e-4);
+
+        let g: Vec<f32> = rand_vec(n, 8);
+        let want = r::logprob_bwd(&logits, &targets, &lse, &g, v);
+        let mut lse_g: Vec<f32> = lse.iter().zip(&g).flat_map(|(a, b)| [*a, *b]).collect();
+        let mut grad = logits.clone();
+        go(
+            &launch::logprob_bwd(n, v),
+            vec![
+                Buf::F32(&mut grad),
+                Buf::U32(&mut targets),
+                Buf::F32(&mut lse_g),
+            ],
+        );
+        close("logprob bwd", &grad, &want, 1e-4);
+    }
+}

@@ -1,0 +1,195 @@
+// terse's SIMT shim: compiles kernels/*.cu unchanged as host C++ (g++ -std=c++20 -pthread),
+// so every kernel runs on the CPU in `cargo test` (crates/simt builds and drives it).
+//
+// Model: every CUDA thread of a block is an OS thread; the blocks of a launch run one after the
+// other on the same threads, so `__shared__` (a function-level static here) is per block, and
+// launches are serialised. `__syncthreads` is a block barrier, the warp collectives a barrier
+// of the warp's 32 lanes with an exchange slot per lane. Every barrier has a deadline: a
+// thread that never arrives (a divergent `__syncthreads`, a shuffle some lanes skip) ends the
+// launch with an error naming the kernel, the block and the barrier's line, never a hang.
+// Shuffles also check that all lanes called the same one (same source line).
+//
+// Only the portable subset the kernels use is provided (the rule crates/simt's tests enforce):
+// full-mask shuffles, __syncthreads/__syncwarp, static __shared__, atomicAdd on f32 and u32,
+// bf16 and f16 through conversions, and the math intrinsics below.
+#pragma once
+#include <math.h>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+// build.rs reads the kernels' signatures from the preprocessed sources through this mark.
+#ifdef TERSE_KERNEL_MARK
+#define __global__ TERSE_KERNEL
+#else
+#define __global__
+#endif
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+// Per block: blocks of one launch run one at a time and launches are serialised.
+#define __shared__ static
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+namespace terse_shim {
+// The calling thread's indices and the launch's shape.
+extern thread_local dim3 thread_idx, block_idx;
+extern dim3 block_dim, grid_dim;
+// Barriers; `line` is the call site, reported on a deadline or a divergence.
+void sync_block(int line);
+void sync_warp(int line);
+// One 64-bit value per lane exchanged through the warp: every lane writes `v`, then reads lane
+// `src`'s value. Lanes must all call it from the same line.
+uint64_t exchange(uint64_t v, int src, int line);
+// Ends the launch with `what` (and the kernel, block and thread) as its error.
+[[noreturn]] void fail(const char* what);
+}  // namespace terse_shim
+
+#define threadIdx (terse_shim::thread_idx)
+#define blockIdx (terse_shim::block_idx)
+#define blockDim (terse_shim::block_dim)
+#define gridDim (terse_shim::grid_dim)
+#define warpSize 32
+#define __syncthreads() terse_shim::sync_block(__LINE__)
+#define __syncwarp(...) terse_shim::sync_warp(__LINE__)
+
+namespace terse_shim {
+template <typename T>
+inline uint64_t bits(T v) {
+    static_assert(sizeof(T) <= 8, "shuffle of a type wider than 64 bits");
+    uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof(T));
+    return u;
+}
+template <typename T>
+inline T unbits(uint64_t u) {
+    T v;
+    std::memcpy(&v, &u, sizeof(T));
+    return v;
+}
+inline void full_mask(unsigned mask) {
+    if (mask != 0xffffffffu) {
+        fail("a shuffle with a partial mask (only full-mask collectives are portable here)");
+    }
+}
+template <typename T>
+inline T shfl_xor(unsigned mask, T v, int m, int line) {
+    full_mask(mask);
+    int lane = thread_idx.x % 32;
+    return unbits<T>(exchange(bits(v), (lane ^ m) & 31, line));
+}
+template <typename T>
+inline T shfl(unsigned mask, T v, int src, int line) {
+    full_mask(mask);
+    return unbits<T>(exchange(bits(v), src & 31, line));
+}
+template <typename T>
+inline T shfl_down(unsigned mask, T v, unsigned d, int line) {
+    full_mask(mask);
+    int lane = thread_idx.x % 32;
+    int src = lane + (int)d;
+    T got = unbits<T>(exchange(bits(v), src < 32 ? src : lane, line));
+    return got;
+}
+}  // namespace terse_shim
+
+#define __shfl_xor_sync(mask, v, m) terse_shim::shfl_xor(mask, v, m, __LINE__)
+#define __shfl_sync(mask, v, src) terse_shim::shfl(mask, v, src, __LINE__)
+#define __shfl_down_sync(mask, v, d) terse_shim::shfl_down(mask, v, d, __LINE__)
+
+// Atomics: f32 by compare-and-swap on the bits, u32 and i32 by fetch-add.
+inline float atomicAdd(float* p, float v) {
+    uint32_t* u = reinterpret_cast<uint32_t*>(p);
+    uint32_t old = __atomic_load_n(u, __ATOMIC_RELAXED), next;
+    do {
+        float f;
+        std::memcpy(&f, &old, 4);
+        f += v;
+        std::memcpy(&next, &f, 4);
+    } while (!__atomic_compare_exchange_n(u, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    float f;
+    std::memcpy(&f, &old, 4);
+    return f;
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
+// Math intrinsics: the fast forms are the plain ones here (the tests' tolerances allow the
+// device's approximations).
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+// CUDA's integer min/max device functions.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+// bf16 and f16: storage types with round-to-nearest-even conversions.
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = (uint32_t)h.x << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline __nv_bfloat16 __float2bfloat16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    return {(uint16_t)(u >> 16)};
+}
+struct __half {
+    uint16_t x;
+};
+inline float __half2float(__half h) {
+    uint32_t s = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu;
+    uint32_t u;
+    if (e == 0x1f) {
+        u = s | 0x7f800000u | (m << 13);
+    } else if (e != 0) {
+        u = s | ((e + 112) << 23) | (m << 13);
+    } else if (m == 0) {
+        u = s;
+    } else {  // subnormal: normalise
+        int k = 0;
+        while (!(m & 0x400u)) {
+            m <<= 1;
+            k++;
+        }
+        u = s | ((uint32_t)(113 - k) << 23) | ((m & 0x3ffu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline __half __float2half(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    uint32_t s = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return {(uint16_t)(s | 0x7e00u)};
+    if (a >= 0x47800000u) return {(uint16_t)(s | 0x7c00u)};  // overflow: inf
+    if (a < 0x38800000u) {                                   // subnormal or zero
+        if (a < 0x33000000u) return {(uint16_t)s};
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23);
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return {(uint16_t)(s | r)};
+    }
+    uint32_t r = a - 0x38000000u;  // rebias 127 -> 15
+    uint32_t q = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
+    return {(uint16_t)(s | q)};
+}
