@@ -57,6 +57,7 @@ pub fn train_memory(as_json: bool, max_t: usize) -> Result<ExitCode> {
     // allocator's growth would otherwise land on whichever path runs first.
     for flash in [true, false] {
         m.options = ForwardOptions {
+            flash_min_tokens: 0,
             flash,
             checkpoint_layers: flash,
         };
@@ -65,6 +66,7 @@ pub fn train_memory(as_json: bool, max_t: usize) -> Result<ExitCode> {
     let mut t = 1024;
     while t <= max_t {
         m.options = ForwardOptions {
+            flash_min_tokens: 0,
             flash: true,
             checkpoint_layers: true,
         };
@@ -74,6 +76,7 @@ pub fn train_memory(as_json: bool, max_t: usize) -> Result<ExitCode> {
         let predicted_old = cfg.num_hidden_layers * 11 * cfg.num_attention_heads * t * t * 4;
         let old = if predicted_old < avail / 5 * 4 {
             m.options = ForwardOptions {
+                flash_min_tokens: 0,
                 flash: false,
                 checkpoint_layers: false,
             };

@@ -55,6 +55,7 @@ pub fn flash_kernel(dev: &Device) -> Result<Value> {
 pub fn long_context(dev: &Device, model: &mut Qwen3) -> Result<Value> {
     let before = model.options;
     model.options = ForwardOptions {
+        flash_min_tokens: 0,
         flash: true,
         checkpoint_layers: true,
     };

@@ -195,6 +195,11 @@ fn plan(
         cfg.run.device
     );
     print!("{}", p.table());
+    if target.cuda {
+        let a = terse_train::step_time::Assumptions::default();
+        let t = terse_train::step_time::estimate(&cfg, &shape, gpus, prompt_tokens, &a);
+        print!("{}", t.table(&a));
+    }
     Ok(if p.fits() {
         ExitCode::SUCCESS
     } else {

@@ -193,4 +193,36 @@ mod tests {
             "0.6B slice",
         );
     }
+
+    /// `flash_min_tokens` (what `model.attention = "auto"` sets on CUDA): a batch shorter than
+    /// it takes the composite attention, bit for bit; one at least as long takes flash.
+    #[test]
+    fn batches_below_flash_min_tokens_take_the_composite_path() {
+        let cfg = Config::synthetic(64, 64, 128, 2, 4, 2, 16, true).expect("config");
+        let mut m = Qwen3::random(cfg, 3, &Device::Cpu, DType::F32).expect("model");
+        let composite = grads(&mut m, false, false);
+        let flash = grads(&mut m, true, false);
+        m.options.flash_min_tokens = 71; // the batch's rows are 70 tokens
+        let short = grads(&mut m, true, false);
+        let same = |a: &super::Gradients, b: &super::Gradients| {
+            a.iter().all(|(k, x)| {
+                let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+                let (x, y) = (flat(x), flat(&b[k]));
+                x.is_ok() && x.ok() == y.ok()
+            })
+        };
+        assert!(
+            same(&short, &composite),
+            "below the threshold: the composite path"
+        );
+        assert!(
+            !same(&short, &flash),
+            "flash and composite differ in the last bits"
+        );
+        m.options.flash_min_tokens = 70;
+        assert!(
+            same(&grads(&mut m, true, false), &flash),
+            "at the threshold: flash"
+        );
+    }
 }

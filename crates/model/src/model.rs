@@ -41,6 +41,10 @@ pub struct ForwardOptions {
     /// Flash attention (O(T) memory) where the device and dtype have it; else, and when false,
     /// the composite attention with its (B, H, T, T) scores.
     pub flash: bool,
+    /// With `flash`: batches of fewer tokens per row take the composite attention, which is
+    /// faster at short lengths on a GPU (its matmuls run at cuBLAS speed and its (B, H, T, T)
+    /// scores are small); 0 runs flash at every length.
+    pub flash_min_tokens: usize,
     /// Layer checkpointing in `logprob_backward`: keep each decoder layer's input only and
     /// recompute one layer at a time in the backward.
     pub checkpoint_layers: bool,
@@ -50,6 +54,7 @@ impl Default for ForwardOptions {
     fn default() -> Self {
         Self {
             flash: true,
+            flash_min_tokens: 0,
             checkpoint_layers: false,
         }
     }
@@ -370,7 +375,7 @@ impl Qwen3 {
         let dt = self.compute_dtype;
         let (cos, sin) = rope_tables(&batch.position_ids, c.head_dim, c.rope_theta, dt)?;
         let ranges = match &batch.segments {
-            _ if !self.flash_active() => None,
+            _ if !self.flash_active() || batch.t < self.options.flash_min_tokens => None,
             Some(lens) => Some(KeyRanges::packed(lens, batch.t, &self.device)?),
             None => KeyRanges::from_mask(&batch.mask, batch.b, batch.t, &self.device)?,
         };

@@ -40,6 +40,7 @@ pub mod report;
 pub mod run;
 pub mod sft;
 pub mod start;
+pub mod step_time;
 pub mod task;
 pub mod tensorboard;
 pub mod trainer;

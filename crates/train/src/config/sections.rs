@@ -104,7 +104,7 @@ impl Default for ModelSection {
         Self {
             path: "models/testbed".into(),
             init: Init::Random,
-            attention: AttentionKind::Flash,
+            attention: AttentionKind::Auto,
             checkpoint_layers: Toggle::Auto,
         }
     }
@@ -119,7 +119,11 @@ impl ModelSection {
     /// The model's forward options on a CUDA device or the CPU.
     pub fn forward_options_for(&self, cuda: bool) -> terse_model::ForwardOptions {
         terse_model::ForwardOptions {
-            flash: self.attention == AttentionKind::Flash,
+            flash: self.attention != AttentionKind::Composite,
+            flash_min_tokens: match self.attention {
+                AttentionKind::Auto if cuda => FLASH_AUTO_MIN_TOKENS,
+                _ => 0,
+            },
             checkpoint_layers: match self.checkpoint_layers {
                 Toggle::Auto => cuda,
                 Toggle::On => true,
@@ -129,13 +133,22 @@ impl ModelSection {
     }
 }
 
-/// `model.attention`.
+/// `model.attention`: "flash" (O(T) memory), "composite" (the reference, (B, H, T, T) scores),
+/// or "auto": flash, except on CUDA for batches shorter than `FLASH_AUTO_MIN_TOKENS` tokens
+/// per row, where the composite path is expected to be faster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionKind {
+    Auto,
     Flash,
     Composite,
 }
+
+/// Where `model.attention = "auto"` switches from the composite attention to flash on CUDA.
+/// An estimate (ARCHITECTURE.md, the tensor-core flash estimate): at 1k tokens the (B, H, T, T)
+/// scores are small and cuBLAS at ~60 % of peak beats flash at ~30 %; past it the scores'
+/// memory traffic grows as T^2. gpu-check's `attention_paths` row measures the crossover.
+pub const FLASH_AUTO_MIN_TOKENS: usize = 1024;
 
 /// A switch whose default depends on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
