@@ -17,6 +17,12 @@
 #ifndef TERSE_FLASH_WARPS
 #error "TERSE_FLASH_WARPS is passed by crates/model/build.rs"
 #endif
+#ifndef TERSE_FLASH_TC_WARPS
+#error "TERSE_FLASH_TC_WARPS is passed by crates/model/build.rs"
+#endif
+#ifndef TERSE_FLASH_TC_KEYS
+#error "TERSE_FLASH_TC_KEYS is passed by crates/model/build.rs"
+#endif
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>

@@ -21,13 +21,6 @@
 #include "common.cuh"
 #include <mma.h>
 
-#ifndef TERSE_FLASH_TC_WARPS
-#error "TERSE_FLASH_TC_WARPS is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_FLASH_TC_KEYS
-#error "TERSE_FLASH_TC_KEYS is passed by crates/model/build.rs"
-#endif
-
 #define TC_WARPS TERSE_FLASH_TC_WARPS
 #define TC_ROWS (16 * TC_WARPS)
 #define TC_KEYS TERSE_FLASH_TC_KEYS

@@ -79,3 +79,75 @@ fn item6_the_method_reference_covers_every_shaper() {
     }
     assert!(text.contains("arXiv"), "papers are cited by arXiv id");
 }
+
+/// Issue 34: docs/config.md is what the config types say (regenerate with `cargo xtask
+/// config-docs`), and every key of the default config is on it.
+#[test]
+fn the_config_page_is_generated_from_the_config_types() {
+    let read = |p: &str| std::fs::read_to_string(crate::train::repo(p)).expect(p);
+    let want = terse_train::config::docs::markdown(
+        &read("crates/train/src/config/mod.rs"),
+        &read("crates/train/src/config/sections.rs"),
+    );
+    let have = read("docs/config.md");
+    assert!(
+        have == want,
+        "docs/config.md is stale: run `cargo xtask config-docs`"
+    );
+    let defaults = toml::Value::try_from(terse_train::RunConfig::default()).expect("toml");
+    for (section, table) in defaults.as_table().expect("table") {
+        assert!(have.contains(&format!("## [{section}]")), "[{section}]");
+        let Some(keys) = table.as_table() else {
+            continue;
+        };
+        // Sections typed in another crate show their defaults as a TOML block instead.
+        if have.contains(&format!("| `{section}.")) {
+            for key in keys.keys() {
+                assert!(
+                    have.contains(&format!("| `{section}.{key}`")),
+                    "{section}.{key}"
+                );
+            }
+        }
+    }
+}
+
+/// Issue 34: the README is a front door (at most 120 lines), and every relative link of the
+/// README, docs/ and ARCHITECTURE.md resolves to a file of the repository.
+#[test]
+fn the_readme_is_short_and_every_docs_link_resolves() {
+    let root = crate::train::repo("");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    assert!(
+        readme.lines().count() <= 120,
+        "README.md has {} lines",
+        readme.lines().count()
+    );
+    let mut pages = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    for e in std::fs::read_dir(root.join("docs")).expect("docs") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "md") {
+            pages.push(p);
+        }
+    }
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("page");
+        // Markdown links: ](target)
+        for part in text.split("](").skip(1) {
+            let target = part.split(')').next().unwrap_or_default();
+            if target.starts_with("http") || target.starts_with('#') || target.is_empty() {
+                continue;
+            }
+            let path = target.split('#').next().unwrap_or_default();
+            let file = page.parent().expect("dir").join(path);
+            assert!(
+                file.exists(),
+                "{}: link {target} resolves to nothing",
+                page.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} links");
+}

@@ -77,6 +77,8 @@ enum Cmd {
         dir: Option<std::path::PathBuf>,
     },
     /// Build the GPU binary (as build-gpu) and print how to run the device check
+    /// Write docs/config.md from the config types (a test checks it is current).
+    ConfigDocs,
     /// (scripts/gpu-check.sh) on a GPU machine, and where its report lands.
     GpuSession {
         #[arg(long)]
@@ -147,6 +149,7 @@ fn main() -> ExitCode {
         Cmd::GpuCheck { list: true, .. } => gpu::list_groups(),
         Cmd::GpuCheck { out, .. } => gpu::gpu_check(&out),
         Cmd::GpuSession { dir, timeout_s } => gpu::gpu_session(dir, timeout_s),
+        Cmd::ConfigDocs => config_docs(),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
         Cmd::Plan {
@@ -301,5 +304,21 @@ fn plot(metrics: &std::path::Path, out: Option<std::path::PathBuf>) -> anyhow::R
     for p in terse_train::plot::plot_run(metrics, &dir)? {
         println!("wrote {}", p.display());
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// docs/config.md from crates/train/src/config/ (run from the repository root).
+fn config_docs() -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .with_context(|| format!("reading {p} (run from the repository root)"))
+    };
+    let text = terse_train::config::docs::markdown(
+        &read("crates/train/src/config/mod.rs")?,
+        &read("crates/train/src/config/sections.rs")?,
+    );
+    std::fs::write("docs/config.md", text).context("writing docs/config.md")?;
+    println!("wrote docs/config.md");
     Ok(ExitCode::SUCCESS)
 }

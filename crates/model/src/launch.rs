@@ -1,6 +1,6 @@
 //! One launch description per kernel entry point of kernels/*.cu: the kernel's name, its grid
 //! and block, and its argument list in order (buffers by their position in the caller's list,
-//! scalars by value). The CUDA launches (fused_cuda.rs, flash/cuda.rs) push exactly these
+//! scalars by value). The CUDA launches (fused/cuda.rs, flash/cuda.rs) push exactly these
 //! arguments with exactly this geometry, and crates/simt runs the same description on the CPU
 //! through the SIMT shim, so a swapped argument or a wrong grid fails a CPU test.
 //!

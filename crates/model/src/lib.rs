@@ -32,9 +32,6 @@ mod decode;
 pub mod device;
 pub mod flash;
 pub(crate) mod fused;
-#[cfg(feature = "cuda")]
-mod fused_cuda;
-mod fused_paged;
 pub mod kernel_checks;
 pub(crate) mod kernels;
 pub mod launch;

@@ -68,7 +68,7 @@ pub(crate) enum LayerKv<'a> {
     Paged(
         &'a Tensor,
         &'a Tensor,
-        &'a std::sync::Arc<crate::fused_paged::PagedMeta>,
+        &'a std::sync::Arc<crate::fused::paged::PagedMeta>,
     ),
 }
 
@@ -294,10 +294,10 @@ impl Qwen3 {
             None => (k, v),
             Some(LayerKv::Paged(pk, pv, meta)) => {
                 // One new token per sequence, into its block; attention over its block table.
-                crate::fused_paged::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
-                crate::fused_paged::paged_kv_write(pv, &v.squeeze(2)?, meta)?;
+                crate::fused::paged::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
+                crate::fused::paged::paged_kv_write(pv, &v.squeeze(2)?, meta)?;
                 let attn =
-                    crate::fused_paged::paged_decode_attention(&q.squeeze(2)?, pk, pv, meta)?; // (B, Hq, hd)
+                    crate::fused::paged::paged_decode_attention(&q.squeeze(2)?, pk, pv, meta)?; // (B, Hq, hd)
                 let attn = attn.reshape((b, 1, hq * hd))?;
                 let x =
                     (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;

@@ -269,3 +269,60 @@ impl PagedKvCache {
         Ok(())
     }
 }
+
+/// One step's block tables, a row per new token: row r attends `lens[r]` slots of its
+/// sequence's blocks (`tables[r * maxb..]`, padded with block 0) and writes its token's K/V at
+/// `slots[r]`.
+pub struct PagedMeta {
+    pub(crate) tables: Vec<u32>,
+    pub(crate) maxb: usize,
+    pub(crate) lens: Vec<u32>,
+    pub(crate) slots: Vec<u32>,
+    /// The same three on the pools' device (u32, read as i32 by the kernels).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) dev: [Tensor; 3],
+}
+
+impl PagedMeta {
+    /// One row per new token: `rows[i]` = (its sequence's table, its position). The row writes
+    /// its K/V at that position and attends to positions 0..=it of its table, so a prefill
+    /// chunk's tokens are rows of one batch beside the decodes (room reserved first).
+    pub fn new(
+        cache: &PagedKvCache,
+        rows: &[(&BlockTable, usize)],
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let bs = cache.block_size();
+        let maxb = rows
+            .iter()
+            .map(|(_, p)| (p + 1).div_ceil(bs))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut flat = Vec::with_capacity(rows.len() * maxb);
+        let (mut lens, mut slots) = (vec![], vec![]);
+        for &(t, pos) in rows {
+            let used = (pos + 1).div_ceil(bs);
+            if t.blocks.len() < used {
+                crate::fail!(
+                    "paged step: a table of {} blocks has no room for position {pos}",
+                    t.blocks.len()
+                );
+            }
+            flat.extend_from_slice(&t.blocks[..used]);
+            flat.extend(std::iter::repeat_n(0, maxb - used));
+            lens.push((pos + 1) as u32);
+            slots.push(t.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
+        }
+        crate::kernel_checks::paged_tables(&flat, maxb, &lens, &slots, [cache.num_blocks(), bs])?;
+        let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
+        let dev = [up(&flat)?, up(&lens)?, up(&slots)?];
+        Ok(Self {
+            tables: flat,
+            maxb,
+            lens,
+            slots,
+            dev,
+        })
+    }
+}

@@ -1,14 +1,14 @@
 //! `forward_paged`'s step off the CPU step (CUDA, or any model whose cache is in its compute
 //! dtype): every new token of every sequence is one row of a batch (decodes and prefill chunks
 //! alike), each layer writing the rows' K/V into their blocks and attending over their block
-//! tables through the fused paged ops (`fused_paged`: kernels/paged_attention.cu on CUDA,
+//! tables through the fused paged ops (`fused::paged`: kernels/paged_attention.cu on CUDA,
 //! kernels.rs' loops on the CPU). The tables, lengths and write slots are uploaded once per
 //! step (`PagedMeta`).
 //!
 //! Data flow: `forward_paged` (`PagedPath::Kernels`) -> here -> `Qwen3::layer` with
 //! `LayerKv::Paged` -> logits (B, V).
 
-use crate::fused_paged::PagedMeta;
+use crate::fused::paged::PagedMeta;
 use crate::model::{LayerKv, Qwen3};
 use crate::ops::{rms_norm, rope_tables};
 use crate::paged::{BlockTable, PagedKvCache};

@@ -3,10 +3,8 @@
 //! gradient-equality tests measure, and (`references`) the CPU references the SIMT shim's
 //! tests run the kernels against. The fused ops themselves are crate-private.
 
-#[path = "parity.rs"]
+#[path = "parity/mod.rs"]
 pub mod parity;
-#[path = "parity_paged.rs"]
-mod parity_paged;
 
 /// The CPU references of the CUDA kernels (plain f32 loops) and of flash attention, for the
 /// SIMT shim's tests (crates/simt), which run kernels/*.cu on the CPU against them.

@@ -10,13 +10,12 @@ pub mod engine;
 pub mod paging;
 pub mod sampling;
 mod scheduler;
+mod step;
 pub mod step_exit;
+pub mod types;
 
-pub use engine::{
-    generate, generate_with_stats, greedy, greedy_no_cache, Detokenizer, Finish, GenParams,
-    KvCacheDtype, Prompt, Sample,
-};
+pub use engine::{generate, generate_with_stats, greedy, greedy_no_cache};
 pub use paging::{KvBudget, KvPaging};
 pub use sampling::{sample_row, sample_stream, SamplingParams};
-pub use scheduler::RolloutStats;
 pub use step_exit::{confidence, ConfidencePolicy, StepExit};
+pub use types::{Detokenizer, Finish, GenParams, KvCacheDtype, Prompt, RolloutStats, Sample};

@@ -17,38 +17,15 @@
 //! stream is its own, and `forward_paged` gives a sequence's logits from its own tokens alone,
 //! bit for bit the same whether it was decoded token by token or recomputed as a prefill.
 
-use crate::engine::{sample_next, try_exit, GenParams, KvCacheDtype, Next, Prompt, Row, Sample};
 use crate::paging::{all_at_once_blocks, pool_blocks};
 use crate::sampling::sample_stream;
-use crate::Detokenizer;
+use crate::step::{sample_next, try_exit, Next};
+use crate::types::Detokenizer;
+use crate::types::{GenParams, KvCacheDtype, Prompt, RolloutStats, Row, Sample};
 use candle_core::{DType, Result};
-use serde::{Deserialize, Serialize};
+
 use std::collections::VecDeque;
 use terse_model::{BlockTable, PagedKvCache, PagedSeq, Qwen3};
-
-/// What one rollout used: steps, preemptions and the KV pool's size and peak.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RolloutStats {
-    /// Batched forwards (each feeds every running sequence one token or one prefill chunk).
-    pub steps: usize,
-    /// Sequences preempted for memory (and recomputed later).
-    pub preemptions: usize,
-    /// Prompt prefixes evicted for memory (re-prefilled by their next sample).
-    pub evictions: usize,
-    /// Blocks in the pool, and the most in use at once.
-    pub pool_blocks: usize,
-    pub peak_blocks: usize,
-    /// Bytes of one block (all layers, K and V) and tokens per block.
-    pub block_bytes: usize,
-    pub block_size: usize,
-}
-
-impl RolloutStats {
-    /// Peak K/V memory in use, bytes.
-    pub fn peak_bytes(&self) -> usize {
-        self.peak_blocks * self.block_bytes
-    }
-}
 
 enum State {
     Waiting,

@@ -28,6 +28,7 @@ pub mod config;
 pub mod data;
 pub mod dp;
 pub mod eval;
+pub mod handoff;
 pub mod load;
 pub mod lock;
 pub mod loss;

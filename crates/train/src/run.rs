@@ -75,40 +75,32 @@ pub(crate) fn train_loop(
         ..
     } = start(cfg, shaper, extra, terse_dist::lend(&mut collective))?;
     if let Some(mut c) = collective {
-        crate::ranks::send_start(&trainer, shaper, &mut *c)?;
+        crate::handoff::send_start(&trainer, shaper, &mut *c)?;
         trainer.collective = Some(c);
     }
     let (start_step, steps) = (trainer.step, trainer.cfg.grpo.steps);
     observers.push(Box::new(Progress::new(steps, start_step)));
     observers.push(Box::new(Plots));
-    let mut emit = |line: MetricsLine| observers.record(&line);
-    let evaluate = |t: &GrpoTrainer| evaluate(&t.cfg, &t.task, &t.policy, &t.tok);
     let before = if start_step == 0 {
-        Some(evaluate(&trainer)?)
+        Some(eval_of(&trainer)?)
     } else {
         None
     };
     if let Some(e) = &before {
-        emit(eval_line(0, e))?;
+        observers.record(&eval_line(0, e))?;
     }
     // A stop between the checkpoint of `start` and its evaluation: write it now.
-    let (every, ckpt_every) = (trainer.cfg.eval.every, trainer.cfg.checkpoint.every);
+    let every = trainer.cfg.eval.every;
     if mid_run_eval(start_step, steps, every) && !kept_evals.contains(&start_step) {
-        emit(eval_line(start_step, &evaluate(&trainer)?))?;
+        observers.record(&eval_line(start_step, &eval_of(&trainer)?))?;
     }
-    while trainer.step < steps {
-        let report = trainer.step(shaper)?;
-        emit(MetricsLine::Grpo(Box::new(report)))?;
-        let done = trainer.step;
-        if crate::ranks::checkpoint_due(done, steps, ckpt_every) {
-            save(&mut trainer, &dir, shaper)?;
-        }
-        if mid_run_eval(done, steps, every) {
-            emit(eval_line(done, &evaluate(&trainer)?))?;
-        }
-    }
-    let after = evaluate(&trainer)?;
-    emit(eval_line(steps, &after))?;
+    let mut leader = Leader {
+        observers: &mut observers,
+        dir: &dir,
+    };
+    drive(&mut trainer, shaper, &mut leader)?;
+    let after = eval_of(&trainer)?;
+    observers.record(&eval_line(steps, &after))?;
     observers.finish(&dir)?;
     // The summary reads the whole run's steps (a resumed run's earlier ones too).
     let steps_read = read_steps(&dir.join("metrics.jsonl"))?;
@@ -126,6 +118,74 @@ pub(crate) fn train_loop(
     })
 }
 
+/// What a rank does around the steps of the one loop (`drive`): the leader (rank 0, or the
+/// only process) records every step, writes checkpoints and evaluates; a follower
+/// (`ranks::follow`) only takes part in each checkpoint's gather of the optimizer shards.
+pub(crate) trait Role {
+    fn stepped(&mut self, report: crate::report::StepReport) -> Result<()>;
+    fn checkpoint(&mut self, t: &mut GrpoTrainer, shaper: &dyn ShaperWithState) -> Result<()>;
+    fn evaluate(&mut self, t: &GrpoTrainer) -> Result<()>;
+}
+
+/// The loop every rank runs, from the trainer's step to the last.
+pub(crate) fn drive(
+    t: &mut GrpoTrainer,
+    shaper: &mut dyn ShaperWithState,
+    role: &mut dyn Role,
+) -> Result<()> {
+    let (steps, every, ckpt_every) = (t.cfg.grpo.steps, t.cfg.eval.every, t.cfg.checkpoint.every);
+    while t.step < steps {
+        let report = t.step(shaper)?;
+        role.stepped(report)?;
+        let done = t.step;
+        if crate::handoff::checkpoint_due(done, steps, ckpt_every) {
+            role.checkpoint(t, shaper)?;
+        }
+        if mid_run_eval(done, steps, every) {
+            role.evaluate(t)?;
+        }
+    }
+    Ok(())
+}
+
+/// Rank 0 (or the only process): writes.
+struct Leader<'a> {
+    observers: &'a mut crate::observe::Observers,
+    dir: &'a Path,
+}
+
+impl Role for Leader<'_> {
+    fn stepped(&mut self, report: crate::report::StepReport) -> Result<()> {
+        self.observers.record(&MetricsLine::Grpo(Box::new(report)))
+    }
+    fn checkpoint(&mut self, t: &mut GrpoTrainer, shaper: &dyn ShaperWithState) -> Result<()> {
+        save(t, self.dir, shaper)
+    }
+    fn evaluate(&mut self, t: &GrpoTrainer) -> Result<()> {
+        self.observers.record(&eval_line(t.step, &eval_of(t)?))
+    }
+}
+
+/// A rank other than 0: writes nothing; its part of a checkpoint is its optimizer shard.
+pub(crate) struct Follower;
+
+impl Role for Follower {
+    fn stepped(&mut self, _: crate::report::StepReport) -> Result<()> {
+        Ok(())
+    }
+    fn checkpoint(&mut self, t: &mut GrpoTrainer, _: &dyn ShaperWithState) -> Result<()> {
+        crate::handoff::gather_optimizer(t).map(|_| ())
+    }
+    fn evaluate(&mut self, _: &GrpoTrainer) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The trainer's evaluation (the config's held-out problems).
+fn eval_of(t: &GrpoTrainer) -> Result<EvalReport> {
+    evaluate(&t.cfg, &t.task, &t.policy, &t.tok)
+}
+
 /// The checkpoint after the trainer's last step (with the whole optimizer state, gathered
 /// from the ranks of a data-parallel run), then keep-last-N pruning.
 fn save(t: &mut GrpoTrainer, dir: &Path, shaper: &dyn ShaperWithState) -> Result<()> {
@@ -134,7 +194,8 @@ fn save(t: &mut GrpoTrainer, dir: &Path, shaper: &dyn ShaperWithState) -> Result
         shaper: shaper.state(),
         data_cursor: Some(t.cursor),
     };
-    let opt = crate::ranks::gather_optimizer(t)?.context("rank 0 holds the gathered optimizer")?;
+    let opt =
+        crate::handoff::gather_optimizer(t)?.context("rank 0 holds the gathered optimizer")?;
     save_checkpoint(dir, t.step, &t.policy, &opt, &state, &t.cfg.model.path)?;
     prune(dir, t.cfg.checkpoint.keep_last)
 }

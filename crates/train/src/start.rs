@@ -84,7 +84,7 @@ pub fn start(
     if resume.is_none() && cfg.run.resume == Resume::Never && dir.join("metrics.jsonl").exists() {
         bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
     }
-    let loaded = match resume {
+    let origin = match resume {
         Some((ckpt, state, m)) => {
             tracing::info!("resuming from {}", ckpt.display());
             shaper
@@ -99,32 +99,33 @@ pub fn start(
             let cursor = state
                 .data_cursor
                 .unwrap_or(state.step * cfg.grpo.prompts_per_step as u64);
-            Some((m, state.step, cursor, opt, reference))
+            Origin::Resumed {
+                policy: m,
+                step: state.step,
+                cursor,
+                opt,
+                reference,
+            }
         }
-        None => None,
-    };
-    let fresh = match loaded {
-        Some(_) => None,
         None => {
             let m = init_model(&cfg, &dev, dtype)?;
             check_weights(&m, &cfg.model.path)?;
-            Some(m)
+            Origin::Fresh(m)
         }
     };
 
     // Loaded and checked: from here on the run directory is written.
     let resolved = toml::to_string_pretty(&cfg).context("serialising the resolved config")?;
     terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
-    let start = loaded.as_ref().map_or(0, |l| l.1);
     let (metrics, kept_evals) = MetricsWriter::open(
         &dir.join("metrics.jsonl"),
-        match loaded {
-            Some(_) => Start::Resumed {
-                start,
+        match &origin {
+            Origin::Resumed { step, .. } => Start::Resumed {
+                start: *step,
                 steps: cfg.grpo.steps,
                 eval_every: cfg.eval.every,
             },
-            None => Start::Fresh,
+            Origin::Fresh(_) => Start::Fresh,
         },
     )?;
     let mut observers = Observers(vec![Box::new(metrics)]);
@@ -132,17 +133,23 @@ pub fn start(
         observers.push(Box::new(TensorBoard::create(&dir)?));
     }
     observers.0.extend(extra);
-    let (policy, step, cursor, opt, reference) = match (loaded, fresh) {
-        (Some(l), _) => {
+    let (policy, step, cursor, opt, reference) = match origin {
+        Origin::Resumed {
+            policy,
+            step,
+            cursor,
+            opt,
+            reference,
+        } => {
             if let Some(c) = dp {
-                crate::ranks::announce_sft(c, None)?;
+                crate::handoff::announce_sft(c, None)?;
             }
-            l
+            (policy, step, cursor, opt, reference)
         }
-        (None, Some(m)) => {
+        Origin::Fresh(m) => {
             let warm_up = cfg.sft.steps > 0;
             if let Some(c) = dp.as_deref_mut() {
-                crate::ranks::announce_sft(c, warm_up.then_some(&m))?;
+                crate::handoff::announce_sft(c, warm_up.then_some(&m))?;
             }
             if warm_up {
                 sft(&cfg, &m, &tok, &mut observers, dp)?;
@@ -157,7 +164,6 @@ pub fn start(
             let reference = load_reference(&cfg, &dir, &dev, dtype)?;
             (m, 0, 0, opt, reference)
         }
-        (None, None) => bail!("internal: neither a checkpoint nor a fresh model"),
     };
     let mut trainer = GrpoTrainer::new(cfg, task, tok, policy, reference, opt)?;
     trainer.step = step;
@@ -191,6 +197,21 @@ fn resume_point(
         }
     }
     Ok(None)
+}
+
+/// Where a run starts: a fresh model (SFT warm-up and step 0's checkpoint follow), or a
+/// checkpoint with everything the next step needs. One value per run start, so the variants'
+/// sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Origin {
+    Fresh(Qwen3),
+    Resumed {
+        policy: Qwen3,
+        step: u64,
+        cursor: u64,
+        opt: AdamW,
+        reference: Option<Qwen3>,
+    },
 }
 
 /// The KL reference (step 0's weights) when `grpo.kl_coef > 0`.

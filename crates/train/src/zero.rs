@@ -298,7 +298,7 @@ mod tests {
                 };
                 sharded_step(&mut c, &p, &mut opt, &g, 0.5, 1e-2, true)?;
             }
-            // As a checkpoint does (ranks::gather_optimizer): each rank's shard gathered and
+            // As a checkpoint does (handoff::gather_optimizer): each rank's shard gathered and
             // merged at rank 0 into the whole optimizer.
             let part = Partition::new(&p, world);
             let mut mine = opt.clone();

@@ -216,7 +216,12 @@ pub(crate) fn available_packed() -> bool {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::decode::matmul::available_512;
+
+    /// AVX-512 with AVX2 and FMA, as `matmul::available_512` (not imported: matmul uses this
+    /// file).
+    fn available_512() -> bool {
+        super::super::avx2::available() && super::super::avx512::available()
+    }
 
     #[test]
     fn outer_product_matmul_matches_plain_loops() {

@@ -18,7 +18,7 @@ mod cuda;
 #[cfg(test)]
 mod tests;
 
-use crate::fused::f32s;
+use crate::fused::cpu::f32s;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 

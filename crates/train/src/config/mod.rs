@@ -2,6 +2,7 @@
 //! rejected, validated into the resolved config that is saved with the run. The sections and
 //! their closed enums (the TOML face) live in sections.rs.
 
+pub mod docs;
 mod sections;
 
 pub use sections::*;

@@ -62,6 +62,7 @@ pub enum MathScorer {
 pub struct RunSection {
     /// Run name: the run directory is `<dir>/<name>`.
     pub name: String,
+    /// Where run directories are made.
     pub dir: PathBuf,
     /// Every random stream (init, data, sampling, tie-breaks) derives from this seed.
     pub seed: u64,
@@ -92,7 +93,8 @@ pub struct ModelSection {
     /// "checkpoint" loads the weights; "random" initialises from `run.seed` (the testbed).
     pub init: Init,
     /// Attention in the training and log-prob forward: "flash" (O(T) memory: FlashAttention-2
-    /// on the CPU and CUDA) or "composite" (the reference, with (B, H, T, T) scores).
+    /// on the CPU and CUDA), "composite" (the reference, with (B, H, T, T) scores) or "auto"
+    /// (flash, but composite on CUDA below 1024 tokens per row: an estimated crossover).
     pub attention: AttentionKind,
     /// Layer checkpointing in the training backward (keep each layer's input, recompute one
     /// layer at a time): "auto" (on for CUDA runs), "on" or "off".
@@ -248,7 +250,10 @@ impl Default for DataSection {
 pub struct SftSection {
     /// Warm-up steps (0 = none).
     pub steps: u64,
+    /// Teacher traces per SFT step.
     pub batch_size: usize,
+    /// The SFT learning-rate schedule (peak, warm-up, decay "constant" / "linear" / "cosine",
+    /// total steps, floor).
     pub schedule: Schedule,
 }
 
@@ -290,21 +295,29 @@ pub enum KlEstimator {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoSection {
+    /// GRPO steps.
     pub steps: u64,
     /// Passes over `data.train` instead of `steps`: steps = ⌈epochs · rows / prompts_per_step⌉
     /// (the papers' "epochs"); needs a dataset file.
     pub data_epochs: Option<f64>,
+    /// Prompts (groups) per step.
     pub prompts_per_step: usize,
+    /// G: completions sampled per prompt.
     pub group_size: usize,
+    /// The longest completion, in tokens.
     pub max_new_tokens: usize,
+    /// Rollout sampling: temperature, top_k (0 = off), top_p, min_p.
     pub sampling: SamplingParams,
     /// What the rollout's KV cache stores: "model" (the compute dtype, exact) or "f16".
     pub kv_cache: KvCacheDtype,
     /// The rollout's paged KV cache: block size, memory budget, sequences at once, prefill
     /// chunk (`[grpo.paging]`).
     pub paging: KvPaging,
+    /// The GRPO learning-rate schedule (as `sft.schedule`).
     pub schedule: Schedule,
+    /// PPO's lower clip ε (the ratio is kept above 1 − ε).
     pub clip_low: f64,
+    /// PPO's upper clip (DAPO's clip-higher: 0.28).
     pub clip_high: f64,
     /// Dual-clip constant c (> 1) bounding the loss of negative advantages; None = off.
     pub dual_clip: Option<f64>,
@@ -312,7 +325,10 @@ pub struct GrpoSection {
     pub log_ratio_clamp: f64,
     /// β; 0 loads no reference model.
     pub kl_coef: f64,
+    /// "k1", "k2" or "k3" (Schulman's estimators; k3 is verl's low_var_kl).
     pub kl_estimator: KlEstimator,
+    /// How per-token losses become one number: "token-mean", "seq-mean-token-mean",
+    /// "seq-mean-token-sum" or "seq-mean-token-sum-norm" (Dr.GRPO).
     pub loss_agg: LossAgg,
     /// The constant length of `seq-mean-token-sum-norm` (Dr.GRPO); default max_new_tokens.
     pub norm_len: Option<usize>,
@@ -326,6 +342,7 @@ pub struct GrpoSection {
     /// Pack a micro-batch's sequences into one row (no padding; positions restart, attention
     /// stays inside each sequence) when the attention is flash; else rows are padded.
     pub packing: bool,
+    /// Global gradient-norm clip.
     pub grad_clip: f64,
     /// Step-GRPO's dynamic truncated rollout (docs/methods.md, Step-GRPO); absent = plain sampling.
     pub step_exit: Option<StepExit>,
@@ -384,6 +401,7 @@ impl Default for GrpoSection {
 pub struct CheckpointSection {
     /// Save every N GRPO steps (and at the end); 0 = only at the end.
     pub every: u64,
+    /// Complete checkpoints kept besides step 0 (the KL reference).
     pub keep_last: usize,
 }
 

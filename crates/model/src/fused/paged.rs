@@ -1,73 +1,16 @@
 //! The paged cache's decode-step ops as candle custom ops: `paged_kv_write` (a new token's K or
 //! V into its block, in place) and `paged_decode_attention` (one query per sequence over its
 //! block table). CPU: the plain loops of kernels.rs (the reference); CUDA: the kernels of
-//! kernels/paged_attention.cu (fused_cuda.rs launches them). `PagedMeta` holds a step's block
+//! kernels/paged_attention.cu (fused/cuda.rs launches them). `PagedMeta` holds a step's block
 //! tables, lengths and write slots, checked on the host and uploaded once for every layer.
 //!
 //! Data flow: `forward_paged` (one token per sequence, off the CPU step) -> `Qwen3::layer`
 //! with `LayerKv::Paged` -> here.
 
 use crate::kernel_checks as check;
-use crate::paged::{BlockTable, PagedKvCache};
+pub use crate::paged::PagedMeta;
 use candle_core::{CpuStorage, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
-
-/// One step's block tables, a row per new token: row r attends `lens[r]` slots of its
-/// sequence's blocks (`tables[r * maxb..]`, padded with block 0) and writes its token's K/V at
-/// `slots[r]`.
-pub struct PagedMeta {
-    pub(crate) tables: Vec<u32>,
-    pub(crate) maxb: usize,
-    pub(crate) lens: Vec<u32>,
-    pub(crate) slots: Vec<u32>,
-    /// The same three on the pools' device (u32, read as i32 by the kernels).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) dev: [Tensor; 3],
-}
-
-impl PagedMeta {
-    /// One row per new token: `rows[i]` = (its sequence's table, its position). The row writes
-    /// its K/V at that position and attends to positions 0..=it of its table, so a prefill
-    /// chunk's tokens are rows of one batch beside the decodes (room reserved first).
-    pub fn new(
-        cache: &PagedKvCache,
-        rows: &[(&BlockTable, usize)],
-        device: &candle_core::Device,
-    ) -> Result<Self> {
-        let bs = cache.block_size();
-        let maxb = rows
-            .iter()
-            .map(|(_, p)| (p + 1).div_ceil(bs))
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut flat = Vec::with_capacity(rows.len() * maxb);
-        let (mut lens, mut slots) = (vec![], vec![]);
-        for &(t, pos) in rows {
-            let used = (pos + 1).div_ceil(bs);
-            if t.blocks.len() < used {
-                crate::fail!(
-                    "paged step: a table of {} blocks has no room for position {pos}",
-                    t.blocks.len()
-                );
-            }
-            flat.extend_from_slice(&t.blocks[..used]);
-            flat.extend(std::iter::repeat_n(0, maxb - used));
-            lens.push((pos + 1) as u32);
-            slots.push(t.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
-        }
-        check::paged_tables(&flat, maxb, &lens, &slots, [cache.num_blocks(), bs])?;
-        let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
-        let dev = [up(&flat)?, up(&lens)?, up(&slots)?];
-        Ok(Self {
-            tables: flat,
-            maxb,
-            lens,
-            slots,
-            dev,
-        })
-    }
-}
 
 /// Writes src (B, Hkv, D), row r at `meta.slots[r]`, into the pool (NB, Hkv, BS, D), in place.
 pub fn paged_kv_write(pool: &Tensor, src: &Tensor, meta: &PagedMeta) -> Result<()> {
@@ -112,7 +55,7 @@ impl InplaceOp2 for PagedKvWrite<'_> {
         l2: &Layout,
     ) -> Result<()> {
         let (_, hkv, bs, d) = l1.shape().dims4()?;
-        let src = crate::fused::f32s(s2, l2, "paged kv src")?;
+        let src = super::cpu::f32s(s2, l2, "paged kv src")?;
         match (s1, l1.is_contiguous() && l1.start_offset() == 0) {
             (CpuStorage::F32(p), true) => {
                 crate::kernels::paged_kv_write(src, p, &self.meta.slots, hkv, bs, d);
@@ -130,7 +73,7 @@ impl InplaceOp2 for PagedKvWrite<'_> {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        crate::fused_cuda::paged_kv_write(s1, l1, s2, l2, self.meta)
+        super::cuda::paged_kv_write(s1, l1, s2, l2, self.meta)
     }
 }
 
@@ -157,9 +100,9 @@ impl CustomOp3 for PagedAttention {
         let (_, hkv, bs, _) = l2.shape().dims4()?;
         let m = &self.meta;
         let out = crate::kernels::paged_decode_attention(
-            crate::fused::f32s(s1, l1, "q")?,
-            crate::fused::f32s(s2, l2, "k pool")?,
-            crate::fused::f32s(s3, l3, "v pool")?,
+            super::cpu::f32s(s1, l1, "q")?,
+            super::cpu::f32s(s2, l2, "k pool")?,
+            super::cpu::f32s(s3, l3, "v pool")?,
             &m.tables,
             m.maxb,
             &m.lens,
@@ -178,6 +121,6 @@ impl CustomOp3 for PagedAttention {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
+        super::cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
     }
 }

@@ -57,7 +57,7 @@ macro_rules! func {
         $dev.get_or_load_custom_func(
             &$l.kernel,
             &format!("terse_{}", $l.module),
-            crate::fused_cuda::module_ptx($l.module)?,
+            crate::fused::cuda::module_ptx($l.module)?,
         )
     };
 }
@@ -434,7 +434,7 @@ pub fn paged_kv_write(
     lp: &Layout,
     src: &CudaStorage,
     ls: &Layout,
-    meta: &crate::fused_paged::PagedMeta,
+    meta: &crate::paged::PagedMeta,
 ) -> Result<()> {
     let [b, hkv, _, bs, d] = crate::kernel_checks::paged_kv_write(lp.dims(), ls.dims())?;
     if !lp.is_contiguous() || lp.start_offset() != 0 {
@@ -473,7 +473,7 @@ pub fn paged_decode_attention(
     lk: &Layout,
     v: &CudaStorage,
     lv: &Layout,
-    meta: &crate::fused_paged::PagedMeta,
+    meta: &crate::paged::PagedMeta,
 ) -> Result<(CudaStorage, Shape)> {
     let dev: &CudaDevice = q.device();
     let [b, hq, hkv, _, bs, d] = crate::kernel_checks::paged_decode_attention(

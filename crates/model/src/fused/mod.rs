@@ -6,24 +6,15 @@
 //! shapes (and log-prob targets their bounds) through kernel_checks.rs before it runs, and an
 //! empty input returns at once: nothing is launched that could read past a buffer.
 
+pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+pub(crate) mod paged;
+
 use crate::kernel_checks as check;
-use crate::kernels as cpu;
+use crate::kernels as refs;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
-
-/// The f32 slice of a contiguous CPU tensor (the custom ops' CPU inputs).
-pub(crate) fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => crate::fail!("{what}: expected a contiguous f32 tensor"),
-    }
-}
-
-fn u32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::U32(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => crate::fail!("{what}: expected a contiguous u32 tensor"),
-    }
-}
+use cpu::{f32s, u32s};
 
 /// y = RMSNorm(x) * w over the last dim; x (.., C), w (C).
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
@@ -142,7 +133,7 @@ impl CustomOp2 for RmsNorm {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let cols = l2.shape().elem_count();
-        let (y, _) = cpu::rmsnorm_fwd(
+        let (y, _) = refs::rmsnorm_fwd(
             f32s(s1, l1, "rmsnorm x")?,
             f32s(s2, l2, "rmsnorm w")?,
             cols,
@@ -159,7 +150,7 @@ impl CustomOp2 for RmsNorm {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::rmsnorm_fwd(s1, l1, s2, l2, self.eps)
+        cuda::rmsnorm_fwd(s1, l1, s2, l2, self.eps)
     }
 
     /// In f32 (and always on CUDA) `RmsNormBwd`: the `rmsnorm_bwd` kernel, or on the CPU its
@@ -224,8 +215,8 @@ impl CustomOp3 for RmsNormBwd {
         let cols = l2.shape().elem_count();
         let x = f32s(s1, l1, "rmsnorm bwd x")?;
         let w = f32s(s2, l2, "rmsnorm bwd w")?;
-        let (_, rstd) = cpu::rmsnorm_fwd(x, w, cols, self.eps);
-        let (mut dx, dw) = cpu::rmsnorm_bwd(x, w, &rstd, f32s(s3, l3, "rmsnorm bwd dy")?, cols);
+        let (_, rstd) = refs::rmsnorm_fwd(x, w, cols, self.eps);
+        let (mut dx, dw) = refs::rmsnorm_bwd(x, w, &rstd, f32s(s3, l3, "rmsnorm bwd dy")?, cols);
         dx.extend_from_slice(&dw);
         Ok((CpuStorage::F32(dx), Shape::from((x.len() / cols + 1, cols))))
     }
@@ -240,7 +231,7 @@ impl CustomOp3 for RmsNormBwd {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::rmsnorm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
+        cuda::rmsnorm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
     }
 }
 
@@ -263,7 +254,7 @@ impl CustomOp3 for Rope {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (b, h, t, d) = l1.shape().dims4()?;
-        let y = cpu::rope(
+        let y = refs::rope(
             f32s(s1, l1, "rope x")?,
             f32s(s2, l2, "rope cos")?,
             f32s(s3, l3, "rope sin")?,
@@ -283,7 +274,7 @@ impl CustomOp3 for Rope {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::rope(s1, l1, s2, l2, s3, l3, self.inverse)
+        cuda::rope(s1, l1, s2, l2, s3, l3, self.inverse)
     }
 
     /// The rotation is orthogonal: the gradient is the inverse rotation of dy.
@@ -321,7 +312,8 @@ impl CustomOp2 for LogprobFwd {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (n, v) = l1.shape().dims2()?;
-        let (lp, lse, ent) = cpu::logprob_fwd(f32s(s1, l1, "logits")?, u32s(s2, l2, "targets")?, v);
+        let (lp, lse, ent) =
+            refs::logprob_fwd(f32s(s1, l1, "logits")?, u32s(s2, l2, "targets")?, v);
         let out: Vec<f32> = (0..n).flat_map(|i| [lp[i], lse[i], ent[i]]).collect();
         Ok((CpuStorage::F32(out), Shape::from((n, 3))))
     }
@@ -334,7 +326,7 @@ impl CustomOp2 for LogprobFwd {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::logprob_fwd(s1, l1, s2, l2)
+        cuda::logprob_fwd(s1, l1, s2, l2)
     }
 }
 
@@ -357,7 +349,7 @@ impl CustomOp3 for LogprobBwd {
         let (_, v) = l1.shape().dims2()?;
         let lg = f32s(s3, l3, "lse_g")?;
         let (lse, g): (Vec<f32>, Vec<f32>) = lg.chunks(2).map(|p| (p[0], p[1])).unzip();
-        let d = cpu::logprob_bwd(
+        let d = refs::logprob_bwd(
             f32s(s1, l1, "logits")?,
             u32s(s2, l2, "targets")?,
             &lse,
@@ -377,7 +369,7 @@ impl CustomOp3 for LogprobBwd {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::logprob_bwd(s1, l1, s2, l2, s3, l3)
+        cuda::logprob_bwd(s1, l1, s2, l2, s3, l3)
     }
 }
 
@@ -404,7 +396,7 @@ impl CustomOp3 for DecodeAttention {
         let (_, hq, d) = l1.shape().dims3()?;
         let (_, hkv, cap, _) = l2.shape().dims4()?;
         let valid = self.valid.to_vec1::<u8>()?;
-        let out = cpu::decode_attention(
+        let out = refs::decode_attention(
             f32s(s1, l1, "q")?,
             f32s(s2, l2, "k cache")?,
             f32s(s3, l3, "v cache")?,
@@ -431,7 +423,7 @@ impl CustomOp3 for DecodeAttention {
         let candle_core::Storage::Cuda(valid) = &*storage else {
             crate::fail!("decode attention: the validity flags are not on the GPU");
         };
-        crate::fused_cuda::decode_attention(s1, l1, s2, l2, s3, l3, (valid, layout), self.len)
+        cuda::decode_attention(s1, l1, s2, l2, s3, l3, (valid, layout), self.len)
     }
 }
 
@@ -472,7 +464,7 @@ impl InplaceOp2 for KvWrite {
         let src = f32s(s2, l2, "kv src")?;
         match (s1, l1.is_contiguous() && l1.start_offset() == 0) {
             (CpuStorage::F32(c), true) => {
-                cpu::kv_write(src, c, [b, hkv, d], cap, self.slot);
+                refs::kv_write(src, c, [b, hkv, d], cap, self.slot);
                 Ok(())
             }
             _ => crate::fail!("kv write: the cache must be a contiguous f32 tensor"),
@@ -487,10 +479,9 @@ impl InplaceOp2 for KvWrite {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        crate::fused_cuda::kv_write(s1, l1, s2, l2, self.slot)
+        cuda::kv_write(s1, l1, s2, l2, self.slot)
     }
 }
 
 #[cfg(test)]
-#[path = "fused_tests.rs"]
 mod tests;

@@ -1,10 +1,10 @@
-//! gpu-check's parity groups for the paged cache's decode ops (`fused_paged`): K/V written token
+//! gpu-check's parity groups for the paged cache's decode ops (`fused::paged`): K/V written token
 //! by token into blocks scattered over the pool (four sequences growing in turn, so their
 //! blocks interleave), then one decode attention over the block tables, on the device against
 //! the CPU reference, in f32 and in bf16. Part of `parity::groups`.
 
-use super::parity::{bf16_round, bf16_tolerance, rnd, row, Row};
-use crate::fused_paged::{paged_decode_attention, paged_kv_write, PagedMeta};
+use super::common::{bf16_round, bf16_tolerance, rnd, row, Row};
+use crate::fused::paged::{paged_decode_attention, paged_kv_write, PagedMeta};
 use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{DType, Device, Result, Tensor};
 

@@ -1,0 +1,54 @@
+//! GPU parity, in groups of rows (name, max |difference|, tolerance): each fused op (fused.rs)
+//! on a device against its CPU reference (kernels.rs), forward and backward, in f32 and in bf16
+//! (the dtype the model computes in on CUDA: inputs rounded to bf16, the reference run in f32
+//! on the rounded values; `ops.rs`), the paged ops (`paged.rs`), flash attention forward and
+//! backward against its CPU implementation (`flash.rs`), a small random Qwen3 decoding 16 steps
+//! through the kernels against the composite path on the same device and the training path's
+//! log-probs and gradients in bf16 against f32 (`model.rs`). `cargo xtask gpu-check` runs the
+//! groups one at a time (a failing row is recorded and the check goes on,
+//! xtask/src/gpu_plan.rs); the `cuda` integration test runs them all. On the CPU every group
+//! runs too, its "device" side on the CPU, so the code stays exercised.
+
+mod common;
+mod flash;
+mod model;
+mod ops;
+mod paged;
+
+use candle_core::{Device, Result};
+pub use common::{bf16_tolerance, diff, Group, Row};
+use flash::{flash_bf16, flash_f32};
+use model::{model_decode, model_training};
+use ops::{
+    kv_cache_bf16, kv_cache_f32, logprob_f32, rmsnorm_bf16, rmsnorm_f32, rope_bf16, rope_f32,
+};
+use paged::{paged_bf16, paged_f32};
+
+/// Every group, in the order gpu-check runs them: first what a training run executes (bf16
+/// flash attention, the paged rollout, a whole model decoding and training), then the rest.
+pub fn groups() -> Vec<Group> {
+    vec![
+        ("flash attention bf16", flash_bf16),
+        ("paged attention bf16", paged_bf16),
+        ("model decode bf16", model_decode),
+        ("model training bf16 vs f32", model_training),
+        ("kv cache bf16", kv_cache_bf16),
+        ("rmsnorm bf16", rmsnorm_bf16),
+        ("rope bf16", rope_bf16),
+        ("flash attention f32", flash_f32),
+        ("paged attention f32", paged_f32),
+        ("kv cache f32", kv_cache_f32),
+        ("rmsnorm f32", rmsnorm_f32),
+        ("rope f32", rope_f32),
+        ("logprob f32", logprob_f32),
+    ]
+}
+
+/// Every row of every group (the integration test's view).
+pub fn check(dev: &Device) -> Result<Vec<Row>> {
+    let mut out = vec![];
+    for (_, g) in groups() {
+        out.extend(g(dev)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,122 @@
+//! Parity of a whole model: a small random Qwen3 decoding through the kernels against the
+//! composite ops, and the training path in bf16 against f32.
+
+use super::common::{diff, row, Row};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// A small random Qwen3 with the GPU shapes that matter (head size 128, GQA 2:1).
+fn small_config() -> Result<crate::Config> {
+    crate::Config::synthetic(1024, 256, 512, 2, 4, 2, 128, true)
+}
+
+/// Prefill + 16 greedy decode steps through the kernels (`DecodePath::Kernels`) and through the
+/// composite ops (`DecodePath::Composite`) on the same device, the same tokens fed to both:
+/// the logits' max difference and how many steps pick a different token.
+pub(super) fn model_decode(dev: &Device) -> Result<Vec<Row>> {
+    use crate::cached::DecodePath;
+    let dt = if dev.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    let model = crate::Qwen3::random(small_config()?, 7, dev, dt)?;
+    let prompts: Vec<Vec<u32>> = vec![(1..9).collect(), (20..25).collect()];
+    let batch = crate::Batch::from_rows(&prompts, 0, crate::Padding::Left, dev)?;
+    let (b, t) = batch.input_ids.dims2()?;
+    let mask = batch.mask.clone();
+    let mut caches = [model.new_cache(b, t + 17)?, model.new_cache(b, t + 17)?];
+    let paths = [DecodePath::Kernels, DecodePath::Composite];
+    let snap = model.decode_weights();
+    // The prefill (several slots per row) runs the composite ops on either path.
+    let mut logits = vec![];
+    for c in caches.iter_mut() {
+        let (ids, pos) = (&batch.input_ids, &batch.position_ids);
+        logits.push(model.forward_cached_with(DecodePath::Composite, &snap, c, ids, pos, &mask)?);
+    }
+    let mut pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+    let (mut worst, mut disagree) = (0.0f64, 0usize);
+    for _ in 0..16 {
+        let next: Vec<u32> = logits[1].argmax(1)?.to_vec1::<u32>()?;
+        let other: Vec<u32> = logits[0].argmax(1)?.to_vec1::<u32>()?;
+        disagree += next.iter().zip(&other).filter(|(a, b)| a != b).count();
+        let ids = Tensor::from_vec(next.clone(), (b, 1), dev)?;
+        let p = Tensor::from_vec(pos.clone(), (b, 1), dev)?;
+        for (i, (c, path)) in caches.iter_mut().zip(paths).enumerate() {
+            logits[i] = model.forward_cached_with(path, &snap, c, &ids, &p, &vec![1; b])?;
+        }
+        worst = worst.max(diff(&logits[0], &logits[1])?);
+        if worst.is_nan() {
+            break;
+        }
+        pos.iter_mut().for_each(|x| *x += 1);
+    }
+    let tol = if dev.is_cuda() { 0.1 } else { 2e-4 };
+    Ok(vec![
+        Row {
+            name: "model decode logits, kernels vs composite (16 steps)".into(),
+            max_diff: worst,
+            tolerance: tol,
+        },
+        Row {
+            name: "model decode greedy tokens that differ (of 32)".into(),
+            max_diff: disagree as f64,
+            tolerance: if dev.is_cuda() { 1.0 } else { 0.0 },
+        },
+    ])
+}
+
+/// The training path (token log-probs through the fused head, backward to every weight) in
+/// bf16 against f32 on the same device: log-prob difference and the relative difference of
+/// the global gradient norm.
+pub(super) fn model_training(dev: &Device) -> Result<Vec<Row>> {
+    let low = if dev.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    let rows: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            (0..48)
+                .map(|j| ((i * 131 + j * 17) % 1000) as u32)
+                .collect()
+        })
+        .collect();
+    let run = |dt: DType| -> Result<(Tensor, f64)> {
+        let model = crate::Qwen3::random(small_config()?, 11, dev, dt)?;
+        let batch = crate::Batch::from_rows(&rows, 0, crate::Padding::Right, dev)?;
+        let sel: Vec<u32> = (0..4u32)
+            .flat_map(|r| (0..47).map(move |j| r * 48 + j))
+            .collect();
+        let tgt: Vec<u32> = rows.iter().flat_map(|r| r[1..].to_vec()).collect();
+        let lp = model.token_logprobs(&batch, &sel, &tgt, true)?;
+        let g = lp.sum_all()?.backward()?;
+        let mut sq = 0.0f64;
+        for v in model.vars().values() {
+            if let Some(t) = g.get(v) {
+                sq += f64::from(
+                    t.to_dtype(DType::F32)?
+                        .sqr()?
+                        .sum_all()?
+                        .to_scalar::<f32>()?,
+                );
+            }
+        }
+        Ok((lp.to_dtype(DType::F32)?, sq.sqrt()))
+    };
+    let (lp_hi, n_hi) = run(DType::F32)?;
+    let (lp_lo, n_lo) = run(low)?;
+    let rel = (n_hi - n_lo).abs() / n_hi.max(1e-12);
+    let (tol_lp, tol_g) = if dev.is_cuda() {
+        (0.1, 0.05)
+    } else {
+        (0.0, 0.0)
+    };
+    Ok(vec![
+        row("training log-probs bf16 vs f32", &lp_lo, &lp_hi, tol_lp)?,
+        Row {
+            name: "training gradient norm bf16 vs f32 (relative)".into(),
+            max_diff: if n_lo.is_finite() { rel } else { f64::NAN },
+            tolerance: tol_g,
+        },
+    ])
+}

@@ -1,0 +1,156 @@
+//! Parity of the fused ops one at a time: RMSNorm, RoPE, the log-prob epilogue and the KV
+//! cache's write and decode attention, in f32 and in bf16.
+
+use super::common::{bf16_round, bf16_tolerance, grad, on_dev, rnd, row, Row};
+use crate::fused;
+use candle_core::{DType, Device, Result, Tensor, Var};
+
+/// RMSNorm forward and backward (rows 64 x 1024).
+pub(super) fn rmsnorm_f32(dev: &Device) -> Result<Vec<Row>> {
+    let (x, w, dy) = (rnd(&[64, 1024], 1)?, rnd(&[1024], 2)?, rnd(&[64, 1024], 3)?);
+    let both = |d: &Device| -> Result<(Tensor, Tensor, Tensor)> {
+        let (xv, wv) = (
+            Var::from_tensor(&x.to_device(d)?)?,
+            Var::from_tensor(&w.to_device(d)?)?,
+        );
+        let y = fused::rms_norm(&xv, &wv, 1e-6)?;
+        let g = (&y * dy.to_device(d)?)?.sum_all()?.backward()?;
+        Ok((y, grad(&g, &xv, "x")?, grad(&g, &wv, "w")?))
+    };
+    let (c, g) = (both(&Device::Cpu)?, both(dev)?);
+    Ok(vec![
+        row("rmsnorm fwd", &g.0, &c.0, 1e-5)?,
+        row("rmsnorm bwd dx", &g.1, &c.1, 1e-4)?,
+        row("rmsnorm bwd dw", &g.2, &c.2, 1e-3)?,
+    ])
+}
+
+fn rope_inputs() -> Result<(Tensor, Tensor, Tensor)> {
+    let x = rnd(&[2, 8, 64, 128], 4)?;
+    let pos = Tensor::arange(0u32, 128, &Device::Cpu)?.reshape((2, 64))?;
+    let (c, s) = crate::ops::rope_tables(&pos, 128, 1e6, DType::F32)?;
+    Ok((x, c, s))
+}
+
+/// RoPE forward and backward (B 2, H 8, T 64, D 128).
+pub(super) fn rope_f32(dev: &Device) -> Result<Vec<Row>> {
+    let (x, c, s) = rope_inputs()?;
+    let run = |d: &Device| -> Result<(Tensor, Tensor)> {
+        let xv = Var::from_tensor(&x.to_device(d)?)?;
+        let y = fused::rope(&xv, &c.to_device(d)?, &s.to_device(d)?)?;
+        let g = y.sqr()?.sum_all()?.backward()?;
+        Ok((y, grad(&g, &xv, "x")?))
+    };
+    let (rc, rg) = (run(&Device::Cpu)?, run(dev)?);
+    Ok(vec![
+        row("rope fwd", &rg.0, &rc.0, 1e-5)?,
+        row("rope bwd", &rg.1, &rc.1, 1e-4)?,
+    ])
+}
+
+/// Log-prob epilogue (n 64, V 151936) forward and backward.
+pub(super) fn logprob_f32(dev: &Device) -> Result<Vec<Row>> {
+    let cpu = Device::Cpu;
+    let v = 151_936;
+    let logits = (rnd(&[64, v], 5)? * 8.0)?;
+    let targets = Tensor::from_vec(
+        (0..64u32).map(|i| i * 2371 % v as u32).collect::<Vec<_>>(),
+        64,
+        &cpu,
+    )?;
+    let lg = rnd(&[64, 2], 6)?;
+    let st = |d: &Device| fused::logprob_stats(&logits.to_device(d)?, &targets.to_device(d)?);
+    let (sc, sg) = (st(&cpu)?, st(dev)?);
+    let lse_g = Tensor::cat(&[&sc.narrow(1, 1, 1)?, &lg.narrow(1, 1, 1)?], 1)?;
+    let bw = |d: &Device| {
+        fused::logprob_grad(
+            &logits.to_device(d)?,
+            &targets.to_device(d)?,
+            &lse_g.to_device(d)?,
+        )
+    };
+    Ok(vec![
+        row("logprob fwd [logp, lse, entropy]", &sg, &sc, 1e-3)?,
+        row("logprob bwd", &bw(dev)?, &bw(&cpu)?, 1e-5)?,
+    ])
+}
+
+/// KV-cache writes then decode attention (B 4, Hq 16, Hkv 8, C 256, D 128, 200 slots used, a
+/// different run of padding slots per row), with the cache and inputs in `dt` on `dev`.
+fn kv_attention(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
+    let (b, hq, hkv, cap, d, len) = (4, 16, 8, 256, 128, 200);
+    let prep = |t: Tensor| -> Result<Tensor> {
+        let t = if round { bf16_round(&t)? } else { t };
+        t.to_device(dev)?.to_dtype(dt)
+    };
+    let k = Tensor::zeros((b, hkv, cap, d), dt, dev)?;
+    let vc = Tensor::zeros((b, hkv, cap, d), dt, dev)?;
+    for slot in 0..len {
+        fused::kv_write(&k, &prep(rnd(&[b, hkv, d], 10 + slot as u64)?)?, slot)?;
+        fused::kv_write(&vc, &prep(rnd(&[b, hkv, d], 900 + slot as u64)?)?, slot)?;
+    }
+    let valid: Vec<u8> = (0..b * cap)
+        .map(|i| u8::from(i % cap >= (i / cap) * 7))
+        .collect();
+    let valid = Tensor::from_vec(valid, b * cap, dev)?;
+    fused::decode_attention(&prep(rnd(&[b, hq, d], 7)?)?, &k, &vc, &valid, len)
+}
+
+pub(super) fn kv_cache_f32(dev: &Device) -> Result<Vec<Row>> {
+    let (g, c) = (
+        kv_attention(dev, DType::F32, false)?,
+        kv_attention(&Device::Cpu, DType::F32, false)?,
+    );
+    Ok(vec![row("kv write + decode attention", &g, &c, 1e-4)?])
+}
+
+/// `kv_write_bf16` + `decode_attention_bf16` against the f32 reference on bf16-rounded inputs.
+pub(super) fn kv_cache_bf16(dev: &Device) -> Result<Vec<Row>> {
+    let dt = if dev.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    let c = kv_attention(&Device::Cpu, DType::F32, true)?;
+    let g = kv_attention(dev, dt, true)?;
+    Ok(vec![row(
+        "bf16 kv write + decode attention",
+        &g,
+        &c,
+        bf16_tolerance(&c)?,
+    )?])
+}
+
+/// `rmsnorm_fwd_bf16` against the f32 reference on bf16-rounded inputs.
+pub(super) fn rmsnorm_bf16(dev: &Device) -> Result<Vec<Row>> {
+    let (x, w) = (
+        bf16_round(&rnd(&[64, 1024], 1)?)?,
+        bf16_round(&rnd(&[1024], 2)?)?,
+    );
+    let c = fused::rms_norm(&x, &w, 1e-6)?;
+    let g = fused::rms_norm(&on_dev(&x, dev)?, &on_dev(&w, dev)?, 1e-6)?;
+    Ok(vec![row("bf16 rmsnorm fwd", &g, &c, bf16_tolerance(&c)?)?])
+}
+
+/// `rope_{fwd,bwd}_bf16` against the f32 reference on bf16-rounded inputs.
+pub(super) fn rope_bf16(dev: &Device) -> Result<Vec<Row>> {
+    let (x, c, s) = rope_inputs()?;
+    let (x, c, s) = (bf16_round(&x)?, bf16_round(&c)?, bf16_round(&s)?);
+    let want = fused::rope(&x, &c, &s)?;
+    let (xd, cd, sd) = (on_dev(&x, dev)?, on_dev(&c, dev)?, on_dev(&s, dev)?);
+    let got = fused::rope(&xd, &cd, &sd)?;
+    // The backward is the inverse rotation: applied to the output it gives x back.
+    let xv = Var::from_tensor(&xd)?;
+    let y = fused::rope(&xv, &cd, &sd)?;
+    let back = grad(&(&y * &got.detach())?.sum_all()?.backward()?, &xv, "x")?;
+    let x_back = fused::rope(&want, &c, &s.neg()?)?;
+    Ok(vec![
+        row("bf16 rope fwd", &got, &want, bf16_tolerance(&want)?)?,
+        row(
+            "bf16 rope bwd",
+            &back,
+            &x_back,
+            2.0 * bf16_tolerance(&x_back)?,
+        )?,
+    ])
+}

@@ -1,0 +1,154 @@
+//! docs/config.md, generated from the config types themselves: the sections of `RunConfig`
+//! (config/mod.rs), each struct's fields and `///` comments (config/sections.rs), and each
+//! key's default (the serialised `RunConfig::default()`). `cargo xtask config-docs` writes the
+//! file; a test compares the file with this output, so the page cannot go stale.
+//! Sections typed in another crate (reward, advantage, optim) point to that crate's docs and
+//! show their defaults.
+
+use crate::config::RunConfig;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// One field of a config struct: its key, its Rust type and its comment.
+#[derive(Debug, Clone, PartialEq)]
+struct Field {
+    key: String,
+    ty: String,
+    doc: String,
+}
+
+/// Every `pub struct NAME { ... }` of `src` with its `pub` fields and their comments.
+fn structs(src: &str) -> BTreeMap<String, Vec<Field>> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(String, Vec<Field>)> = None;
+    let mut doc = String::new();
+    for line in src.lines() {
+        let t = line.trim();
+        if let Some(name) = t
+            .strip_prefix("pub struct ")
+            .and_then(|r| r.strip_suffix(" {"))
+        {
+            current = Some((name.to_string(), vec![]));
+            doc.clear();
+            continue;
+        }
+        let Some((_, fields)) = current.as_mut() else {
+            continue;
+        };
+        if line == "}" {
+            if let Some((name, fields)) = current.take() {
+                out.insert(name, fields);
+            }
+            continue;
+        }
+        if let Some(d) = t.strip_prefix("///") {
+            if !doc.is_empty() {
+                doc.push(' ');
+            }
+            doc.push_str(d.trim());
+        } else if let Some(rest) = t.strip_prefix("pub ") {
+            if let Some((key, ty)) = rest.split_once(": ") {
+                fields.push(Field {
+                    key: key.to_string(),
+                    ty: ty.trim_end_matches(',').to_string(),
+                    doc: std::mem::take(&mut doc),
+                });
+            }
+        } else if !t.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out
+}
+
+/// A default value as inline TOML.
+fn inline(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => format!("{s:?}"),
+        toml::Value::Table(t) => {
+            let parts: Vec<String> = t
+                .iter()
+                .map(|(k, v)| format!("{k} = {}", inline(v)))
+                .collect();
+            format!("{{ {} }}", parts.join(", "))
+        }
+        toml::Value::Array(a) => {
+            let parts: Vec<String> = a.iter().map(inline).collect();
+            format!("[{}]", parts.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The markdown page, from the sources of config/mod.rs and config/sections.rs.
+pub fn markdown(mod_rs: &str, sections_rs: &str) -> String {
+    let all = structs(sections_rs);
+    let top = structs(mod_rs);
+    let defaults =
+        toml::Value::try_from(RunConfig::default()).unwrap_or(toml::Value::Boolean(false));
+    let mut s = String::from(
+        "# Configuration\n\n\
+         Every key of a run config (TOML), by section, with its default; generated from\n\
+         crates/train/src/config/ by `cargo xtask config-docs` (a test keeps this page equal to\n\
+         what the types say). Every key is optional; unknown keys and non-finite numbers are\n\
+         rejected with the key named. configs/default.toml is a full example.\n",
+    );
+    for section in top.get("RunConfig").into_iter().flatten() {
+        let _ = write!(s, "\n## [{}]\n\n", section.key);
+        let default = defaults.get(&section.key);
+        match all.get(&section.ty) {
+            Some(fields) => {
+                s.push_str("| key | default | meaning |\n|---|---|---|\n");
+                for f in fields {
+                    let d = default
+                        .and_then(|t| t.get(&f.key))
+                        .map_or("unset".to_string(), |v| format!("`{}`", inline(v)));
+                    let _ = writeln!(
+                        s,
+                        "| `{}.{}` | {d} | {} |",
+                        section.key,
+                        f.key,
+                        f.doc.replace('|', "\\|")
+                    );
+                }
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "Typed `{}` (its crate's docs list every key; docs/methods.md explains the methods). Default:\n",
+                    section.ty
+                );
+                if let Some(d) = default {
+                    let _ = writeln!(s, "```toml\n{}```", toml::to_string(d).unwrap_or_default());
+                }
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_and_their_comments_are_read() {
+        let src = "pub struct A {\n    /// One.\n    /// Two.\n    pub x: u64,\n    #[serde(default)]\n    pub y: Option<f64>,\n}\n";
+        let s = structs(src);
+        assert_eq!(
+            s["A"],
+            vec![
+                Field {
+                    key: "x".into(),
+                    ty: "u64".into(),
+                    doc: "One. Two.".into()
+                },
+                Field {
+                    key: "y".into(),
+                    ty: "Option<f64>".into(),
+                    doc: String::new()
+                }
+            ]
+        );
+    }
+}
