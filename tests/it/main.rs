@@ -12,6 +12,7 @@ mod kv_cache;
 mod optim;
 mod paged_rollout;
 mod paper_configs;
+mod plugins;
 mod ranks;
 mod rollout;
 mod run_faults;

@@ -256,13 +256,10 @@ pub fn rank(config: &str, a: &RankArgs) -> Result<Option<terse_train::RunSummary
     } else {
         terse_dist::TcpGroup::join(addr, rank, world, timeout)?
     };
-    let mut shaper = terse_reward::BuiltinShaper {
-        config: cfg.reward.clone(),
-        state: Default::default(),
-    };
+    let mut shaper = terse_train::run::configured_shaper(&cfg)?;
     terse_train::train_ranked(
         &cfg,
-        &mut shaper,
+        &mut *shaper,
         on_device(group, &cfg.run.device, timeout)?,
     )
     .with_context(|| format!("rank {rank} of {world}"))

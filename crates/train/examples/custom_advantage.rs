@@ -30,8 +30,9 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     let mut cfg = RunConfig::default();
     (cfg.model.path, cfg.model.init, cfg.sft.steps) = (model.to_path_buf(), Init::Checkpoint, 0);
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let mut trainer = GrpoTrainer::from_config(cfg.clone(), None)?;
-    trainer.estimator = Some(Box::new(ranks));
+    let mut trainer = GrpoTrainer::builder(cfg.clone())
+        .estimator(Box::new(ranks))
+        .build()?;
     let mut shaper = BuiltinShaper {
         config: cfg.reward.clone(),
         state: Default::default(),

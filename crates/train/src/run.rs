@@ -30,13 +30,23 @@ pub struct RunSummary {
     pub reward_last: f64,
 }
 
-/// Runs (or resumes) the whole configured run with the built-in shaper.
+/// Runs (or resumes) the whole configured run with the configured shaper (`[reward]`, or a
+/// registered one named by `[plugins] shaper`).
 pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
-    let mut shaper = BuiltinShaper {
-        config: cfg.reward.clone(),
-        state: Default::default(),
-    };
-    train_with(cfg, &mut shaper)
+    let mut shaper = configured_shaper(cfg)?;
+    train_with(cfg, &mut *shaper)
+}
+
+/// The shaper a config names: `[plugins] shaper` from the registry, else the built-in
+/// `[reward]` method.
+pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn ShaperWithState>> {
+    match &cfg.plugins.shaper {
+        Some(name) => crate::registry::shaper(name, &cfg.plugins.params),
+        None => Ok(Box::new(BuiltinShaper {
+            config: cfg.reward.clone(),
+            state: Default::default(),
+        })),
+    }
 }
 
 /// Runs with any shaper: research code passes its own `LengthShaper` (a closure works).

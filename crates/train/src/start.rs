@@ -41,6 +41,7 @@ pub fn start(
     mut dp: Option<&mut dyn terse_dist::Collective>,
 ) -> Result<Started> {
     cfg.validate()?;
+    crate::registry::check(&cfg.plugins)?;
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
     // resolves into a step count saved with the run.
     let mut task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;

@@ -8,6 +8,7 @@ use crate::collect::{collect, rollout_params, Collected};
 use crate::config::RunConfig;
 use crate::loss::PolicyLoss;
 use crate::report::{StepReport, Timing};
+pub use crate::shaper::ShaperWithState;
 use crate::task::Task;
 use crate::update::{policy_update, sequences, UpdateStats};
 use anyhow::{bail, Result};
@@ -15,10 +16,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use terse_model::Qwen3;
 use terse_optim::AdamW;
-use terse_reward::{
-    metrics::length_stats, AdvantageEstimator, Advantages, BuiltinShaper, Group, LengthShaper,
-    Shaped, StepCtx,
-};
+use terse_reward::{metrics::length_stats, AdvantageEstimator, Advantages, Shaped, StepCtx};
 use terse_rollout::GenParams;
 
 /// Everything one GRPO step needs besides the shaper.
@@ -70,6 +68,16 @@ impl GrpoTrainer {
         cfg.validate()?;
         policy.options = cfg.model.forward_options(policy.device());
         let gen = rollout_params(&cfg, &policy, &tok)?;
+        // `[plugins]`: registered estimator and loss by name (crate::registry).
+        let p = &cfg.plugins;
+        let estimator = match &p.estimator {
+            Some(n) => Some(crate::registry::estimator(n, &p.params)?),
+            None => None,
+        };
+        let policy_loss = match &p.loss {
+            Some(n) => Some(crate::registry::loss(n, &p.params)?),
+            None => None,
+        };
         Ok(Self {
             cfg,
             task,
@@ -81,10 +89,23 @@ impl GrpoTrainer {
             step: 0,
             cursor: 0,
             run_dir: None,
-            estimator: None,
-            policy_loss: None,
+            estimator,
+            policy_loss,
             collective: None,
         })
+    }
+
+    /// A trainer from a config with research code's parts attached (the builder way of
+    /// `from_config`): `.task(..)`, `.estimator(..)`, `.loss(..)`, `.collective(..)`, then
+    /// `.build()`.
+    pub fn builder(cfg: RunConfig) -> TrainerBuilder {
+        TrainerBuilder {
+            cfg,
+            task: None,
+            estimator: None,
+            loss: None,
+            collective: None,
+        }
     }
 
     /// A trainer from a config alone, for research code: the policy and tokenizer from
@@ -273,27 +294,52 @@ impl GrpoTrainer {
     }
 }
 
-/// A shaper whose state (if any) the trainer checkpoints.
-pub trait ShaperWithState: LengthShaper {
-    fn state(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
-    /// Restores what `state` saved; an error (a state that does not deserialise) stops the
-    /// resume, since continuing with a default state would break "resume equals not stopping".
-    fn restore(&mut self, _state: &serde_json::Value) -> Result<()> {
-        Ok(())
-    }
+/// Builds a `GrpoTrainer` from a config and the parts research code brings
+/// (`GrpoTrainer::builder`); what is not given comes from the config (the task, and by name
+/// through `[plugins]` the estimator and the loss).
+pub struct TrainerBuilder {
+    cfg: RunConfig,
+    task: Option<Task>,
+    estimator: Option<Box<dyn AdvantageEstimator>>,
+    loss: Option<Box<dyn PolicyLoss>>,
+    collective: Option<Box<dyn terse_dist::Collective>>,
 }
 
-impl<F: FnMut(&[Group], &StepCtx) -> Shaped> ShaperWithState for F {}
-
-impl ShaperWithState for BuiltinShaper {
-    fn state(&self) -> serde_json::Value {
-        serde_json::to_value(self.state).unwrap_or_default()
+impl TrainerBuilder {
+    /// The task (default: the config's `[data]`).
+    pub fn task(mut self, task: Task) -> Self {
+        self.task = Some(task);
+        self
     }
-    fn restore(&mut self, state: &serde_json::Value) -> Result<()> {
-        self.state = serde_json::from_value(state.clone())
-            .map_err(|e| anyhow::anyhow!("not a built-in shaper state: {e}"))?;
-        Ok(())
+
+    /// An advantage estimator (default: `[plugins] estimator`, else `[advantage]`).
+    pub fn estimator(mut self, e: Box<dyn AdvantageEstimator>) -> Self {
+        self.estimator = Some(e);
+        self
+    }
+
+    /// A policy loss (default: `[plugins] loss`, else PPO-clip).
+    pub fn loss(mut self, l: Box<dyn PolicyLoss>) -> Self {
+        self.loss = Some(l);
+        self
+    }
+
+    /// A data-parallel group this trainer is one rank of.
+    pub fn collective(mut self, c: Box<dyn terse_dist::Collective>) -> Self {
+        self.collective = Some(c);
+        self
+    }
+
+    /// Loads the policy (and the KL reference) from `model.path` and attaches the parts.
+    pub fn build(self) -> Result<GrpoTrainer> {
+        let mut t = GrpoTrainer::from_config(self.cfg, self.task)?;
+        if let Some(e) = self.estimator {
+            t.estimator = Some(e);
+        }
+        if let Some(l) = self.loss {
+            t.policy_loss = Some(l);
+        }
+        t.collective = self.collective;
+        Ok(t)
     }
 }

@@ -68,7 +68,7 @@ pub(super) fn forward(
     ) -> Result<CudaSlice<f32>> {
         let dev: &CudaDevice = q.0.device();
         // Tensor cores for bf16 at head sizes 64 and 128; the scalar kernel otherwise.
-        let l = if launch::flash_tc_covers(st, dm.d) {
+        let l = if launch::flash_tc_covers(st, dm.d) && super::tensor_cores() {
             launch::flash_tc_fwd(dm)
         } else {
             launch::flash_fwd(st, dm)
@@ -170,7 +170,7 @@ pub(super) fn backward(
                                     .buf(6, &gv)?
                             };
                         }
-                        let tc = launch::flash_tc_covers(st, dm.d);
+                        let tc = launch::flash_tc_covers(st, dm.d) && super::tensor_cores();
                         let l = if tc {
                             launch::flash_tc_bwd_dq(dm)
                         } else {

@@ -22,6 +22,22 @@ use crate::fused::cpu::f32s;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
+/// Whether bf16 calls at head sizes 64 and 128 take the tensor-core kernels (the default) or
+/// the scalar ones: for benchmarks that compare the two (gpu-check's `flash_kernel`).
+static TENSOR_CORES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Routes CUDA bf16 flash attention to the tensor-core kernels (`true`, the default) or to
+/// the scalar ones; for benchmarks only.
+pub fn set_tensor_cores(on: bool) {
+    TENSOR_CORES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the tensor-core kernels are selected (`set_tensor_cores`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn tensor_cores() -> bool {
+    TENSOR_CORES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The shape of one attention call (the launch descriptions' `FlashDims`, one type for both).
 pub(crate) use crate::launch::FlashDims as Dims;
 

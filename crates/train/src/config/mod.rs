@@ -27,6 +27,7 @@ pub struct RunConfig {
     pub checkpoint: CheckpointSection,
     pub eval: EvalSection,
     pub log: LogSection,
+    pub plugins: PluginsSection,
 }
 
 impl Default for RunConfig {
@@ -46,6 +47,7 @@ impl Default for RunConfig {
             checkpoint: CheckpointSection::default(),
             eval: EvalSection::default(),
             log: LogSection::default(),
+            plugins: PluginsSection::default(),
         }
     }
 }

@@ -1,0 +1,152 @@
+//! Research code's own methods by name (issue 34): a shaper, an advantage estimator and a
+//! policy loss registered in code and named by a run config's `[plugins]`, used by a whole run
+//! started the way `cargo xtask train --config FILE` starts it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use terse_reward::{
+    Advantage, AdvantageEstimator, Advantages, Group, RewardError, Shaped, StepCtx,
+};
+use terse_train::loss::{LossInputs, LossStats, PolicyLoss, PpoParams};
+use terse_train::registry::Params;
+use terse_train::ShaperWithState;
+
+// Each test counts its own calls (tests run in parallel).
+static ESTIMATES: AtomicUsize = AtomicUsize::new(0);
+static LOSSES: AtomicUsize = AtomicUsize::new(0);
+static BUILT_ESTIMATES: AtomicUsize = AtomicUsize::new(0);
+static BUILT_LOSSES: AtomicUsize = AtomicUsize::new(0);
+
+/// 1 per right answer minus `per_token` (from `[plugins.params]`) per token.
+fn length_penalty(p: &Params) -> anyhow::Result<Box<dyn ShaperWithState>> {
+    let per_token = p
+        .get("per_token")
+        .and_then(|v| v.as_float())
+        .unwrap_or(0.01);
+    Ok(Box::new(move |groups: &[Group], _: &StepCtx| {
+        let mut out = Shaped {
+            rewards: groups
+                .iter()
+                .map(|g| {
+                    g.samples
+                        .iter()
+                        .map(|s| f64::from(u8::from(s.correct)) - per_token * s.len as f64)
+                        .collect()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        out.diagnostics.insert("plugin_per_token".into(), per_token);
+        out
+    }))
+}
+
+/// GRPO's estimator, counting its calls.
+struct CountedGrpo(&'static AtomicUsize);
+
+impl AdvantageEstimator for CountedGrpo {
+    fn estimate(&self, groups: &[Group], shaped: &Shaped) -> Result<Advantages, RewardError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Advantage::default().compute(groups, shaped)
+    }
+}
+
+fn counted_grpo(_: &Params) -> anyhow::Result<Box<dyn AdvantageEstimator>> {
+    Ok(Box::new(CountedGrpo(&ESTIMATES)))
+}
+
+/// PPO-clip, counting its calls.
+struct CountedPpo(PpoParams, &'static AtomicUsize);
+
+impl PolicyLoss for CountedPpo {
+    fn loss(&self, x: &LossInputs) -> candle_core::Result<(candle_core::Tensor, LossStats)> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.loss(x)
+    }
+}
+
+fn ppo(counter: &'static AtomicUsize) -> Box<dyn PolicyLoss> {
+    let g = terse_train::config::GrpoSection::default();
+    Box::new(CountedPpo(PpoParams::from(&g), counter))
+}
+
+fn counted_ppo(_: &Params) -> anyhow::Result<Box<dyn PolicyLoss>> {
+    Ok(ppo(&LOSSES))
+}
+
+#[test]
+fn registered_methods_run_from_a_config_by_name() {
+    terse_train::register_shaper("length_penalty", length_penalty);
+    terse_train::register_estimator("counted_grpo", counted_grpo);
+    terse_train::register_loss("counted_ppo", counted_ppo);
+    let root = crate::scratch("plugins");
+    let text = format!(
+        "[run]\ndir = {dir:?}\nname = \"plugged\"\n\n[model]\npath = {model:?}\ninit = \"checkpoint\"\n\n\
+         [sft]\nsteps = 0\n\n[grpo]\nsteps = 1\nprompts_per_step = 4\ngroup_size = 4\nmax_new_tokens = 48\n\n\
+         [eval]\nper_level = 1\nsamples = 1\n\n[plugins]\nshaper = \"length_penalty\"\n\
+         estimator = \"counted_grpo\"\nloss = \"counted_ppo\"\n\n[plugins.params]\nper_token = 0.02\n",
+        dir = root.display().to_string(),
+        model = crate::fixture("testbed-sft").display().to_string(),
+    );
+    let file = root.join("plugged.toml");
+    std::fs::write(&file, text).expect("config");
+    let cfg = terse_train::RunConfig::from_file(&file).expect("config names registered plugins");
+    let (e0, l0) = (
+        ESTIMATES.load(Ordering::Relaxed),
+        LOSSES.load(Ordering::Relaxed),
+    );
+    terse_train::train(&cfg).expect("run");
+    assert!(
+        ESTIMATES.load(Ordering::Relaxed) > e0,
+        "the registered estimator did not run"
+    );
+    assert!(
+        LOSSES.load(Ordering::Relaxed) > l0,
+        "the registered loss did not run"
+    );
+    let steps =
+        terse_train::report::read_steps(&root.join("plugged/metrics.jsonl")).expect("steps");
+    assert_eq!(
+        steps[0].diagnostic("plugin_per_token"),
+        Some(0.02),
+        "the shaper or its params"
+    );
+
+    // An unknown name stops the run before anything is written, naming what is registered.
+    let bad = std::fs::read_to_string(&file)
+        .expect("config")
+        .replace("counted_ppo", "nope")
+        .replace("\"plugged\"", "\"misspelt\"");
+    let cfg = terse_train::RunConfig::from_toml(&bad, &file).expect("parses");
+    let e = format!("{:#}", terse_train::train(&cfg).expect_err("unknown"));
+    assert!(
+        e.contains("plugins.loss = \"nope\"") && e.contains("counted_ppo"),
+        "{e}"
+    );
+    assert!(
+        !root.join("misspelt/config.toml").exists(),
+        "a refused run wrote its config"
+    );
+}
+
+/// The builder attaches research code's parts to a trainer built from a config.
+#[test]
+fn the_builder_attaches_an_estimator_and_a_loss() {
+    let root = crate::scratch("plugins-builder");
+    let cfg = crate::from_sft(&root, "built", 1);
+    let mut t = terse_train::GrpoTrainer::builder(cfg.clone())
+        .estimator(Box::new(CountedGrpo(&BUILT_ESTIMATES)))
+        .loss(ppo(&BUILT_LOSSES))
+        .build()
+        .expect("trainer");
+    let mut shaper = terse_train::run::configured_shaper(&cfg).expect("shaper");
+    t.step(&mut *shaper).expect("step");
+    assert_eq!(
+        BUILT_ESTIMATES.load(Ordering::Relaxed),
+        1,
+        "one step, one estimate"
+    );
+    assert!(
+        BUILT_LOSSES.load(Ordering::Relaxed) > 0,
+        "the built loss did not run"
+    );
+}
