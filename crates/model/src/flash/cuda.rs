@@ -5,7 +5,7 @@
 #![allow(unsafe_code)] // kernel launches into device buffers the kernels fill
 
 use super::Dims;
-use crate::fused::cuda::{func, view, Described};
+use crate::fused::launching::{func, view, Described};
 use crate::kernel_checks::DECODE_MAX_HEAD_DIM;
 use crate::launch::{self, Storage as Store};
 use candle_core::backend::BackendStorage;

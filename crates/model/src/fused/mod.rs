@@ -9,6 +9,8 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod launching;
 pub(crate) mod paged;
 
 use crate::kernel_checks as check;
