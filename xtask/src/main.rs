@@ -7,7 +7,6 @@ mod bench_memory;
 mod bench_rollout;
 mod bench_step;
 mod check_model;
-mod claims;
 mod eval;
 mod gpu;
 // Run by the CUDA build's gpu-check; its driver is tested on every build.
@@ -22,7 +21,6 @@ mod gpu_plan;
 mod launch;
 mod mem;
 mod methods;
-mod overthink;
 mod process;
 mod repro;
 mod summary;

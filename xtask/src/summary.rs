@@ -2,7 +2,6 @@
 //! writes docs/results.md (a table in the shape of Short-RL's Table 1, mean ± sd over seeds, and
 //! the claims decided by claims.rs) and the length / accuracy curves. Deterministic: the same runs give the same bytes.
 
-use crate::claims::RunStats;
 use crate::methods::{Method, DEFAULT_SEEDS, METHODS};
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
@@ -10,6 +9,7 @@ use std::path::{Path, PathBuf};
 use terse_train::eval::EvalReport;
 use terse_train::plot::{band_chart, line_chart, Band, Series};
 use terse_train::report::{read_evals, read_steps, EvalLine};
+use terse_train::study::{claims, overthink, RunStats};
 
 /// pass@1 by level, the mean over levels, and eval tokens.
 type Eval = (Vec<(usize, f64)>, f64, f64);
@@ -127,7 +127,7 @@ fn curve_band(runs: &[RunResult], pick: impl Fn(&RunResult) -> &Vec<f64>) -> (Se
     let mut band = vec![];
     for i in 0..steps {
         let at: Vec<f64> = runs.iter().map(|r| smooth(pick(r), i)).collect();
-        let iv = crate::claims::paired(&at);
+        let iv = claims::paired(&at);
         series.push((i as f64, iv.mean));
         if let Some((lo, hi)) = iv.ci {
             band.push((i as f64, lo, hi));
@@ -272,12 +272,12 @@ pub fn write(
             "The main methods with 95 % bands over seeds (t interval of the mean, step by step, after a 5-step average):\n\n![length, bands](repro{suffix}_length_bands.png)\n\n![accuracy, bands](repro{suffix}_accuracy_bands.png)\n"
         )?;
     }
-    let runs_of = |name: &str| -> Vec<crate::overthink::Run> {
+    let runs_of = |name: &str| -> Vec<overthink::Run> {
         all.iter()
             .filter(|(m, _)| m.name == name)
             .flat_map(|(_, runs)| runs)
             .filter_map(|r| {
-                Some(crate::overthink::Run {
+                Some(overthink::Run {
                     start: r.first_eval.as_ref()?,
                     end: &r.last_eval,
                     len_curve: &r.len_curve,
@@ -285,7 +285,7 @@ pub fn write(
             })
             .collect()
     };
-    let compare: Vec<(&str, Vec<crate::overthink::Run>)> =
+    let compare: Vec<(&str, Vec<overthink::Run>)> =
         ["short_rl", "grpo_lambda", "care", "step_grpo"]
             .into_iter()
             .map(|n| (n, runs_of(n)))
@@ -295,7 +295,7 @@ pub fn write(
         writeln!(
             md,
             "{}",
-            crate::overthink::section("Standard", &standard, &compare)
+            overthink::section("Standard", &standard, &compare)
         )?;
     }
     let stats: std::collections::BTreeMap<&str, Vec<RunStats>> = all
@@ -312,7 +312,7 @@ pub fn write(
             (m.name, s)
         })
         .collect();
-    writeln!(md, "{}", crate::claims::section(&stats))?;
+    writeln!(md, "{}", claims::section(&stats))?;
     // CARE's direction signal, the reason behind its rows: how many of a step's groups it
     // pushed toward length (d = +1) and toward brevity (d = -1).
     if let Some((_, runs)) = all.iter().find(|(m, _)| m.name == "care") {

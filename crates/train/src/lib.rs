@@ -44,6 +44,7 @@ pub mod sft;
 pub mod shaper;
 pub mod start;
 pub mod step_time;
+pub mod study;
 pub mod task;
 pub mod tensorboard;
 pub mod trainer;

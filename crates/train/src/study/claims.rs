@@ -3,7 +3,8 @@
 //! method against seed s of the other: same SFT start, same data order), a 95 % interval
 //! (Student t over the seeds' differences), and a verdict: "holds" when the interval lies on
 //! the claimed side, "fails" when it lies on the opposite side, "unresolved" otherwise (or with
-//! one seed). summary.rs puts the section into docs/results.md.
+//! one seed). `cargo xtask repro` (xtask/src/summary.rs) puts the section into docs/results.md;
+//! research code calls `section` or `paired` on its own runs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

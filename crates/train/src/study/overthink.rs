@@ -1,11 +1,11 @@
 //! The report's testbed section: does outcome-only GRPO (Standard) overthink, as the papers'
 //! models do? Reads the Standard runs' rollout lengths and their first and last evaluations
-//! (summary.rs passes them in) and decides, with 95 % t intervals over seeds, whether the length
+//! (the caller passes them in: xtask's summary.rs for the study) and decides, with 95 % t intervals over seeds, whether the length
 //! grew by the goal factor while accuracy rose, and where the re-checks went, level by level.
 
-use crate::claims::{paired, Interval};
+use super::claims::{paired, Interval};
+use crate::eval::EvalReport;
 use std::fmt::Write as _;
-use terse_train::eval::EvalReport;
 
 /// The growth the testbed is built to show (issue #19: last step ≥ 1.2 × the first).
 pub const GOAL: f64 = 1.2;
@@ -157,7 +157,7 @@ pub fn section(method: &str, runs: &[Run], compare: &[(&str, Vec<Run>)]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use terse_train::eval::LevelReport;
+    use crate::eval::LevelReport;
 
     fn report(acc: f64, len: f64, refl: [f64; 2]) -> EvalReport {
         EvalReport {
