@@ -188,11 +188,13 @@ impl terse_reward::AdvantageEstimator for NanAt {
 fn item9_non_finite_rewards_and_advantages_stop_before_the_update() {
     let root = crate::scratch("run-faults-adv");
     let cfg = crate::from_sft(&root, "adv", 1);
-    let mut t = terse_train::GrpoTrainer::from_config(cfg.clone(), None).expect("trainer");
-    let before = t.policy.tensors()["model.norm.weight"]
+    let mut t = terse_train::GrpoTrainer::builder(cfg.clone())
+        .estimator(Box::new(NanAt(2, 3)))
+        .build()
+        .expect("trainer");
+    let before = t.policy().tensors()["model.norm.weight"]
         .to_vec1::<f32>()
         .expect("w");
-    t.estimator = Some(Box::new(NanAt(2, 3)));
     let mut shaper = terse_reward::BuiltinShaper {
         config: cfg.reward.clone(),
         state: Default::default(),
@@ -203,7 +205,7 @@ fn item9_non_finite_rewards_and_advantages_stop_before_the_update() {
         e.contains("non-finite advantage") && e.contains("group 2") && e.contains("sample 3"),
         "{e}"
     );
-    let after = t.policy.tensors()["model.norm.weight"]
+    let after = t.policy().tensors()["model.norm.weight"]
         .to_vec1::<f32>()
         .expect("w");
     assert_eq!(before, after, "the update ran");

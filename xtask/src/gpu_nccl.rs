@@ -81,14 +81,15 @@ fn grpo_steps() -> Result<Value> {
             config: cfg.reward.clone(),
             state: Default::default(),
         };
-        let mut t = terse_train::GrpoTrainer::from_config(cfg, None)?;
+        let mut b = terse_train::GrpoTrainer::builder(cfg);
         if nccl {
-            t.collective = Some(Box::new(group_of_one()?));
+            b = b.collective(Box::new(group_of_one()?));
         }
+        let mut t = b.build()?;
         for _ in 0..2 {
             t.step(&mut shaper)?;
         }
-        Ok(t.policy.tensors())
+        Ok(t.policy().tensors())
     };
     let start = terse_model::Qwen3::load(
         "tests/fixtures/testbed-sft".as_ref(),

@@ -19,33 +19,35 @@ use terse_optim::AdamW;
 use terse_reward::{metrics::length_stats, AdvantageEstimator, Advantages, Shaped, StepCtx};
 use terse_rollout::GenParams;
 
-/// Everything one GRPO step needs besides the shaper.
+/// Everything one GRPO step needs besides the shaper. The fields are the crate's: research
+/// code reads them through the accessors and attaches its parts with `GrpoTrainer::builder`,
+/// so nothing computed from the config at construction can go out of step with it.
 pub struct GrpoTrainer {
-    pub cfg: RunConfig,
-    pub task: Task,
-    pub tok: tokenizers::Tokenizer,
-    pub policy: Qwen3,
+    pub(crate) cfg: RunConfig,
+    pub(crate) task: Task,
+    pub(crate) tok: tokenizers::Tokenizer,
+    pub(crate) policy: Qwen3,
     /// The KL reference (None when `grpo.kl_coef` is 0).
-    pub reference: Option<Qwen3>,
-    pub opt: AdamW,
+    pub(crate) reference: Option<Qwen3>,
+    pub(crate) opt: AdamW,
     /// The rollout's sampling settings (Step-GRPO's texts tokenized).
-    pub gen: GenParams,
+    pub(crate) gen: GenParams,
     /// The next GRPO step and the next training item.
-    pub step: u64,
-    pub cursor: u64,
+    pub(crate) step: u64,
+    pub(crate) cursor: u64,
     /// Where the newest checkpoint is looked for when a step stops on a non-finite value.
-    pub run_dir: Option<PathBuf>,
+    pub(crate) run_dir: Option<PathBuf>,
     /// Research code's advantage estimator; None uses `cfg.advantage` (the TOML face).
-    pub estimator: Option<Box<dyn AdvantageEstimator>>,
+    pub(crate) estimator: Option<Box<dyn AdvantageEstimator>>,
     /// Research code's policy loss; None uses PPO-clip with `cfg.grpo`'s settings.
-    pub policy_loss: Option<Box<dyn PolicyLoss>>,
+    pub(crate) policy_loss: Option<Box<dyn PolicyLoss>>,
     /// Data-parallel ranks (None: one process). Each rank rolls out its share of the step's
     /// groups and all see every group's statistics (collect.rs), so all shape the whole step
     /// alike; each differentiates the groups it holds with the global aggregation weights
     /// (update.rs); the optimizer is ZeRO-2 (`zero`): each
     /// rank keeps AdamW state for its parameter shard only (`opt` is dropped to it at the
     /// first update), and the updated weights are all-gathered.
-    pub collective: Option<Box<dyn terse_dist::Collective>>,
+    pub(crate) collective: Option<Box<dyn terse_dist::Collective>>,
 }
 
 /// One step's shaped rewards and advantages.
@@ -56,6 +58,41 @@ pub struct Scored {
 }
 
 impl GrpoTrainer {
+    /// The resolved run config (read-only: what the trainer was built with).
+    pub fn config(&self) -> &RunConfig {
+        &self.cfg
+    }
+
+    /// The policy being trained.
+    pub fn policy(&self) -> &Qwen3 {
+        &self.policy
+    }
+
+    /// The KL reference, when `grpo.kl_coef > 0`.
+    pub fn reference(&self) -> Option<&Qwen3> {
+        self.reference.as_ref()
+    }
+
+    /// The task the rollouts are scored by.
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
+        &self.tok
+    }
+
+    /// The optimizer (its state).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// The next GRPO step to run and the next training item.
+    pub fn position(&self) -> (u64, u64) {
+        (self.step, self.cursor)
+    }
+
     /// A trainer at step 0 from a validated config and loaded parts.
     pub fn new(
         cfg: RunConfig,
