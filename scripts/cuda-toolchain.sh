@@ -3,11 +3,18 @@
 # `nccl` features link, unpacked from NVIDIA's PyPI wheels into one directory. It needs no GPU
 # and no root: `cargo xtask cuda-toolchain` runs it, and `cargo xtask build-gpu` uses it.
 #
-#   bash scripts/cuda-toolchain.sh [DIR]      # default DIR: ~/.cache/cuda-13.0
+#   bash scripts/cuda-toolchain.sh [--compiler-only] [DIR]   # default DIR: ~/.cache/cuda-13.0
 #   eval "$(bash scripts/cuda-toolchain.sh)"  # the exports a build needs (idempotent)
+# --compiler-only: nvcc, ptxas and the headers (about a tenth of the download), enough for
+# scripts/ptxas-check.sh; a later full install completes the same directory.
 #
 # Everything goes to stderr except the exports, so `eval` sees nothing else.
 set -euo pipefail
+COMPILER_ONLY=0
+if [ "${1:-}" = "--compiler-only" ]; then
+  COMPILER_ONLY=1
+  shift
+fi
 DIR="${1:-$HOME/.cache/cuda-13.0}"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"   # the exports must be absolute paths
@@ -26,6 +33,7 @@ TOOLKIT=(
   nvidia-cublas==13.1.0.3        # libcublas, libcublasLt
 )
 NCCL=nvidia-nccl-cu13==2.32.3   # libnccl, nccl.h (terse-dist's NCCL backend)
+COMPILER=("${TOOLKIT[@]:0:5}")   # nvcc, nvvm, crt, runtime headers, cccl
 
 # unpack PREFIX KEEP WHEEL...: copies each wheel's files under PREFIX into DIR (PREFIX removed),
 # keeping those whose path (after PREFIX) matches the regular expression KEEP, with their modes.
@@ -52,7 +60,15 @@ fetch() { # fetch WHEEL...: into DIR/wheels
   "$PY" -m pip download --quiet --no-deps --dest "$DIR/wheels" "$@" >&2
 }
 
-if [ ! -f "$DIR/.complete" ]; then
+if [ "$COMPILER_ONLY" = 1 ] && [ ! -f "$DIR/.complete" ] && [ ! -f "$DIR/.compiler" ]; then
+  fetch "${COMPILER[@]}"
+  unpack nvidia/cu13/ '^(?!.*\.alt\.so)' "$DIR"/wheels/*.whl
+  "$DIR/bin/nvcc" --version | grep -q 'release 13.0' || { echo "cuda-toolchain: nvcc is not 13.0" >&2; exit 1; }
+  rm -rf "$DIR/wheels"
+  touch "$DIR/.compiler"
+fi
+
+if [ "$COMPILER_ONLY" = 0 ] && [ ! -f "$DIR/.complete" ]; then
   fetch "${TOOLKIT[@]}"
   unpack nvidia/cu13/ '^(?!.*\.alt\.so)' "$DIR"/wheels/*.whl
   ln -sfn lib "$DIR/lib64"
@@ -73,7 +89,7 @@ if [ ! -f "$DIR/.complete" ]; then
 fi
 
 # NCCL keeps its files under nvidia/nccl/; trees made before terse-dist needed it get it here.
-if [ ! -f "$DIR/lib/libnccl.so" ]; then
+if [ "$COMPILER_ONLY" = 0 ] && [ ! -f "$DIR/lib/libnccl.so" ]; then
   fetch "$NCCL"
   unpack nvidia/nccl/ '^(lib/|include/nccl\.h$)' "$DIR"/wheels/nvidia_nccl_cu13-*.whl
   ln -sf libnccl.so.2 "$DIR/lib/libnccl.so"

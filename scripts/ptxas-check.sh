@@ -15,7 +15,7 @@ while [ $# -gt 0 ]; do
     *) echo "ptxas-check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-command -v nvcc >/dev/null || eval "$(bash scripts/cuda-toolchain.sh)"
+command -v nvcc >/dev/null || eval "$(bash scripts/cuda-toolchain.sh --compiler-only)"
 # The launch geometry the kernels are compiled for, from the constants the Rust launches use.
 defines=()
 for pair in RMSNORM_BLOCK:TERSE_RMSNORM_BLOCK LOGPROB_BLOCK:TERSE_LOGPROB_BLOCK \
