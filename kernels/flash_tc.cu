@@ -11,6 +11,10 @@
 // half of its columns. A __syncwarp follows each store_matrix_sync and precedes a rewrite of a
 // buffer a wmma load read; a __syncthreads precedes each restaging of a shared tile.
 //
+// WMMA loads and stores need 32-byte aligned pointers: every shared tile they touch is declared
+// __align__(32), and every fragment's first element sits at a multiple of 32 bytes in it (the
+// shim's wmma.h checks each pointer).
+//
 // Tiles (sm_90: 228 KB of shared memory per SM, at most 48 KB static per block; 255 registers):
 // a block is TC_WARPS = 4 warps x 16 rows = 64 rows; the forward and dQ walk TC_KEYS = 32 keys
 // at a time, so K and V tiles are 2 x 32 x D bf16 (16 KB at D = 128) and each warp's score and
@@ -88,10 +92,10 @@ template <int D>
 __device__ void tc_fwd(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
                        float* out, float* lse, int hq, int hkv, int t, float scale) {
     constexpr int NF = D / 16, HALF = TC_KEYS / 2, LD = D + PAD;
-    __shared__ bf16 kv[2][TC_KEYS][LD];  // the K and V tiles; the Q tile before the walk
-    __shared__ float sbuf[TC_WARPS][16][TC_KEYS];
-    __shared__ bf16 pbuf[TC_WARPS][16][TC_KEYS];
-    __shared__ float obuf[TC_WARPS][16 * 16];
+    __shared__ __align__(32) bf16 kv[2][TC_KEYS][LD];  // the K and V tiles; the Q tile before the walk
+    __shared__ __align__(32) float sbuf[TC_WARPS][16][TC_KEYS];
+    __shared__ __align__(32) bf16 pbuf[TC_WARPS][16][TC_KEYS];
+    __shared__ __align__(32) float obuf[TC_WARPS][16 * 16];
     __shared__ float m_s[TC_WARPS][16], l_s[TC_WARPS][16], c_s[TC_WARPS][16];
     static_assert(2 * TC_KEYS >= TC_ROWS, "the Q tile is staged in the K/V tiles' space");
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
@@ -191,10 +195,10 @@ __device__ void tc_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const uin
                           const float* lse, const float* delta, const float* dout, float* dq,
                           int hq, int hkv, int t, float scale) {
     constexpr int NF = D / 16, HALF = TC_KEYS / 2, LD = D + PAD;
-    __shared__ bf16 kv[2][TC_KEYS][LD];
-    __shared__ bf16 dos[TC_ROWS][LD];  // the block's dO rows
-    __shared__ float sbuf[TC_WARPS][16][TC_KEYS];
-    __shared__ bf16 pbuf[TC_WARPS][16][TC_KEYS];
+    __shared__ __align__(32) bf16 kv[2][TC_KEYS][LD];
+    __shared__ __align__(32) bf16 dos[TC_ROWS][LD];  // the block's dO rows
+    __shared__ __align__(32) float sbuf[TC_WARPS][16][TC_KEYS];
+    __shared__ __align__(32) bf16 pbuf[TC_WARPS][16][TC_KEYS];
     __shared__ float one[TC_WARPS][16];
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int r0 = blockIdx.x * TC_ROWS, bh = blockIdx.y;
@@ -286,11 +290,11 @@ __device__ void tc_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const u
     // K and V unpadded: with padding the block's tiles would pass the 48 KB of static shared
     // memory at D = 128.
     constexpr int NF = D / 16, LD = D + PAD;
-    __shared__ bf16 ks[TC_ROWS][D], vs[TC_ROWS][D];
-    __shared__ bf16 qt[16][LD], gt[16][LD];
+    __shared__ __align__(32) bf16 ks[TC_ROWS][D], vs[TC_ROWS][D];
+    __shared__ __align__(32) bf16 qt[16][LD], gt[16][LD];
     __shared__ float lse_t[16], delta_t[16];
-    __shared__ float sbuf[TC_WARPS][16][16];
-    __shared__ bf16 pbuf[TC_WARPS][16][16];
+    __shared__ __align__(32) float sbuf[TC_WARPS][16][16];
+    __shared__ __align__(32) bf16 pbuf[TC_WARPS][16][16];
     __shared__ float one[TC_WARPS][16];
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int kb0 = blockIdx.x * TC_ROWS, bg = blockIdx.y;

@@ -54,3 +54,16 @@ extern "C" __global__ void fault_none(const float* x, float* out) {
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
+
+// A WMMA load from a pointer 16 bytes past a 32-byte boundary (undefined on the device).
+#include <mma.h>
+extern "C" __global__ void fault_wmma_misaligned(float* out) {
+    __shared__ __align__(32) __nv_bfloat16 tile[16 * 24];
+    for (int i = threadIdx.x; i < 16 * 24; i += 32) tile[i] = __float2bfloat16(1.f);
+    __syncwarp();
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+                           nvcuda::wmma::row_major>
+        a;
+    nvcuda::wmma::load_matrix_sync(a, tile + 8, 24);
+    out[threadIdx.x] = 0.f;
+}

@@ -29,6 +29,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __restrict__
+#define __align__(n) __attribute__((aligned(n)))
 // Per block: blocks of one launch run one at a time and launches are serialised.
 #define __shared__ static
 

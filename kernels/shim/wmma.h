@@ -20,6 +20,12 @@ struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
 
 namespace detail {
+// WMMA's loads and stores require 256-bit aligned pointers; a misaligned one is undefined on
+// the device, so here it ends the launch.
+inline void aligned(const void* p) {
+    if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+        terse_shim::fail("a wmma load or store at a pointer that is not 32-byte aligned");
+}
 // Where element (r, c) of a rows x cols fragment lives in x[]: a fixed permutation (7 is
 // coprime with every power of two).
 constexpr int slot(int r, int c, int cols, int n) { return ((r * cols + c) * 7 + 3) % n; }
@@ -67,6 +73,7 @@ inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, T v) {
 // matrix_a / matrix_b from memory in the fragment's layout, leading dimension ldm (elements).
 template <typename Use, int M, int N, int K, typename T, typename L>
 inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
+    detail::aligned(p);
     constexpr bool row = !std::is_same<L, col_major>::value;
     for (int r = 0; r < f.rows; r++)
         for (int c = 0; c < f.cols; c++) f.at(r, c) = row ? p[r * ldm + c] : p[c * ldm + r];
@@ -76,6 +83,7 @@ inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsign
 template <int M, int N, int K>
 inline void load_matrix_sync(fragment<accumulator, M, N, K, float, void>& f, const float* p,
                              unsigned ldm, layout_t layout) {
+    detail::aligned(p);
     for (int r = 0; r < M; r++)
         for (int c = 0; c < N; c++)
             f.at(r, c) = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
@@ -85,6 +93,7 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, float, void>& f, con
 template <int M, int N, int K>
 inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float, void>& f,
                               unsigned ldm, layout_t layout) {
+    detail::aligned(p);
     int lane = terse_shim::thread_idx.x % 32;
     for (int e = 0; e < M * N; e++) {
         // Element e is written by lane (5e + 1) mod 32: not the lane a kernel's own loop over
