@@ -3,11 +3,12 @@
 # stack frame, spill stores and loads, shared memory. Any spill or stack frame (local memory)
 # fails: a kernel that spills on the target GPU is slower than its design says. Needs nvcc
 # (scripts/cuda-toolchain.sh; `cargo xtask build-gpu` runs this after building).
-#   bash scripts/ptxas-check.sh [--arch sm_90] [--out FILE]   (FILE: the table, default stdout)
+#   bash scripts/ptxas-check.sh [--arch sm_90] [--out FILE]   (the table is printed, and also
+#   written to FILE when given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch=sm_90
-out=/dev/stdout
+out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch="$2"; shift 2 ;;
@@ -48,7 +49,11 @@ bad=0
       }' "$tmp/log" >>"$tmp/table"
   done
   sort "$tmp/table"
-} >"$out"
+} >"$tmp/report"
+# Printed, and written to --out when given (never by reopening /dev/stdout, which would
+# truncate a log file stdout is redirected to).
+cat "$tmp/report"
+[ -z "$out" ] || cp "$tmp/report" "$out"
 # Any non-zero stack frame or spill column fails.
 if awk 'NR > 1 && ($3 != 0 || $4 != 0 || $5 != 0) { bad = 1; print "ptxas-check.sh: " $1 " uses local memory (stack " $3 ", spill stores " $4 ", loads " $5 ")" > "/dev/stderr" } END { exit bad }' <(sort "$tmp/table" | sed '1i header'); then
   exit 0
