@@ -10,7 +10,7 @@ use crate::loss::PolicyLoss;
 use crate::report::{StepReport, Timing};
 pub use crate::shaper::ShaperWithState;
 use crate::task::Task;
-use crate::update::{policy_update, sequences, UpdateStats};
+use crate::update::{policy_update, sequences, Learner, UpdateBatch, UpdateStats};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -235,20 +235,23 @@ impl GrpoTrainer {
         let g = &self.cfg.grpo;
         let lr = g.schedule.lr_at(self.step);
         let seqs = sequences(c, &advantages.values, g.group_size);
-        policy_update(
-            g,
-            &self.policy,
-            self.reference.as_ref(),
-            &mut self.opt,
+        let learner = Learner {
+            grpo: g,
+            policy: &self.policy,
+            reference: self.reference.as_ref(),
+            opt: &mut self.opt,
+            loss: self.policy_loss.as_deref(),
+            collective: terse_dist::lend(&mut self.collective),
+            run_dir: self.run_dir.as_deref(),
+        };
+        let batch = UpdateBatch {
             seqs,
-            &c.held,
-            &c.extras,
+            held: &c.held,
+            extras: &c.extras,
             lr,
-            self.step,
-            self.run_dir.as_deref(),
-            self.policy_loss.as_deref(),
-            terse_dist::lend(&mut self.collective),
-        )
+            step: self.step,
+        };
+        policy_update(learner, batch)
     }
 
     fn last_good(&self) -> String {

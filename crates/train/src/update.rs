@@ -56,26 +56,54 @@ pub fn sequences(c: &Collected, adv: &[Vec<f64>], g: usize) -> Vec<Seq> {
         .collect()
 }
 
+/// What an update trains and with what, borrowed from the trainer for one step.
+pub struct Learner<'a> {
+    pub grpo: &'a GrpoSection,
+    pub policy: &'a Qwen3,
+    /// The frozen reference model of the KL term (None without one).
+    pub reference: Option<&'a Qwen3>,
+    pub opt: &'a mut AdamW,
+    /// A registered policy loss in place of the PPO objective.
+    pub loss: Option<&'a dyn PolicyLoss>,
+    /// Several ranks (or one): ZeRO-2 steps; None: clip and step here.
+    pub collective: Option<&'a mut dyn Collective>,
+    /// Named in the error of a non-finite update (the newest good checkpoint).
+    pub run_dir: Option<&'a Path>,
+}
+
+/// The data of one step's update and where the step is in the schedule.
+pub struct UpdateBatch<'a> {
+    /// The sequences of the groups `held` (indices into the step's groups, ascending; all
+    /// groups on one process).
+    pub seqs: Vec<Seq>,
+    pub held: &'a [usize],
+    /// Every sample of every group, so each mini-batch's aggregation weights are the global
+    /// ones on every rank.
+    pub extras: &'a [SampleExtra],
+    pub lr: f64,
+    pub step: u64,
+}
+
 /// Runs the PPO epochs over the mini-batches (of `mini_batch_prompts` groups; all groups when
-/// unset), one AdamW step each at learning rate `lr`. `seqs` are the sequences of the groups
-/// `held` (indices into the step's groups, ascending; all groups on one process); `extras`
-/// has every sample of every group, so each mini-batch's aggregation weights are the global
-/// ones on every rank. A non-finite loss or gradient stops before that update is applied.
-#[allow(clippy::too_many_arguments)]
-pub fn policy_update(
-    g: &GrpoSection,
-    model: &Qwen3,
-    reference: Option<&Qwen3>,
-    opt: &mut AdamW,
-    mut seqs: Vec<Seq>,
-    held: &[usize],
-    extras: &[SampleExtra],
-    lr: f64,
-    step: u64,
-    run_dir: Option<&Path>,
-    custom_loss: Option<&dyn PolicyLoss>,
-    mut dp: Option<&mut dyn Collective>,
-) -> Result<UpdateStats> {
+/// unset), one AdamW step each at the batch's learning rate. A non-finite loss or gradient
+/// stops before that update is applied; non-finite new weights stop before anything is written.
+pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> {
+    let Learner {
+        grpo: g,
+        policy: model,
+        reference,
+        opt,
+        loss: custom_loss,
+        collective: mut dp,
+        run_dir,
+    } = l;
+    let UpdateBatch {
+        mut seqs,
+        held,
+        extras,
+        lr,
+        step,
+    } = b;
     let mut out = UpdateStats::default();
     if let Some(r) = reference {
         let t0 = std::time::Instant::now();
