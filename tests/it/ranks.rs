@@ -1,4 +1,4 @@
-//! The whole run loop on data-parallel ranks (`terse_train::train_ranked`, what `cargo xtask
+//! The whole run loop on data-parallel ranks (`terse_train::Run::train_as_rank`, what `cargo xtask
 //! train --nproc N` runs in each process), here on loopback threads: rank 0 writes the same
 //! metrics, weights and optimizer state as one process with 2 and 4 ranks, and its checkpoints
 //! hold the whole optimizer, so a run resumes on any number of ranks as if it had not stopped.
@@ -44,7 +44,9 @@ fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
             config: cfg.reward.clone(),
             state: Default::default(),
         };
-        terse_train::train_ranked(&cfg, &mut shaper, Box::new(g))
+        terse_train::Run::new(&cfg)
+            .shaper(&mut shaper)
+            .train_as_rank(Box::new(g))
     });
     let mut results = results.into_iter();
     let summary = results

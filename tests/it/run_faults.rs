@@ -62,7 +62,11 @@ fn item1_the_lock_is_held_for_the_whole_run() {
         config: c.reward.clone(),
         state: Default::default(),
     };
-    terse_train::train_observed(&c, &mut shaper, vec![Box::new(watcher)]).expect("run");
+    terse_train::Run::new(&c)
+        .shaper(&mut shaper)
+        .observer(Box::new(watcher))
+        .train()
+        .expect("run");
     let seen = std::fs::read_to_string(dir.join("refused.txt")).expect("refusals");
     assert_eq!(
         seen, "eval at 0, grpo step 0, grpo step 1, eval at 2, finish",

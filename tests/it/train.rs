@@ -361,7 +361,10 @@ fn observers_see_every_record_sft_included_and_tensorboard_gets_them_all() {
         config: c.reward.clone(),
         state: Default::default(),
     };
-    let s = terse_train::train_observed(&c, &mut shaper, vec![Box::new(Recorder(seen.clone()))])
+    let s = terse_train::Run::new(&c)
+        .shaper(&mut shaper)
+        .observer(Box::new(Recorder(seen.clone())))
+        .train()
         .expect("train");
     let (mut lines, finished) = seen.lock().expect("lock").clone();
     assert!(finished, "finish was not called");

@@ -104,7 +104,10 @@ fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
             diagnostics: Default::default(),
         }
     };
-    let e = terse_train::train_with(&c, &mut shaper).expect_err("must stop");
+    let e = terse_train::Run::new(&c)
+        .shaper(&mut shaper)
+        .train()
+        .expect_err("must stop");
     let msg = format!("{e:#}");
     assert_eq!(msg.lines().count(), 1, "{msg}");
     assert!(

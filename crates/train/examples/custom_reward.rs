@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
             ..Default::default()
         }
     };
-    let s = terse_train::train_with(&cfg, &mut mine)?;
+    let s = terse_train::Run::new(&cfg).shaper(&mut mine).train()?;
     let before = s.before.as_ref().map_or(f64::NAN, |b| b.accuracy);
     println!(
         "pass@1 {before:.3} -> {:.3}; rollout length {:.1} -> {:.1}; run in {}",

@@ -1,6 +1,7 @@
 //! terse-train: the GRPO loop with length-aware rewards, the SFT warm-up before it, checkpoints,
 //! metrics and evaluation. The library research code embeds: [`train`] runs a [`RunConfig`];
-//! [`train_with`] takes your own shaper (any `FnMut(&[Group], &StepCtx) -> Shaped`).
+//! [`Run`] is the one way to start a run with more: your own shaper (any
+//! `FnMut(&[Group], &StepCtx) -> Shaped`), extra observers, data-parallel ranks.
 //!
 //! ```no_run
 //! use terse_reward::{Group, Shaped, StepCtx};
@@ -16,7 +17,7 @@
 //!         .collect(),
 //!     ..Default::default()
 //! };
-//! let summary = terse_train::train_with(&cfg, &mut mine)?;
+//! let summary = terse_train::Run::new(&cfg).shaper(&mut mine).train()?;
 //! println!("pass@1 {:.3}, mean tokens {:.1}", summary.after.accuracy, summary.after.len_mean);
 //! # Ok::<(), anyhow::Error>(())
 //! ```
@@ -53,10 +54,9 @@ pub mod zero;
 
 pub use config::RunConfig;
 pub use observe::Observer;
-pub use ranks::train_ranked;
 pub use registry::{register_estimator, register_loss, register_shaper};
 pub use report::{MetricsLine, StepReport};
-pub use run::{train, train_observed, train_with, RunSummary};
+pub use run::{train, Run, RunSummary};
 pub use sft::sft_only;
 pub use trainer::TrainerBuilder;
 pub use trainer::{GrpoTrainer, ShaperWithState};

@@ -8,14 +8,14 @@
 //! collect.rs; the update is split and ZeRO-2-sharded, see update.rs and zero.rs). At each checkpoint the ranks' optimizer shards are gathered to rank
 //! 0, which writes one full optimizer state, so a run resumes on any number of ranks.
 //!
-//! Data flow: xtask `train --nproc N` -> N processes -> `TcpGroup` -> `train_ranked` -> rank 0:
+//! Data flow: xtask `train --nproc N` -> N processes -> `TcpGroup` -> `Run::train_as_rank` -> rank 0:
 //! `run::train_loop` with the group; rank r > 0: `follow`. The hand-offs between them are
 //! handoff.rs.
 
 use crate::config::RunConfig;
 use crate::handoff::{receive_header, receive_weights};
 use crate::load::{init_model, load_tokenizer};
-use crate::run::{train_loop, RunSummary};
+use crate::run::{train_loop, Run, RunSummary};
 use crate::task::Task;
 use crate::trainer::{GrpoTrainer, ShaperWithState};
 use anyhow::{Context, Result};
@@ -31,17 +31,18 @@ impl crate::observe::Observer for NoRecords {
     }
 }
 
-/// Runs `cfg` as rank `c.rank()` of `c.world()`: rank 0 returns the run's summary, the others
-/// None. Every rank must call it with the same config file.
-pub fn train_ranked(
-    cfg: &RunConfig,
-    shaper: &mut dyn ShaperWithState,
-    c: Box<dyn Collective>,
-) -> Result<Option<RunSummary>> {
-    if c.rank() == 0 {
-        train_loop(cfg, shaper, vec![], Some(c)).map(Some)
-    } else {
-        follow(cfg, shaper, c).map(|()| None)
+impl Run<'_> {
+    /// Runs the run as rank `c.rank()` of `c.world()`: rank 0 runs the ordinary loop (with
+    /// the observers) and returns the run's summary; the others write nothing, observe nothing
+    /// and return None. Every rank must be given the same config file.
+    pub fn train_as_rank(self, c: Box<dyn Collective>) -> Result<Option<RunSummary>> {
+        self.with_shaper(|cfg, shaper, observers| {
+            if c.rank() == 0 {
+                train_loop(cfg, shaper, observers, Some(c)).map(Some)
+            } else {
+                follow(cfg, shaper, c).map(|()| None)
+            }
+        })
     }
 }
 

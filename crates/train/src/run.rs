@@ -31,10 +31,9 @@ pub struct RunSummary {
 }
 
 /// Runs (or resumes) the whole configured run with the configured shaper (`[reward]`, or a
-/// registered one named by `[plugins] shaper`).
+/// registered one named by `[plugins] shaper`): `Run::new(cfg).train()`.
 pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
-    let mut shaper = configured_shaper(cfg)?;
-    train_with(cfg, &mut *shaper)
+    Run::new(cfg).train()
 }
 
 /// The shaper a config names: `[plugins] shaper` from the registry, else the built-in
@@ -49,20 +48,57 @@ pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn ShaperWithState>> {
     }
 }
 
-/// Runs with any shaper: research code passes its own `LengthShaper` (a closure works).
-/// A `BuiltinShaper`'s state is restored from and saved into checkpoints.
-pub fn train_with(cfg: &RunConfig, shaper: &mut dyn ShaperWithState) -> Result<RunSummary> {
-    train_observed(cfg, shaper, vec![])
+/// The one way to start a whole run from code: the config, then optionally research code's
+/// own shaper (any `LengthShaper`; a closure works; a `BuiltinShaper`'s state is restored from
+/// and saved into checkpoints) and extra observers of the run's records (after the metrics
+/// file, the progress bar and, with `log.tensorboard`, the event files); then `train` in this
+/// process, or `train_as_rank` (ranks.rs) as one rank of a data-parallel group.
+pub struct Run<'a> {
+    pub(crate) cfg: &'a RunConfig,
+    shaper: Option<&'a mut dyn ShaperWithState>,
+    pub(crate) observers: Vec<Box<dyn Observer>>,
 }
 
-/// Runs with any shaper and extra observers of the run's records (after the metrics file,
-/// the progress bar and, with `log.tensorboard`, the event files).
-pub fn train_observed(
-    cfg: &RunConfig,
-    shaper: &mut dyn ShaperWithState,
-    extra: Vec<Box<dyn Observer>>,
-) -> Result<RunSummary> {
-    train_loop(cfg, shaper, extra, None)
+impl<'a> Run<'a> {
+    /// A run of `cfg` with its configured shaper and the standard observers.
+    pub fn new(cfg: &'a RunConfig) -> Self {
+        Run {
+            cfg,
+            shaper: None,
+            observers: vec![],
+        }
+    }
+
+    /// Shapes rewards with `shaper` instead of the configured one.
+    pub fn shaper(mut self, shaper: &'a mut dyn ShaperWithState) -> Self {
+        self.shaper = Some(shaper);
+        self
+    }
+
+    /// Adds an observer of every record the run writes.
+    pub fn observer(mut self, o: Box<dyn Observer>) -> Self {
+        self.observers.push(o);
+        self
+    }
+
+    /// Runs (or resumes) the run in this process.
+    pub fn train(self) -> Result<RunSummary> {
+        self.with_shaper(|cfg, shaper, observers| train_loop(cfg, shaper, observers, None))
+    }
+
+    /// Calls `f` with the chosen shaper, building the configured one when none was given.
+    pub(crate) fn with_shaper<T>(
+        self,
+        f: impl FnOnce(&RunConfig, &mut dyn ShaperWithState, Vec<Box<dyn Observer>>) -> Result<T>,
+    ) -> Result<T> {
+        match self.shaper {
+            Some(s) => f(self.cfg, s, self.observers),
+            None => {
+                let mut s = configured_shaper(self.cfg)?;
+                f(self.cfg, &mut *s, self.observers)
+            }
+        }
+    }
 }
 
 /// The run loop; with a collective, this process is rank 0 of a data-parallel run
