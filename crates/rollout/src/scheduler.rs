@@ -25,7 +25,7 @@ use crate::types::{GenParams, KvCacheDtype, Prompt, RolloutStats, Row, Sample};
 use candle_core::{DType, Result};
 
 use std::collections::VecDeque;
-use terse_model::{BlockTable, PagedKvCache, PagedSeq, Qwen3};
+use terse_model::{BlockTable, DecodeWeights, PagedKvCache, PagedSeq, Qwen3};
 
 enum State {
     Waiting,
@@ -65,74 +65,146 @@ pub(crate) fn run(
     seed: u64,
     detok: &dyn Detokenizer,
 ) -> Result<(Vec<Sample>, RolloutStats)> {
-    let pg = &params.paging;
-    let limit = model.config.max_position_embeddings;
-    let bs = pg.block_size;
-    let dtype = match params.kv_cache {
-        KvCacheDtype::Model => model.compute_dtype(),
-        KvCacheDtype::F16 => DType::F16,
-    };
-    let block_bytes = model.kv_bytes_per_token(dtype) * bs;
-    // Blocks kept free for one Step-GRPO probe at a time (its fork copies one block).
-    let probe_blocks = params.step_exit.as_ref().map_or(0, |se| {
-        (1 + se.induction_ids.len() + se.max_ans_tokens + se.close_ids.len()).div_ceil(bs) + 1
-    });
-    let extra = params
-        .step_exit
-        .as_ref()
-        .map_or(0, |s| s.induction_ids.len() + s.max_ans_tokens + 2);
-    let full = |p: &Prompt| (p.tokens.len() + params.max_new_tokens + extra).min(limit);
-    let seqs = prompts.iter().map(|p| (p.tokens.len(), full(p)));
-    let worst = all_at_once_blocks(seqs, g, bs) + probe_blocks;
-    let longest = prompts.iter().map(full).max().unwrap_or(0);
-    let one = longest.div_ceil(bs) + 1 + probe_blocks;
-    let blocks = pool_blocks(pg.kv_budget, worst, block_bytes, model.device());
-    if blocks < one {
-        return Err(candle_core::Error::Msg(format!(
-            "rollout kv_budget: {blocks} blocks of {bs} tokens ({:.3} GiB) cannot hold one sequence of {longest} tokens, which needs {one} blocks",
-            (blocks * block_bytes) as f64 / f64::from(1u32 << 30)
-        )));
-    }
-    let mut cache = model.new_paged_cache(bs, blocks, dtype)?;
-    let snap = model.decode_weights();
-    let mut seqs: Vec<Seq> = prompts
-        .iter()
-        .enumerate()
-        .flat_map(|(p, pr)| (0..g).map(move |i| (p, pr, i)))
-        .map(|(p, pr, i)| Seq {
-            p,
-            row: Row::new(pr.id, i, sample_stream(seed, pr.id, i as u64)),
-            table: BlockTable::default(),
-            pending: vec![],
-            logits: None,
-            state: State::Waiting,
-            owner: false,
-        })
-        .collect();
-    let mut prefixes: Vec<Prefix> = prompts
-        .iter()
-        .map(|_| Prefix {
-            left: g,
-            ..Prefix::default()
-        })
-        .collect();
-    let mut waiting: VecDeque<usize> = (0..seqs.len()).collect();
-    let mut running: Vec<usize> = vec![];
-    let mut stats = RolloutStats {
-        pool_blocks: blocks,
-        block_bytes,
-        block_size: bs,
-        ..RolloutStats::default()
-    };
+    let mut s = Scheduler::new(model, prompts, g, params, seed, detok)?;
     loop {
-        // Sample where logits are ready.
-        for &s in &running {
-            let Some(logits) = seqs[s].logits.take() else {
+        s.sample_ready()?;
+        if s.running.is_empty() && s.waiting.is_empty() {
+            break;
+        }
+        s.admit();
+        if s.running.is_empty() {
+            // Nothing fits beside the cached prefixes of waiting prompts: give one back.
+            s.evict_prefix()?;
+            continue;
+        }
+        let batch = s.reserve()?;
+        if !batch.is_empty() {
+            s.forward(&batch)?;
+        }
+    }
+    s.stats.peak_blocks = s.cache.peak_blocks();
+    Ok((s.seqs.into_iter().map(|q| q.row.out).collect(), s.stats))
+}
+
+/// One rollout's state: the pool, every sequence, the prompts' cached prefixes, the queues.
+/// Each phase of a step is a method; `run` calls them in order.
+struct Scheduler<'a> {
+    model: &'a Qwen3,
+    snap: DecodeWeights,
+    prompts: &'a [Prompt],
+    params: &'a GenParams,
+    detok: &'a dyn Detokenizer,
+    /// The model's context limit.
+    limit: usize,
+    /// Blocks kept free for one Step-GRPO probe at a time (its fork copies one block).
+    probe_blocks: usize,
+    cache: PagedKvCache,
+    seqs: Vec<Seq>,
+    prefixes: Vec<Prefix>,
+    waiting: VecDeque<usize>,
+    running: Vec<usize>,
+    stats: RolloutStats,
+}
+
+impl<'a> Scheduler<'a> {
+    /// Sizes the pool (the budget, capped at what all sequences at once could use; an error
+    /// when it cannot hold the longest one) and queues every (prompt, sample index).
+    fn new(
+        model: &'a Qwen3,
+        prompts: &'a [Prompt],
+        g: usize,
+        params: &'a GenParams,
+        seed: u64,
+        detok: &'a dyn Detokenizer,
+    ) -> Result<Self> {
+        let pg = &params.paging;
+        let limit = model.config.max_position_embeddings;
+        let bs = pg.block_size;
+        let dtype = match params.kv_cache {
+            KvCacheDtype::Model => model.compute_dtype(),
+            KvCacheDtype::F16 => DType::F16,
+        };
+        let block_bytes = model.kv_bytes_per_token(dtype) * bs;
+        let probe_blocks = params.step_exit.as_ref().map_or(0, |se| {
+            (1 + se.induction_ids.len() + se.max_ans_tokens + se.close_ids.len()).div_ceil(bs) + 1
+        });
+        let extra = params
+            .step_exit
+            .as_ref()
+            .map_or(0, |s| s.induction_ids.len() + s.max_ans_tokens + 2);
+        let full = |p: &Prompt| (p.tokens.len() + params.max_new_tokens + extra).min(limit);
+        let lens = prompts.iter().map(|p| (p.tokens.len(), full(p)));
+        let worst = all_at_once_blocks(lens, g, bs) + probe_blocks;
+        let longest = prompts.iter().map(full).max().unwrap_or(0);
+        let one = longest.div_ceil(bs) + 1 + probe_blocks;
+        let blocks = pool_blocks(pg.kv_budget, worst, block_bytes, model.device());
+        if blocks < one {
+            return Err(candle_core::Error::Msg(format!(
+                "rollout kv_budget: {blocks} blocks of {bs} tokens ({:.3} GiB) cannot hold one sequence of {longest} tokens, which needs {one} blocks",
+                (blocks * block_bytes) as f64 / f64::from(1u32 << 30)
+            )));
+        }
+        let seqs: Vec<Seq> = prompts
+            .iter()
+            .enumerate()
+            .flat_map(|(p, pr)| (0..g).map(move |i| (p, pr, i)))
+            .map(|(p, pr, i)| Seq {
+                p,
+                row: Row::new(pr.id, i, sample_stream(seed, pr.id, i as u64)),
+                table: BlockTable::default(),
+                pending: vec![],
+                logits: None,
+                state: State::Waiting,
+                owner: false,
+            })
+            .collect();
+        let prefixes = prompts
+            .iter()
+            .map(|_| Prefix {
+                left: g,
+                ..Prefix::default()
+            })
+            .collect();
+        Ok(Scheduler {
+            model,
+            snap: model.decode_weights(),
+            prompts,
+            params,
+            detok,
+            limit,
+            probe_blocks,
+            cache: model.new_paged_cache(bs, blocks, dtype)?,
+            waiting: (0..seqs.len()).collect(),
+            seqs,
+            prefixes,
+            running: vec![],
+            stats: RolloutStats {
+                pool_blocks: blocks,
+                block_bytes,
+                block_size: bs,
+                ..RolloutStats::default()
+            },
+        })
+    }
+
+    /// Every running sequence that holds logits samples its next token (a Step-GRPO probe may
+    /// end it there); a finished one frees its blocks, and its prompt's prefix once the
+    /// prompt's last sample is done.
+    fn sample_ready(&mut self) -> Result<()> {
+        for &s in &self.running {
+            let Some(logits) = self.seqs[s].logits.take() else {
                 continue;
             };
-            let plen = prompts[seqs[s].p].tokens.len();
-            let seq = &mut seqs[s];
-            let next = sample_next(&mut seq.row, &logits, params, detok, plen, limit);
+            let plen = self.prompts[self.seqs[s].p].tokens.len();
+            let seq = &mut self.seqs[s];
+            let next = sample_next(
+                &mut seq.row,
+                &logits,
+                self.params,
+                self.detok,
+                plen,
+                self.limit,
+            );
             let done = match next {
                 Next::Done => true,
                 Next::Feed(t) => {
@@ -140,17 +212,21 @@ pub(crate) fn run(
                     false
                 }
                 Next::Probe(t) => {
-                    let se = params.step_exit.as_ref().expect("probes need step_exit");
+                    let se = self
+                        .params
+                        .step_exit
+                        .as_ref()
+                        .expect("probes need step_exit");
                     let pos = (plen + seq.row.out.tokens.len() - 1) as u32;
                     let exited = try_exit(
-                        model,
-                        &snap,
-                        &mut cache,
+                        self.model,
+                        &self.snap,
+                        &mut self.cache,
                         &seq.table,
                         &mut seq.row,
                         pos,
                         se,
-                        detok,
+                        self.detok,
                     )?;
                     if !exited {
                         seq.pending.push(t);
@@ -160,44 +236,82 @@ pub(crate) fn run(
             };
             if done {
                 seq.state = State::Done;
-                cache.release(&mut seq.table);
-                let pre = &mut prefixes[seq.p];
+                self.cache.release(&mut seq.table);
+                let pre = &mut self.prefixes[seq.p];
                 pre.left -= 1;
                 if pre.left == 0 {
                     if let Some(mut t) = pre.table.take() {
-                        cache.release(&mut t);
+                        self.cache.release(&mut t);
                     }
                 }
             }
         }
-        running.retain(|&s| matches!(seqs[s].state, State::Running));
-        if running.is_empty() && waiting.is_empty() {
-            break;
+        let seqs = &self.seqs;
+        self.running
+            .retain(|&s| matches!(seqs[s].state, State::Running));
+        Ok(())
+    }
+
+    /// Admits waiting sequences in order while there is room: a sample of a prompt with a
+    /// prefix forks it; the first of a prompt without one prefills the prompt; others of that
+    /// prompt wait for its prefix.
+    fn admit(&mut self) {
+        let pg = &self.params.paging;
+        let cache = &mut self.cache;
+        let mut i = 0;
+        while i < self.waiting.len() && self.running.len() < pg.max_num_seqs {
+            let s = self.waiting[i];
+            let p = self.seqs[s].p;
+            // Headroom of two blocks per running sequence (each needs a new block every
+            // `block_size` tokens): admitting into the last free blocks would only preempt the
+            // newcomer again at its next block (recomputing it each time). Measured on the
+            // bench's 1/8 budget: one block per sequence preempted 777 times, two 257.
+            let room = cache
+                .free_blocks()
+                .saturating_sub(self.probe_blocks + 2 * self.running.len());
+            if let Some(pre) = &self.prefixes[p].table {
+                let mut t = cache.fork(pre);
+                let first = self.seqs[s].pending.len().clamp(1, pg.prefill_chunk);
+                if cache.blocks_needed(&t, first) > room {
+                    cache.release(&mut t);
+                    break;
+                }
+                let seq = &mut self.seqs[s];
+                seq.table = t;
+                if seq.pending.is_empty() {
+                    seq.logits.clone_from(&self.prefixes[p].logits);
+                }
+            } else if self.prefixes[p].owner.is_none() {
+                let plen = self.prompts[p].tokens.len();
+                if plen.min(pg.prefill_chunk).div_ceil(cache.block_size()) > room {
+                    break;
+                }
+                let seq = &mut self.seqs[s];
+                let mut feed = self.prompts[p].tokens.clone();
+                feed.extend_from_slice(&seq.row.out.tokens);
+                seq.pending = feed;
+                seq.owner = true;
+                self.prefixes[p].owner = Some(s);
+            } else {
+                i += 1;
+                continue;
+            }
+            self.seqs[s].state = State::Running;
+            self.running.push(s);
+            self.waiting.remove(i);
         }
-        admit(
-            &mut seqs,
-            &mut prefixes,
-            &mut waiting,
-            &mut running,
-            &mut cache,
-            prompts,
-            pg,
-            probe_blocks,
-        );
-        if running.is_empty() {
-            // Nothing fits beside the cached prefixes of waiting prompts: give one back.
-            evict_prefix(&mut prefixes, &mut cache)?;
-            stats.evictions += 1;
-            continue;
-        }
-        // The step: each running sequence's next chunk, room reserved oldest first; the newest
-        // running sequence is preempted while there is none.
+    }
+
+    /// The step's batch: each running sequence's next chunk, room reserved oldest first; the
+    /// newest running sequence is preempted while there is none.
+    fn reserve(&mut self) -> Result<Vec<(usize, usize)>> {
+        let pg = &self.params.paging;
         let mut batch: Vec<(usize, usize)> = vec![];
         let mut i = 0;
-        while i < running.len() {
-            let s = running[i];
-            let seq = &seqs[s];
-            let plen = prompts[seq.p].tokens.len();
+        while i < self.running.len() {
+            let s = self.running[i];
+            let seq = &self.seqs[s];
+            let plen = self.prompts[seq.p].tokens.len();
             let mut n = seq.pending.len().min(pg.prefill_chunk);
             if seq.owner {
                 n = n.min(plen - seq.table.len());
@@ -206,37 +320,32 @@ pub(crate) fn run(
                 i += 1;
                 continue;
             }
-            if cache.blocks_needed(&seqs[s].table, n) + probe_blocks <= cache.free_blocks() {
-                let ok = cache.reserve(&mut seqs[s].table, n)?;
+            let needed = self.cache.blocks_needed(&self.seqs[s].table, n);
+            if needed + self.probe_blocks <= self.cache.free_blocks() {
+                let ok = self.cache.reserve(&mut self.seqs[s].table, n)?;
                 debug_assert!(ok);
                 batch.push((s, n));
                 i += 1;
                 continue;
             }
-            let victim = *running.last().expect("s is running");
-            if victim != s || running.len() > 1 {
-                preempt(
-                    victim,
-                    &mut seqs,
-                    &mut prefixes,
-                    &mut waiting,
-                    &mut running,
-                    &mut cache,
-                );
-                stats.preemptions += 1;
+            let victim = *self.running.last().expect("s is running");
+            if victim != s || self.running.len() > 1 {
+                self.preempt(victim);
                 continue; // retry s (or move on, when s itself was the newest)
             }
             // s alone: give back the cached prompt prefixes (waiting samples re-prefill them).
-            evict_prefix(&mut prefixes, &mut cache)?;
-            stats.evictions += 1;
+            self.evict_prefix()?;
         }
-        if batch.is_empty() {
-            continue;
-        }
+        Ok(batch)
+    }
+
+    /// One `forward_paged` over the batch; a prompt's owner that has fed the whole prompt
+    /// leaves a fork of its table (and the logits) as the prompt's prefix.
+    fn forward(&mut self, batch: &[(usize, usize)]) -> Result<()> {
         let mut tables: Vec<(BlockTable, Vec<u32>)> = batch
             .iter()
             .map(|&(s, n)| {
-                let seq = &mut seqs[s];
+                let seq = &mut self.seqs[s];
                 (
                     std::mem::take(&mut seq.table),
                     seq.pending.drain(..n).collect(),
@@ -250,19 +359,21 @@ pub(crate) fn run(
                 tokens: toks,
             })
             .collect();
-        let logits = model.forward_paged(&snap, &mut cache, &mut fw)?; // (B, V)
+        let logits = self
+            .model
+            .forward_paged(&self.snap, &mut self.cache, &mut fw)?; // (B, V)
         drop(fw);
-        stats.steps += 1;
+        self.stats.steps += 1;
         let host = logits
             .to_device(&candle_core::Device::Cpu)?
             .to_vec2::<f32>()?;
         for ((&(s, _), (t, _)), row) in batch.iter().zip(tables).zip(host) {
-            let seq = &mut seqs[s];
+            let seq = &mut self.seqs[s];
             seq.table = t;
-            let plen = prompts[seq.p].tokens.len();
+            let plen = self.prompts[seq.p].tokens.len();
             if seq.owner && seq.table.len() == plen {
-                let pre = &mut prefixes[seq.p];
-                pre.table = Some(cache.fork(&seq.table));
+                let pre = &mut self.prefixes[seq.p];
+                pre.table = Some(self.cache.fork(&seq.table));
                 pre.logits = Some(row.clone());
                 pre.owner = None;
                 seq.owner = false;
@@ -271,103 +382,40 @@ pub(crate) fn run(
                 seq.logits = Some(row);
             }
         }
+        Ok(())
     }
-    stats.peak_blocks = cache.peak_blocks();
-    Ok((seqs.into_iter().map(|s| s.row.out).collect(), stats))
-}
 
-/// Admits waiting sequences in order while there is room: a sample of a prompt with a prefix
-/// forks it; the first of a prompt without one prefills the prompt; others of that prompt wait
-/// for its prefix.
-#[allow(clippy::too_many_arguments)]
-fn admit(
-    seqs: &mut [Seq],
-    prefixes: &mut [Prefix],
-    waiting: &mut VecDeque<usize>,
-    running: &mut Vec<usize>,
-    cache: &mut PagedKvCache,
-    prompts: &[Prompt],
-    pg: &crate::paging::KvPaging,
-    probe_blocks: usize,
-) {
-    let mut i = 0;
-    while i < waiting.len() && running.len() < pg.max_num_seqs {
-        let s = waiting[i];
-        let p = seqs[s].p;
-        // Headroom of two blocks per running sequence (each needs a new block every
-        // `block_size` tokens): admitting into the last free blocks would only preempt the
-        // newcomer again at its next block (recomputing it each time). Measured on the bench's
-        // 1/8 budget: one block per sequence preempted 777 times, two 257.
-        let room = cache
-            .free_blocks()
-            .saturating_sub(probe_blocks + 2 * running.len());
-        if let Some(pre) = &prefixes[p].table {
-            let mut t = cache.fork(pre);
-            let first = seqs[s].pending.len().clamp(1, pg.prefill_chunk);
-            if cache.blocks_needed(&t, first) > room {
-                cache.release(&mut t);
-                break;
-            }
-            let seq = &mut seqs[s];
-            seq.table = t;
-            if seq.pending.is_empty() {
-                seq.logits.clone_from(&prefixes[p].logits);
-            }
-        } else if prefixes[p].owner.is_none() {
-            let plen = prompts[p].tokens.len();
-            if plen.min(pg.prefill_chunk).div_ceil(cache.block_size()) > room {
-                break;
-            }
-            let seq = &mut seqs[s];
-            let mut feed = prompts[p].tokens.clone();
-            feed.extend_from_slice(&seq.row.out.tokens);
-            seq.pending = feed;
-            seq.owner = true;
-            prefixes[p].owner = Some(s);
-        } else {
-            i += 1;
-            continue;
+    /// Frees sequence v's blocks and puts it at the front of the queue, to be recomputed.
+    fn preempt(&mut self, v: usize) {
+        let seq = &mut self.seqs[v];
+        self.cache.release(&mut seq.table);
+        seq.pending = seq.row.out.tokens.clone();
+        seq.logits = None;
+        if seq.owner {
+            seq.owner = false;
+            self.prefixes[seq.p].owner = None;
         }
-        seqs[s].state = State::Running;
-        running.push(s);
-        waiting.remove(i);
+        seq.state = State::Waiting;
+        self.running.retain(|&s| s != v);
+        self.waiting.push_front(v);
+        self.stats.preemptions += 1;
     }
-}
 
-/// Frees sequence v's blocks and puts it at the front of the queue, to be recomputed.
-fn preempt(
-    v: usize,
-    seqs: &mut [Seq],
-    prefixes: &mut [Prefix],
-    waiting: &mut VecDeque<usize>,
-    running: &mut Vec<usize>,
-    cache: &mut PagedKvCache,
-) {
-    let seq = &mut seqs[v];
-    cache.release(&mut seq.table);
-    seq.pending = seq.row.out.tokens.clone();
-    seq.logits = None;
-    if seq.owner {
-        seq.owner = false;
-        prefixes[seq.p].owner = None;
+    /// Releases the last cached prompt prefix (its waiting samples will prefill the prompt
+    /// again); an error when none is left, which the budget check at the start rules out.
+    fn evict_prefix(&mut self) -> Result<()> {
+        let cache = &mut self.cache;
+        let Some(pre) = self.prefixes.iter_mut().rev().find(|p| p.table.is_some()) else {
+            return Err(candle_core::Error::Msg(format!(
+                "rollout: no kv block free and nothing left to free ({} of {} blocks in use)",
+                cache.used_blocks(),
+                cache.num_blocks()
+            )));
+        };
+        let mut t = pre.table.take().expect("found");
+        pre.logits = None;
+        cache.release(&mut t);
+        self.stats.evictions += 1;
+        Ok(())
     }
-    seq.state = State::Waiting;
-    running.retain(|&s| s != v);
-    waiting.push_front(v);
-}
-
-/// Releases the last cached prompt prefix (its waiting samples will prefill the prompt again);
-/// an error when none is left, which the budget check at the start rules out.
-fn evict_prefix(prefixes: &mut [Prefix], cache: &mut PagedKvCache) -> Result<()> {
-    let Some(pre) = prefixes.iter_mut().rev().find(|p| p.table.is_some()) else {
-        return Err(candle_core::Error::Msg(format!(
-            "rollout: no kv block free and nothing left to free ({} of {} blocks in use)",
-            cache.used_blocks(),
-            cache.num_blocks()
-        )));
-    };
-    let mut t = pre.table.take().expect("found");
-    pre.logits = None;
-    cache.release(&mut t);
-    Ok(())
 }
