@@ -63,6 +63,22 @@ __device__ void stage(bf16* dst, const T* src, int r0, int n, int t) {
 // element 32-byte aligned (16 rows x (D + PAD) x 2 bytes is a multiple of 32).
 #define PAD 8
 
+// A warp's 16 x TC_KEYS scores A B^T into `out` (row stride TC_KEYS): A as NF fragments held
+// in registers (the warp's 16 query rows), B as TC_KEYS staged key rows of stride LD.
+template <int NF, int LD>
+__device__ void scores(const FragA* af, const bf16* b, float* out) {
+    for (int n = 0; n < TC_KEYS / 16; n++) {
+        FragC sf;
+        nvcuda::wmma::fill_fragment(sf, 0.f);
+        for (int f = 0; f < NF; f++) {
+            FragBt bf;
+            nvcuda::wmma::load_matrix_sync(bf, b + (n * 16) * LD + f * 16, LD);
+            nvcuda::wmma::mma_sync(sf, af[f], bf, sf);
+        }
+        nvcuda::wmma::store_matrix_sync(out + n * 16, sf, TC_KEYS, nvcuda::wmma::mem_row_major);
+    }
+}
+
 // A warp's 16 x 16 accumulator scaled row by row (`scale[r]`) through `buf` (16 x 16 f32).
 __device__ void scale_rows(FragC& f, float* buf, const float* scale, int lane) {
     nvcuda::wmma::store_matrix_sync(buf, f, 16, nvcuda::wmma::mem_row_major);
@@ -127,17 +143,7 @@ __device__ void tc_fwd(const bf16* q, const bf16* k, const bf16* v, const uint32
         stage<D, LD>(&kv[1][0][0], vh, k0, TC_KEYS, t);
         __syncthreads();
         // S = Q K^T: this warp's 16 rows x TC_KEYS keys.
-        for (int n = 0; n < TC_KEYS / 16; n++) {
-            FragC sf;
-            nvcuda::wmma::fill_fragment(sf, 0.f);
-            for (int f = 0; f < NF; f++) {
-                FragBt kf;
-                nvcuda::wmma::load_matrix_sync(kf, &kv[0][n * 16][f * 16], LD);
-                nvcuda::wmma::mma_sync(sf, qf[f], kf, sf);
-            }
-            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][n * 16], sf, TC_KEYS,
-                                            nvcuda::wmma::mem_row_major);
-        }
+        scores<NF, LD>(qf, &kv[0][0][0], &sbuf[w][0][0]);
         __syncwarp();
         // Online softmax of row i over this tile: lanes 2r, 2r + 1 take half the keys each.
         float sv[HALF], mx = -INFINITY, mold = m_s[w][row];
@@ -225,17 +231,7 @@ __device__ void tc_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const uin
         stage<D, LD>(&kv[1][0][0], vh, k0, TC_KEYS, t);
         __syncthreads();
         // S = Q K^T, then P = exp(S scale - lse) on the allowed entries.
-        for (int n = 0; n < TC_KEYS / 16; n++) {
-            FragC sf;
-            nvcuda::wmma::fill_fragment(sf, 0.f);
-            for (int f = 0; f < NF; f++) {
-                FragBt kf;
-                nvcuda::wmma::load_matrix_sync(kf, &kv[0][n * 16][f * 16], LD);
-                nvcuda::wmma::mma_sync(sf, qf[f], kf, sf);
-            }
-            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][n * 16], sf, TC_KEYS,
-                                            nvcuda::wmma::mem_row_major);
-        }
+        scores<NF, LD>(qf, &kv[0][0][0], &sbuf[w][0][0]);
         __syncwarp();
         float p[HALF];
         for (int c = 0; c < HALF; c++) {
