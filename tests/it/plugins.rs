@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use terse_reward::{
-    Advantage, AdvantageEstimator, Advantages, Group, RewardError, Shaped, StepCtx,
+    Advantage, AdvantageEstimator, Advantages, Group, LengthShaper, RewardError, Shaped, StepCtx,
 };
 use terse_train::loss::{LossInputs, LossStats, PolicyLoss, PpoParams};
 use terse_train::registry::Params;
@@ -128,6 +128,8 @@ fn registered_methods_run_from_a_config_by_name() {
     );
 }
 
+static BUILT_SHAPES: AtomicUsize = AtomicUsize::new(0);
+
 /// The builder attaches research code's parts to a trainer built from a config.
 #[test]
 fn the_builder_attaches_an_estimator_and_a_loss() {
@@ -136,10 +138,23 @@ fn the_builder_attaches_an_estimator_and_a_loss() {
     let mut t = terse_train::GrpoTrainer::builder(cfg.clone())
         .estimator(Box::new(CountedGrpo(&BUILT_ESTIMATES)))
         .loss(ppo(&BUILT_LOSSES))
+        .shaper(Box::new(|groups: &[Group], ctx: &StepCtx| {
+            BUILT_SHAPES.fetch_add(1, Ordering::Relaxed);
+            terse_reward::BuiltinShaper {
+                config: Default::default(),
+                state: Default::default(),
+            }
+            .shape(groups, ctx)
+            .expect("shape")
+        }))
         .build()
         .expect("trainer");
-    let mut shaper = terse_train::run::configured_shaper(&cfg).expect("shaper");
-    t.step(&mut *shaper).expect("step");
+    t.step().expect("step");
+    assert_eq!(
+        BUILT_SHAPES.load(Ordering::Relaxed),
+        1,
+        "the built shaper did not run"
+    );
     assert_eq!(
         BUILT_ESTIMATES.load(Ordering::Relaxed),
         1,

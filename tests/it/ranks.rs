@@ -6,7 +6,6 @@
 use std::path::Path;
 use std::time::Duration;
 use terse_dist::TcpGroup;
-use terse_reward::BuiltinShaper;
 use terse_train::RunConfig;
 
 /// `crate::from_sft` with dynamic sampling and Short-RL on, checkpoints every 2 steps.
@@ -40,13 +39,7 @@ fn max_diff(a: &Path, b: &Path) -> f32 {
 /// Runs `cfg` on `world` ranks (threads); rank 0's summary.
 fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
     let results = TcpGroup::on_threads(world, Duration::from_secs(300), move |g| {
-        let mut shaper = BuiltinShaper {
-            config: cfg.reward.clone(),
-            state: Default::default(),
-        };
-        terse_train::Run::new(&cfg)
-            .shaper(&mut shaper)
-            .train_as_rank(Box::new(g))
+        terse_train::Run::new(&cfg).train_as_rank(Box::new(g))
     });
     let mut results = results.into_iter();
     let summary = results

@@ -58,12 +58,7 @@ fn item1_the_lock_is_held_for_the_whole_run() {
         dir: dir.clone(),
         refused: vec![],
     };
-    let mut shaper = terse_reward::BuiltinShaper {
-        config: c.reward.clone(),
-        state: Default::default(),
-    };
     terse_train::Run::new(&c)
-        .shaper(&mut shaper)
         .observer(Box::new(watcher))
         .train()
         .expect("run");
@@ -155,11 +150,7 @@ fn item4_a_stop_without_a_run_directory_names_no_empty_path() {
     let root = crate::scratch("run-faults-nodir");
     let cfg = absurd_lr_config(&root, "lib", "1e39");
     let mut t = terse_train::GrpoTrainer::from_config(cfg.clone(), None).expect("trainer");
-    let mut shaper = terse_reward::BuiltinShaper {
-        config: cfg.reward.clone(),
-        state: Default::default(),
-    };
-    let e = format!("{:#}", t.step(&mut shaper).expect_err("must stop"));
+    let e = format!("{:#}", t.step().expect_err("must stop"));
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(
         e.contains("non-finite") && e.contains("no checkpoint was written"),
@@ -199,11 +190,7 @@ fn item9_non_finite_rewards_and_advantages_stop_before_the_update() {
     let before = t.policy().tensors()["model.norm.weight"]
         .to_vec1::<f32>()
         .expect("w");
-    let mut shaper = terse_reward::BuiltinShaper {
-        config: cfg.reward.clone(),
-        state: Default::default(),
-    };
-    let e = format!("{:#}", t.step(&mut shaper).expect_err("must stop"));
+    let e = format!("{:#}", t.step().expect_err("must stop"));
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(
         e.contains("non-finite advantage") && e.contains("group 2") && e.contains("sample 3"),
@@ -214,8 +201,7 @@ fn item9_non_finite_rewards_and_advantages_stop_before_the_update() {
         .expect("w");
     assert_eq!(before, after, "the update ran");
     // A shaper's inf: the same stop, naming its group and sample.
-    let mut t = terse_train::GrpoTrainer::from_config(cfg, None).expect("trainer");
-    let mut inf = |groups: &[terse_reward::Group], _: &terse_reward::StepCtx| {
+    let inf = |groups: &[terse_reward::Group], _: &terse_reward::StepCtx| {
         let mut rewards: Vec<Vec<f64>> =
             groups.iter().map(|g| vec![1.0; g.samples.len()]).collect();
         rewards[1][0] = f64::INFINITY;
@@ -224,7 +210,11 @@ fn item9_non_finite_rewards_and_advantages_stop_before_the_update() {
             diagnostics: Default::default(),
         }
     };
-    let e = format!("{:#}", t.step(&mut inf).expect_err("must stop"));
+    let mut t = terse_train::GrpoTrainer::builder(cfg)
+        .shaper(Box::new(inf))
+        .build()
+        .expect("trainer");
+    let e = format!("{:#}", t.step().expect_err("must stop"));
     assert!(
         e.contains("non-finite shaped reward inf")
             && e.contains("group 1")

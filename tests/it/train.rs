@@ -357,12 +357,7 @@ fn observers_see_every_record_sft_included_and_tensorboard_gets_them_all() {
     let mut c = small_config(&root, "observed", 2);
     c.log.tensorboard = true;
     let seen = std::sync::Arc::new(std::sync::Mutex::new((vec![], false)));
-    let mut shaper = terse_reward::BuiltinShaper {
-        config: c.reward.clone(),
-        state: Default::default(),
-    };
     let s = terse_train::Run::new(&c)
-        .shaper(&mut shaper)
         .observer(Box::new(Recorder(seen.clone())))
         .train()
         .expect("train");

@@ -94,7 +94,7 @@ fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
     let root = crate::scratch("modes-nan");
     let c = crate::from_sft(&root, "nan", 3);
     // A research shaper that returns NaN rewards from step 1 on.
-    let mut shaper = |groups: &[terse_reward::Group], ctx: &terse_reward::StepCtx| {
+    let shaper = |groups: &[terse_reward::Group], ctx: &terse_reward::StepCtx| {
         let v = if ctx.step >= 1 { f64::NAN } else { 1.0 };
         terse_reward::Shaped {
             rewards: groups
@@ -105,7 +105,7 @@ fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
         }
     };
     let e = terse_train::Run::new(&c)
-        .shaper(&mut shaper)
+        .shaper(Box::new(shaper))
         .train()
         .expect_err("must stop");
     let msg = format!("{e:#}");

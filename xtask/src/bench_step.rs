@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, ExitCode};
-use terse_reward::BuiltinShaper;
 use terse_train::config::{AttentionKind, Init};
 use terse_train::{GrpoTrainer, RunConfig};
 
@@ -28,15 +27,11 @@ fn terse_steps(attention: AttentionKind, packing: bool, steps: usize) -> Result<
     cfg.model.attention = attention;
     cfg.grpo.packing = packing;
     cfg.sft.steps = 0;
-    let mut shaper = BuiltinShaper {
-        config: cfg.reward.clone(),
-        state: Default::default(),
-    };
     let mut trainer = GrpoTrainer::from_config(cfg, None)?;
     let mut times = vec![];
     for i in 0..=steps {
         let t0 = std::time::Instant::now();
-        let r = trainer.step(&mut shaper)?;
+        let r = trainer.step()?;
         let total = t0.elapsed().as_secs_f64();
         if i > 0 {
             times.push((total, r.time.rollout_s, r.time.logprob_s, r.time.update_s));

@@ -77,17 +77,13 @@ fn grpo_steps() -> Result<Value> {
         cfg.model.init = terse_train::config::Init::Checkpoint;
         cfg.sft.steps = 0;
         (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (4, 4);
-        let mut shaper = terse_reward::BuiltinShaper {
-            config: cfg.reward.clone(),
-            state: Default::default(),
-        };
         let mut b = terse_train::GrpoTrainer::builder(cfg);
         if nccl {
             b = b.collective(Box::new(group_of_one()?));
         }
         let mut t = b.build()?;
         for _ in 0..2 {
-            t.step(&mut shaper)?;
+            t.step()?;
         }
         Ok(t.policy().tensors())
     };

@@ -4,7 +4,7 @@
 //! `cargo run --release -p terse-train --example custom_advantage [MODEL_DIR]`
 
 use std::path::Path;
-use terse_reward::{BuiltinShaper, Group, Shaped};
+use terse_reward::{Group, Shaped};
 use terse_train::config::Init;
 use terse_train::{GrpoTrainer, RunConfig, StepReport};
 
@@ -30,14 +30,10 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     let mut cfg = RunConfig::default();
     (cfg.model.path, cfg.model.init, cfg.sft.steps) = (model.to_path_buf(), Init::Checkpoint, 0);
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let mut trainer = GrpoTrainer::builder(cfg.clone())
+    let mut trainer = GrpoTrainer::builder(cfg)
         .estimator(Box::new(ranks))
         .build()?;
-    let mut shaper = BuiltinShaper {
-        config: cfg.reward.clone(),
-        state: Default::default(),
-    };
-    trainer.step(&mut shaper)
+    trainer.step()
 }
 
 fn main() -> anyhow::Result<()> {

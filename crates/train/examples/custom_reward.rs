@@ -15,7 +15,7 @@ fn main() -> anyhow::Result<()> {
 
     // Correct answers earn 1 minus 0.005 per token beyond the group's shortest correct answer;
     // wrong answers earn 0. Any `FnMut(&[Group], &StepCtx) -> Shaped` plugs in the same way.
-    let mut mine = |groups: &[Group], _ctx: &StepCtx| {
+    let mine = |groups: &[Group], _ctx: &StepCtx| {
         let rewards = groups
             .iter()
             .map(|g| {
@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
             ..Default::default()
         }
     };
-    let s = terse_train::Run::new(&cfg).shaper(&mut mine).train()?;
+    let s = terse_train::Run::new(&cfg).shaper(Box::new(mine)).train()?;
     let before = s.before.as_ref().map_or(f64::NAN, |b| b.accuracy);
     println!(
         "pass@1 {before:.3} -> {:.3}; rollout length {:.1} -> {:.1}; run in {}",

@@ -5,7 +5,7 @@
 //! `cargo run --release -p terse-train --example custom_task [MODEL_DIR]`
 
 use std::path::Path;
-use terse_reward::{BuiltinShaper, Outcome};
+use terse_reward::Outcome;
 use terse_tasks::testbed::Problem;
 use terse_train::config::Init;
 use terse_train::task::{Item, Task};
@@ -43,12 +43,8 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     let mut cfg = RunConfig::default();
     (cfg.model.path, cfg.model.init, cfg.sft.steps) = (model.to_path_buf(), Init::Checkpoint, 0);
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let mut trainer = GrpoTrainer::from_config(cfg.clone(), Some(task))?;
-    let mut shaper = BuiltinShaper {
-        config: cfg.reward.clone(),
-        state: Default::default(),
-    };
-    trainer.step(&mut shaper)
+    let mut trainer = GrpoTrainer::from_config(cfg, Some(task))?;
+    trainer.step()
 }
 
 fn main() -> anyhow::Result<()> {

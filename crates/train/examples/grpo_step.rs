@@ -14,12 +14,8 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     cfg.model.init = Init::Checkpoint;
     cfg.sft.steps = 0;
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let mut trainer = GrpoTrainer::from_config(cfg, None)?;
-
-    // G samples per prompt, scored by the task's verifier.
-    let collected = trainer.rollout()?;
     // 1 per correct answer, minus 0.01 per token.
-    let mut shaper = |groups: &[Group], _: &StepCtx| Shaped {
+    let shaper = |groups: &[Group], _: &StepCtx| Shaped {
         rewards: groups
             .iter()
             .map(|g| {
@@ -31,7 +27,11 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
             .collect(),
         ..Default::default()
     };
-    let scored = trainer.score(&collected, &mut shaper)?;
+    let mut trainer = GrpoTrainer::builder(cfg).shaper(Box::new(shaper)).build()?;
+
+    // G samples per prompt, scored by the task's verifier.
+    let collected = trainer.rollout()?;
+    let scored = trainer.score(&collected)?;
     let update = trainer.update(&collected, &scored.advantages)?;
     Ok(trainer.report(&collected, &scored, &update, Default::default()))
 }

@@ -231,16 +231,12 @@ mod tests {
     ) -> (Vec<crate::StepReport>, BTreeMap<String, Tensor>) {
         let out = TcpGroup::on_threads(world, Duration::from_secs(60), move |g| {
             let cfg = small_run();
-            let mut shaper = terse_reward::BuiltinShaper {
-                config: cfg.reward.clone(),
-                state: Default::default(),
-            };
             let mut t = crate::GrpoTrainer::from_config(cfg, None)?;
             if grouped {
                 t.collective = Some(Box::new(g));
             }
             let reports = (0..steps)
-                .map(|_| t.step(&mut shaper))
+                .map(|_| t.step())
                 .collect::<anyhow::Result<Vec<_>>>()?;
             Ok((reports, t.policy.tensors()))
         });

@@ -5,7 +5,7 @@
 //! gathers the optimizer shards for it (`checkpoint_due`, `gather_optimizer`).
 
 use crate::config::RunConfig;
-use crate::trainer::{GrpoTrainer, ShaperWithState};
+use crate::trainer::GrpoTrainer;
 use crate::zero::Partition;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor, Var};
@@ -27,16 +27,12 @@ pub(crate) struct StartHeader {
 }
 
 /// Rank 0, after `start`: sends the starting point to the other ranks.
-pub(crate) fn send_start(
-    t: &GrpoTrainer,
-    shaper: &dyn ShaperWithState,
-    c: &mut dyn Collective,
-) -> Result<()> {
+pub(crate) fn send_start(t: &GrpoTrainer, c: &mut dyn Collective) -> Result<()> {
     let header = StartHeader {
         config: toml::to_string(&t.cfg).context("serialising the resolved config")?,
         step: t.step,
         cursor: t.cursor,
-        shaper: shaper.state(),
+        shaper: t.shaper.state(),
         has_reference: t.reference.is_some(),
     };
     let mut buf = serde_json::to_vec(&header)?;

@@ -10,14 +10,14 @@
 //! let mut cfg = RunConfig::from_file("configs/default.toml".as_ref())?;
 //! cfg.run.name = "my-reward".into();
 //! // A custom reward: the verifier's reward minus 0.01 per token, for correct answers only.
-//! let mut mine = |groups: &[Group], _ctx: &StepCtx| Shaped {
+//! let mine = |groups: &[Group], _ctx: &StepCtx| Shaped {
 //!     rewards: groups
 //!         .iter()
 //!         .map(|g| g.samples.iter().map(|s| s.base_reward - if s.correct { 0.01 * s.len as f64 } else { 0.0 }).collect())
 //!         .collect(),
 //!     ..Default::default()
 //! };
-//! let summary = terse_train::Run::new(&cfg).shaper(&mut mine).train()?;
+//! let summary = terse_train::Run::new(&cfg).shaper(Box::new(mine)).train()?;
 //! println!("pass@1 {:.3}, mean tokens {:.1}", summary.after.accuracy, summary.after.len_mean);
 //! # Ok::<(), anyhow::Error>(())
 //! ```

@@ -50,7 +50,7 @@ impl Run<'_> {
 /// start, then steps with rank 0 until the last step.
 fn follow(
     mine: &RunConfig,
-    shaper: &mut dyn ShaperWithState,
+    mut shaper: Box<dyn ShaperWithState>,
     mut c: Box<dyn Collective>,
 ) -> Result<()> {
     let rank = c.rank();
@@ -90,9 +90,9 @@ fn follow(
     shaper.restore(&header.shaper)?;
     let task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
     let tok = load_tokenizer(&cfg.model.path)?;
-    let mut t = GrpoTrainer::new(cfg, task, tok, policy, reference, opt)?;
+    let mut t = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, shaper)?;
     t.step = header.step;
     t.cursor = header.cursor;
     t.collective = Some(c);
-    crate::run::drive(&mut t, shaper, &mut crate::run::Follower)
+    crate::run::drive(&mut t, &mut crate::run::Follower)
 }

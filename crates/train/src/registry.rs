@@ -60,6 +60,18 @@ fn unknown<T>(kind: &str, name: &str, known: &BTreeMap<String, T>) -> anyhow::Er
     )
 }
 
+/// The shaper a config names: `[plugins] shaper` from the registry, else the built-in
+/// `[reward]` method.
+pub fn configured_shaper(cfg: &crate::config::RunConfig) -> Result<Box<dyn ShaperWithState>> {
+    match &cfg.plugins.shaper {
+        Some(name) => shaper(name, &cfg.plugins.params),
+        None => Ok(Box::new(terse_reward::BuiltinShaper {
+            config: cfg.reward.clone(),
+            state: Default::default(),
+        })),
+    }
+}
+
 /// The registered shaper `name`, built from `params`.
 pub fn shaper(name: &str, params: &Params) -> Result<Box<dyn ShaperWithState>> {
     let f = {

@@ -14,7 +14,6 @@ use crate::start::{start, Started};
 use crate::trainer::{GrpoTrainer, ShaperWithState};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
-use terse_reward::BuiltinShaper;
 
 /// What a finished run leaves behind.
 #[derive(Debug, Clone)]
@@ -36,18 +35,6 @@ pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
     Run::new(cfg).train()
 }
 
-/// The shaper a config names: `[plugins] shaper` from the registry, else the built-in
-/// `[reward]` method.
-pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn ShaperWithState>> {
-    match &cfg.plugins.shaper {
-        Some(name) => crate::registry::shaper(name, &cfg.plugins.params),
-        None => Ok(Box::new(BuiltinShaper {
-            config: cfg.reward.clone(),
-            state: Default::default(),
-        })),
-    }
-}
-
 /// The one way to start a whole run from code: the config, then optionally research code's
 /// own shaper (any `LengthShaper`; a closure works; a `BuiltinShaper`'s state is restored from
 /// and saved into checkpoints) and extra observers of the run's records (after the metrics
@@ -55,7 +42,7 @@ pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn ShaperWithState>> {
 /// process, or `train_as_rank` (ranks.rs) as one rank of a data-parallel group.
 pub struct Run<'a> {
     pub(crate) cfg: &'a RunConfig,
-    shaper: Option<&'a mut dyn ShaperWithState>,
+    shaper: Option<Box<dyn ShaperWithState>>,
     pub(crate) observers: Vec<Box<dyn Observer>>,
 }
 
@@ -69,8 +56,8 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Shapes rewards with `shaper` instead of the configured one.
-    pub fn shaper(mut self, shaper: &'a mut dyn ShaperWithState) -> Self {
+    /// Shapes rewards with `shaper` instead of the configured one; the trainer owns it.
+    pub fn shaper(mut self, shaper: Box<dyn ShaperWithState>) -> Self {
         self.shaper = Some(shaper);
         self
     }
@@ -89,15 +76,13 @@ impl<'a> Run<'a> {
     /// Calls `f` with the chosen shaper, building the configured one when none was given.
     pub(crate) fn with_shaper<T>(
         self,
-        f: impl FnOnce(&RunConfig, &mut dyn ShaperWithState, Vec<Box<dyn Observer>>) -> Result<T>,
+        f: impl FnOnce(&RunConfig, Box<dyn ShaperWithState>, Vec<Box<dyn Observer>>) -> Result<T>,
     ) -> Result<T> {
-        match self.shaper {
-            Some(s) => f(self.cfg, s, self.observers),
-            None => {
-                let mut s = configured_shaper(self.cfg)?;
-                f(self.cfg, &mut *s, self.observers)
-            }
-        }
+        let shaper = match self.shaper {
+            Some(s) => s,
+            None => crate::registry::configured_shaper(self.cfg)?,
+        };
+        f(self.cfg, shaper, self.observers)
     }
 }
 
@@ -106,7 +91,7 @@ impl<'a> Run<'a> {
 /// shards at each checkpoint.
 pub(crate) fn train_loop(
     cfg: &RunConfig,
-    shaper: &mut dyn ShaperWithState,
+    shaper: Box<dyn ShaperWithState>,
     extra: Vec<Box<dyn Observer>>,
     mut collective: Option<Box<dyn terse_dist::Collective>>,
 ) -> Result<RunSummary> {
@@ -121,7 +106,7 @@ pub(crate) fn train_loop(
         ..
     } = start(cfg, shaper, extra, terse_dist::lend(&mut collective))?;
     if let Some(mut c) = collective {
-        crate::handoff::send_start(&trainer, shaper, &mut *c)?;
+        crate::handoff::send_start(&trainer, &mut *c)?;
         trainer.collective = Some(c);
     }
     let (start_step, steps) = (trainer.step, trainer.cfg.grpo.steps);
@@ -144,7 +129,7 @@ pub(crate) fn train_loop(
         observers: &mut observers,
         dir: &dir,
     };
-    drive(&mut trainer, shaper, &mut leader)?;
+    drive(&mut trainer, &mut leader)?;
     let after = eval_of(&trainer)?;
     observers.record(&eval_line(steps, &after))?;
     observers.finish(&dir)?;
@@ -169,23 +154,19 @@ pub(crate) fn train_loop(
 /// (`ranks::follow`) only takes part in each checkpoint's gather of the optimizer shards.
 pub(crate) trait Role {
     fn stepped(&mut self, report: crate::report::StepReport) -> Result<()>;
-    fn checkpoint(&mut self, t: &mut GrpoTrainer, shaper: &dyn ShaperWithState) -> Result<()>;
+    fn checkpoint(&mut self, t: &mut GrpoTrainer) -> Result<()>;
     fn evaluate(&mut self, t: &GrpoTrainer) -> Result<()>;
 }
 
 /// The loop every rank runs, from the trainer's step to the last.
-pub(crate) fn drive(
-    t: &mut GrpoTrainer,
-    shaper: &mut dyn ShaperWithState,
-    role: &mut dyn Role,
-) -> Result<()> {
+pub(crate) fn drive(t: &mut GrpoTrainer, role: &mut dyn Role) -> Result<()> {
     let (steps, every, ckpt_every) = (t.cfg.grpo.steps, t.cfg.eval.every, t.cfg.checkpoint.every);
     while t.step < steps {
-        let report = t.step(shaper)?;
+        let report = t.step()?;
         role.stepped(report)?;
         let done = t.step;
         if crate::handoff::checkpoint_due(done, steps, ckpt_every) {
-            role.checkpoint(t, shaper)?;
+            role.checkpoint(t)?;
         }
         if mid_run_eval(done, steps, every) {
             role.evaluate(t)?;
@@ -204,8 +185,8 @@ impl Role for Leader<'_> {
     fn stepped(&mut self, report: crate::report::StepReport) -> Result<()> {
         self.observers.record(&MetricsLine::Grpo(Box::new(report)))
     }
-    fn checkpoint(&mut self, t: &mut GrpoTrainer, shaper: &dyn ShaperWithState) -> Result<()> {
-        save(t, self.dir, shaper)
+    fn checkpoint(&mut self, t: &mut GrpoTrainer) -> Result<()> {
+        save(t, self.dir)
     }
     fn evaluate(&mut self, t: &GrpoTrainer) -> Result<()> {
         self.observers.record(&eval_line(t.step, &eval_of(t)?))
@@ -219,7 +200,7 @@ impl Role for Follower {
     fn stepped(&mut self, _: crate::report::StepReport) -> Result<()> {
         Ok(())
     }
-    fn checkpoint(&mut self, t: &mut GrpoTrainer, _: &dyn ShaperWithState) -> Result<()> {
+    fn checkpoint(&mut self, t: &mut GrpoTrainer) -> Result<()> {
         crate::handoff::gather_optimizer(t).map(|_| ())
     }
     fn evaluate(&mut self, _: &GrpoTrainer) -> Result<()> {
@@ -234,10 +215,10 @@ fn eval_of(t: &GrpoTrainer) -> Result<EvalReport> {
 
 /// The checkpoint after the trainer's last step (with the whole optimizer state, gathered
 /// from the ranks of a data-parallel run), then keep-last-N pruning.
-fn save(t: &mut GrpoTrainer, dir: &Path, shaper: &dyn ShaperWithState) -> Result<()> {
+fn save(t: &mut GrpoTrainer, dir: &Path) -> Result<()> {
     let state = TrainState {
         step: t.step,
-        shaper: shaper.state(),
+        shaper: t.shaper.state(),
         data_cursor: Some(t.cursor),
     };
     let opt =

@@ -36,7 +36,7 @@ pub struct Started {
 /// take part in it (ranks.rs).
 pub fn start(
     cfg: &RunConfig,
-    shaper: &mut dyn ShaperWithState,
+    mut shaper: Box<dyn ShaperWithState>,
     extra: Vec<Box<dyn Observer>>,
     mut dp: Option<&mut dyn terse_dist::Collective>,
 ) -> Result<Started> {
@@ -166,7 +166,7 @@ pub fn start(
             (m, 0, 0, opt, reference)
         }
     };
-    let mut trainer = GrpoTrainer::new(cfg, task, tok, policy, reference, opt)?;
+    let mut trainer = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, shaper)?;
     trainer.step = step;
     trainer.cursor = cursor;
     trainer.run_dir = Some(dir.clone());

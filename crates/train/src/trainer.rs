@@ -19,7 +19,7 @@ use terse_optim::AdamW;
 use terse_reward::{metrics::length_stats, AdvantageEstimator, Advantages, Shaped, StepCtx};
 use terse_rollout::GenParams;
 
-/// Everything one GRPO step needs besides the shaper. The fields are the crate's: research
+/// Everything one GRPO step needs, the shaper included. The fields are the crate's: research
 /// code reads them through the accessors and attaches its parts with `GrpoTrainer::builder`,
 /// so nothing computed from the config at construction can go out of step with it.
 pub struct GrpoTrainer {
@@ -41,6 +41,9 @@ pub struct GrpoTrainer {
     pub(crate) estimator: Option<Box<dyn AdvantageEstimator>>,
     /// Research code's policy loss; None uses PPO-clip with `cfg.grpo`'s settings.
     pub(crate) policy_loss: Option<Box<dyn PolicyLoss>>,
+    /// The reward shaper (`[reward]`, `[plugins] shaper`, or research code's own); its state is
+    /// checkpointed with the run.
+    pub(crate) shaper: Box<dyn ShaperWithState>,
     /// Data-parallel ranks (None: one process). Each rank rolls out its share of the step's
     /// groups and all see every group's statistics (collect.rs), so all shape the whole step
     /// alike; each differentiates the groups it holds with the global aggregation weights
@@ -88,19 +91,40 @@ impl GrpoTrainer {
         &self.opt
     }
 
+    /// The reward shaper (its state is what checkpoints save).
+    pub fn shaper(&self) -> &dyn ShaperWithState {
+        &*self.shaper
+    }
+
     /// The next GRPO step to run and the next training item.
     pub fn position(&self) -> (u64, u64) {
         (self.step, self.cursor)
     }
 
-    /// A trainer at step 0 from a validated config and loaded parts.
+    /// A trainer at step 0 from a validated config and loaded parts, shaping rewards with the
+    /// config's shaper (`configured_shaper`).
     pub fn new(
+        cfg: RunConfig,
+        task: Task,
+        tok: tokenizers::Tokenizer,
+        policy: Qwen3,
+        reference: Option<Qwen3>,
+        opt: AdamW,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let shaper = crate::registry::configured_shaper(&cfg)?;
+        Self::assemble(cfg, task, tok, policy, reference, opt, shaper)
+    }
+
+    /// `new` with a given shaper (start.rs and ranks.rs, which restore its state first).
+    pub(crate) fn assemble(
         cfg: RunConfig,
         task: Task,
         tok: tokenizers::Tokenizer,
         mut policy: Qwen3,
         reference: Option<Qwen3>,
         opt: AdamW,
+        shaper: Box<dyn ShaperWithState>,
     ) -> Result<Self> {
         cfg.validate()?;
         policy.options = cfg.model.forward_options(policy.device());
@@ -128,17 +152,19 @@ impl GrpoTrainer {
             run_dir: None,
             estimator,
             policy_loss,
+            shaper,
             collective: None,
         })
     }
 
     /// A trainer from a config with research code's parts attached (the builder way of
-    /// `from_config`): `.task(..)`, `.estimator(..)`, `.loss(..)`, `.collective(..)`, then
-    /// `.build()`.
+    /// `from_config`): `.task(..)`, `.shaper(..)`, `.estimator(..)`, `.loss(..)`,
+    /// `.collective(..)`, then `.build()`.
     pub fn builder(cfg: RunConfig) -> TrainerBuilder {
         TrainerBuilder {
             cfg,
             task: None,
+            shaper: None,
             estimator: None,
             loss: None,
             collective: None,
@@ -184,9 +210,10 @@ impl GrpoTrainer {
         )
     }
 
-    /// Shaped rewards (any shaper; unscorable samples are invisible to it) and advantages.
-    /// A non-finite shaped reward stops here, before any update.
-    pub fn score(&self, c: &Collected, shaper: &mut dyn ShaperWithState) -> Result<Scored> {
+    /// Shaped rewards (the trainer's shaper; unscorable samples are invisible to it) and
+    /// advantages. A non-finite shaped reward stops here, before any update.
+    pub fn score(&mut self, c: &Collected) -> Result<Scored> {
+        let shaper = &mut self.shaper;
         let ctx = StepCtx {
             step: self.step,
             seed: self.cfg.run.seed,
@@ -259,12 +286,12 @@ impl GrpoTrainer {
     }
 
     /// One whole GRPO step; advances the step and the data cursor.
-    pub fn step(&mut self, shaper: &mut dyn ShaperWithState) -> Result<StepReport> {
+    pub fn step(&mut self) -> Result<StepReport> {
         let t0 = Instant::now();
         let c = self.rollout()?;
         let t_rollout = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let scored = self.score(&c, shaper)?;
+        let scored = self.score(&c)?;
         let t_score = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
         let up = self.update(&c, &scored.advantages)?;
@@ -340,6 +367,7 @@ impl GrpoTrainer {
 pub struct TrainerBuilder {
     cfg: RunConfig,
     task: Option<Task>,
+    shaper: Option<Box<dyn ShaperWithState>>,
     estimator: Option<Box<dyn AdvantageEstimator>>,
     loss: Option<Box<dyn PolicyLoss>>,
     collective: Option<Box<dyn terse_dist::Collective>>,
@@ -349,6 +377,13 @@ impl TrainerBuilder {
     /// The task (default: the config's `[data]`).
     pub fn task(mut self, task: Task) -> Self {
         self.task = Some(task);
+        self
+    }
+
+    /// A reward shaper: any `LengthShaper` (a closure works) (default: `[plugins] shaper`,
+    /// else `[reward]`).
+    pub fn shaper(mut self, s: Box<dyn ShaperWithState>) -> Self {
+        self.shaper = Some(s);
         self
     }
 
@@ -373,6 +408,9 @@ impl TrainerBuilder {
     /// Loads the policy (and the KL reference) from `model.path` and attaches the parts.
     pub fn build(self) -> Result<GrpoTrainer> {
         let mut t = GrpoTrainer::from_config(self.cfg, self.task)?;
+        if let Some(s) = self.shaper {
+            t.shaper = s;
+        }
         if let Some(e) = self.estimator {
             t.estimator = Some(e);
         }
