@@ -28,6 +28,7 @@ pub mod cache;
 mod cached;
 pub mod checkpoint;
 pub mod config;
+mod custom_op;
 mod decode;
 pub mod device;
 pub mod flash;

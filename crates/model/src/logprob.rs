@@ -6,8 +6,9 @@
 //! peak memory is one (chunk, V) block instead of (N, V) -- for Qwen3's 151,936-token vocabulary
 //! the difference between megabytes and gigabytes. Accumulation is in f32 for half inputs.
 
+use crate::custom_op::{apply2, Arg, Kernel};
 use crate::ops::accum_dtype;
-use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor, D};
+use candle_core::{CpuStorage, Result, Shape, Storage, Tensor, D};
 
 /// Rows per chunk by default: 512 rows x 151,936 x 4 bytes = 311 MB per block at Qwen3 scale.
 pub const DEFAULT_CHUNK_ROWS: usize = 512;
@@ -65,7 +66,8 @@ pub fn token_logprobs(
     if !(hidden.track_op() || weight.track_op()) {
         return Ok(values);
     }
-    hidden.apply_op2(
+    apply2(
+        hidden,
         weight,
         FusedLogProb {
             targets: targets.clone(),
@@ -115,18 +117,10 @@ struct FusedLogProb {
     chunk: usize,
 }
 
-impl CustomOp2 for FusedLogProb {
-    fn name(&self) -> &'static str {
-        "fused-token-logprob"
-    }
+impl Kernel<2> for FusedLogProb {
+    const NAME: &'static str = "fused-token-logprob";
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, _: [Arg<CpuStorage>; 2]) -> Result<(CpuStorage, Shape)> {
         let (s, l) = self.values.storage_and_layout();
         match &*s {
             Storage::Cpu(c) if l.is_contiguous() && l.start_offset() == 0 => {
@@ -139,12 +133,9 @@ impl CustomOp2 for FusedLogProb {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
+        _: [Arg<candle_core::CudaStorage>; 2],
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         use candle_core::backend::BackendStorage;
         let (s, l) = self.values.storage_and_layout();
@@ -158,11 +149,10 @@ impl CustomOp2 for FusedLogProb {
     /// by chunk, recomputing the softmax.
     fn bwd(
         &self,
-        hidden: &Tensor,
-        weight: &Tensor,
+        [hidden, weight]: [&Tensor; 2],
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<[Option<Tensor>; 2]> {
         let (h, w) = (hidden.detach(), weight.detach());
         let (n, _) = h.dims2()?;
         let acc = accum_dtype(h.dtype());
@@ -207,7 +197,7 @@ impl CustomOp2 for FusedLogProb {
         } else {
             Tensor::cat(&dh_parts, 0)?.to_dtype(h.dtype())?
         };
-        Ok((Some(dh), Some(dw.to_dtype(w.dtype())?)))
+        Ok([Some(dh), Some(dw.to_dtype(w.dtype())?)])
     }
 }
 

@@ -18,8 +18,9 @@ mod cuda;
 #[cfg(test)]
 mod tests;
 
+use crate::custom_op::{apply3, Arg, Kernel};
 use crate::fused::cpu::f32s;
-use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor};
 use std::sync::Arc;
 
 /// Whether bf16 calls at head sizes 64 and 128 take the tensor-core kernels (the default) or
@@ -154,7 +155,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Resu
         return q.zeros_like();
     }
     let prep = |x: &Tensor| x.contiguous();
-    let both = prep(q)?.apply_op3(
+    let both = apply3(
+        &prep(q)?,
         &prep(k)?,
         &prep(v)?,
         FlashFwd {
@@ -183,19 +185,12 @@ struct FlashFwd {
     dims: Dims,
 }
 
-impl CustomOp3 for FlashFwd {
-    fn name(&self) -> &'static str {
-        "terse-flash-attn"
-    }
+impl Kernel<3> for FlashFwd {
+    const NAME: &'static str = "terse-flash-attn";
 
-    fn cpu_fwd(
+    fn cpu(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
         let (q, k, v) = (
             f32s(s1, l1, "flash q")?,
@@ -209,26 +204,19 @@ impl CustomOp3 for FlashFwd {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<candle_core::CudaStorage>; 3],
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         cuda::forward((s1, l1), (s2, l2), (s3, l3), &self.ranges.tensor, self.dims)
     }
 
     fn bwd(
         &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        [q, k, v]: [&Tensor; 3],
         res: &Tensor,
         grad_res: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<[Option<Tensor>; 3]> {
         let n = q.elem_count();
         let f = |x: &Tensor| x.to_dtype(DType::F32)?.contiguous();
         let op = FlashBwd {
@@ -238,14 +226,14 @@ impl CustomOp3 for FlashFwd {
             lse: res.narrow(0, n, res.elem_count() - n)?,
             dout: f(&grad_res.narrow(0, 0, n)?)?,
         };
-        let all = q.apply_op3(k, v, op)?; // flat f32 [dq; dk; dv]
+        let all = apply3(q, k, v, op)?; // flat f32 [dq; dk; dv]
         let nk = k.elem_count();
         let part = |off: usize, like: &Tensor| -> Result<Tensor> {
             all.narrow(0, off, like.elem_count())?
                 .reshape(like.shape())?
                 .to_dtype(like.dtype())
         };
-        Ok((Some(part(0, q)?), Some(part(n, k)?), Some(part(n + nk, v)?)))
+        Ok([Some(part(0, q)?), Some(part(n, k)?), Some(part(n + nk, v)?)])
     }
 }
 
@@ -259,19 +247,12 @@ struct FlashBwd {
     dout: Tensor,
 }
 
-impl CustomOp3 for FlashBwd {
-    fn name(&self) -> &'static str {
-        "terse-flash-attn-bwd"
-    }
+impl Kernel<3> for FlashBwd {
+    const NAME: &'static str = "terse-flash-attn-bwd";
 
-    fn cpu_fwd(
+    fn cpu(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
         let (q, k, v) = (
             f32s(s1, l1, "flash q")?,
@@ -294,14 +275,9 @@ impl CustomOp3 for FlashBwd {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<candle_core::CudaStorage>; 3],
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let saved = (&self.out, &self.lse, &self.dout);
         cuda::backward(

@@ -13,9 +13,12 @@ pub(crate) mod cuda;
 pub(crate) mod launching;
 pub(crate) mod paged;
 
+use crate::custom_op::{apply2, apply3, apply_inplace, Arg, InplaceKernel, Kernel};
 use crate::kernel_checks as check;
 use crate::kernels as refs;
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use cpu::{f32s, u32s};
 
 /// y = RMSNorm(x) * w over the last dim; x (.., C), w (C).
@@ -24,7 +27,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     if x.elem_count() == 0 {
         return Ok(x.clone());
     }
-    x.apply_op2(w, RmsNorm { eps })
+    apply2(x, w, RmsNorm { eps })
 }
 
 /// Rotate-half RoPE; x (B, H, T, D), cos/sin (B, T, D/2).
@@ -33,7 +36,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if x.elem_count() == 0 {
         return Ok(x.clone());
     }
-    x.apply_op3(cos, sin, Rope { inverse: false })
+    apply3(x, cos, sin, Rope { inverse: false })
 }
 
 /// Per row of logits (n, V) f32 and targets (n) u32: (n, 3) = [log p(target), log Z, entropy].
@@ -43,7 +46,7 @@ pub fn logprob_stats(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     if n == 0 {
         return Tensor::zeros((0, 3), candle_core::DType::F32, logits.device());
     }
-    logits.apply_op2(targets, LogprobFwd)
+    apply2(logits, targets, LogprobFwd)
 }
 
 /// `logprob_stats` for a caller that checked every target against V itself (token_logprobs
@@ -58,7 +61,7 @@ pub(crate) fn logprob_stats_of_checked(logits: &Tensor, targets: &Tensor) -> Res
             targets.shape()
         );
     }
-    logits.apply_op2(targets, LogprobFwd)
+    apply2(logits, targets, LogprobFwd)
 }
 
 /// `logprob_grad` for a caller that checked the targets (see `logprob_stats_of_checked`).
@@ -76,7 +79,7 @@ pub(crate) fn logprob_grad_of_checked(
             lse_g.shape()
         );
     }
-    logits.apply_op3(targets, lse_g, LogprobBwd)
+    apply3(logits, targets, lse_g, LogprobBwd)
 }
 
 fn target_ids(targets: &Tensor) -> Result<Vec<u32>> {
@@ -94,7 +97,7 @@ pub fn logprob_grad(logits: &Tensor, targets: &Tensor, lse_g: &Tensor) -> Result
     if logits.elem_count() == 0 {
         return Ok(logits.clone());
     }
-    logits.apply_op3(targets, lse_g, LogprobBwd)
+    apply3(logits, targets, lse_g, LogprobBwd)
 }
 
 /// Single-query attention for a decode step: q (B, Hq, D) over the first `len` slots of the
@@ -115,25 +118,17 @@ pub fn decode_attention(
         return Ok(q.clone());
     }
     let valid = valid.flatten_all()?.contiguous()?;
-    q.apply_op3(k, v, DecodeAttention { valid, len })
+    apply3(q, k, v, DecodeAttention { valid, len })
 }
 
 struct RmsNorm {
     eps: f32,
 }
 
-impl CustomOp2 for RmsNorm {
-    fn name(&self) -> &'static str {
-        "terse-rmsnorm"
-    }
+impl Kernel<2> for RmsNorm {
+    const NAME: &'static str = "terse-rmsnorm";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, [(s1, l1), (s2, l2)]: [Arg<CpuStorage>; 2]) -> Result<(CpuStorage, Shape)> {
         let cols = l2.shape().elem_count();
         let (y, _) = refs::rmsnorm_fwd(
             f32s(s1, l1, "rmsnorm x")?,
@@ -145,30 +140,18 @@ impl CustomOp2 for RmsNorm {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda(&self, [(s1, l1), (s2, l2)]: [Arg<CudaStorage>; 2]) -> Result<(CudaStorage, Shape)> {
         cuda::rmsnorm_fwd(s1, l1, s2, l2, self.eps)
     }
 
     /// In f32 (and always on CUDA) `RmsNormBwd`: the `rmsnorm_bwd` kernel, or on the CPU its
     /// reference loops; in f64 the composite formula: dx and, by a reduction over rows, dw, both
     /// recomputing the row statistic.
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _y: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(&self, [x, w]: [&Tensor; 2], _y: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 2]> {
         use candle_core::{DType, D};
         if x.device().is_cuda() || x.dtype() == DType::F32 {
             let f = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
-            let both = f(x)?.apply_op3(&f(w)?, &f(dy)?, RmsNormBwd { eps: self.eps })?; // (rows + 1, C)
+            let both = apply3(&f(x)?, &f(w)?, &f(dy)?, RmsNormBwd { eps: self.eps })?; // (rows + 1, C)
             let rows = both.dim(0)? - 1;
             let dx = both
                 .narrow(0, 0, rows)?
@@ -178,7 +161,7 @@ impl CustomOp2 for RmsNorm {
                 .narrow(0, rows, 1)?
                 .reshape(w.shape())?
                 .to_dtype(w.dtype())?;
-            return Ok((Some(dx), Some(dw)));
+            return Ok([Some(dx), Some(dw)]);
         }
         let cols = w.elem_count() as f64;
         let rstd = ((x.sqr()?.mean_keepdim(D::Minus1)? + f64::from(self.eps))?.sqrt()?).recip()?; // (.., 1)
@@ -190,7 +173,7 @@ impl CustomOp2 for RmsNorm {
         let dw = (dy * x.broadcast_mul(&rstd)?)?
             .reshape((rows, w.elem_count()))?
             .sum(0)?;
-        Ok((Some(dx), Some(dw)))
+        Ok([Some(dx), Some(dw)])
     }
 }
 
@@ -200,19 +183,12 @@ pub(crate) struct RmsNormBwd {
     pub eps: f32,
 }
 
-impl CustomOp3 for RmsNormBwd {
-    fn name(&self) -> &'static str {
-        "terse-rmsnorm-bwd"
-    }
+impl Kernel<3> for RmsNormBwd {
+    const NAME: &'static str = "terse-rmsnorm-bwd";
 
-    fn cpu_fwd(
+    fn cpu(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
         let cols = l2.shape().elem_count();
         let x = f32s(s1, l1, "rmsnorm bwd x")?;
@@ -224,15 +200,10 @@ impl CustomOp3 for RmsNormBwd {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CudaStorage>; 3],
+    ) -> Result<(CudaStorage, Shape)> {
         cuda::rmsnorm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
     }
 }
@@ -241,19 +212,12 @@ struct Rope {
     inverse: bool,
 }
 
-impl CustomOp3 for Rope {
-    fn name(&self) -> &'static str {
-        "terse-rope"
-    }
+impl Kernel<3> for Rope {
+    const NAME: &'static str = "terse-rope";
 
-    fn cpu_fwd(
+    fn cpu(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
         let (b, h, t, d) = l1.shape().dims4()?;
         let y = refs::rope(
@@ -267,52 +231,32 @@ impl CustomOp3 for Rope {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CudaStorage>; 3],
+    ) -> Result<(CudaStorage, Shape)> {
         cuda::rope(s1, l1, s2, l2, s3, l3, self.inverse)
     }
 
     /// The rotation is orthogonal: the gradient is the inverse rotation of dy.
     fn bwd(
         &self,
-        _x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        [_, cos, sin]: [&Tensor; 3],
         _y: &Tensor,
         dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dx = dy.contiguous()?.apply_op3(
-            cos,
-            sin,
-            Rope {
-                inverse: !self.inverse,
-            },
-        )?;
-        Ok((Some(dx), None, None))
+    ) -> Result<[Option<Tensor>; 3]> {
+        let inverse = !self.inverse;
+        let dx = apply3(&dy.contiguous()?, cos, sin, Rope { inverse })?;
+        Ok([Some(dx), None, None])
     }
 }
 
 struct LogprobFwd;
 
-impl CustomOp2 for LogprobFwd {
-    fn name(&self) -> &'static str {
-        "terse-logprob-fwd"
-    }
+impl Kernel<2> for LogprobFwd {
+    const NAME: &'static str = "terse-logprob-fwd";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, [(s1, l1), (s2, l2)]: [Arg<CpuStorage>; 2]) -> Result<(CpuStorage, Shape)> {
         let (n, v) = l1.shape().dims2()?;
         let (lp, lse, ent) =
             refs::logprob_fwd(f32s(s1, l1, "logits")?, u32s(s2, l2, "targets")?, v);
@@ -321,32 +265,19 @@ impl CustomOp2 for LogprobFwd {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda(&self, [(s1, l1), (s2, l2)]: [Arg<CudaStorage>; 2]) -> Result<(CudaStorage, Shape)> {
         cuda::logprob_fwd(s1, l1, s2, l2)
     }
 }
 
 struct LogprobBwd;
 
-impl CustomOp3 for LogprobBwd {
-    fn name(&self) -> &'static str {
-        "terse-logprob-bwd"
-    }
+impl Kernel<3> for LogprobBwd {
+    const NAME: &'static str = "terse-logprob-bwd";
 
-    fn cpu_fwd(
+    fn cpu(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
         let (_, v) = l1.shape().dims2()?;
         let lg = f32s(s3, l3, "lse_g")?;
@@ -362,15 +293,10 @@ impl CustomOp3 for LogprobBwd {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CudaStorage>; 3],
+    ) -> Result<(CudaStorage, Shape)> {
         cuda::logprob_bwd(s1, l1, s2, l2, s3, l3)
     }
 }
@@ -381,19 +307,12 @@ struct DecodeAttention {
     len: usize,
 }
 
-impl CustomOp3 for DecodeAttention {
-    fn name(&self) -> &'static str {
-        "terse-decode-attention"
-    }
+impl Kernel<3> for DecodeAttention {
+    const NAME: &'static str = "terse-decode-attention";
 
-    fn cpu_fwd(
+    fn cpu(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
         let (_, hq, d) = l1.shape().dims3()?;
         let (_, hkv, cap, _) = l2.shape().dims4()?;
@@ -412,15 +331,10 @@ impl CustomOp3 for DecodeAttention {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CudaStorage>; 3],
+    ) -> Result<(CudaStorage, Shape)> {
         let (storage, layout) = self.valid.storage_and_layout();
         let candle_core::Storage::Cuda(valid) = &*storage else {
             crate::fail!("decode attention: the validity flags are not on the GPU");
@@ -435,25 +349,17 @@ pub fn kv_write(cache: &Tensor, src: &Tensor, slot: usize) -> Result<()> {
     if src.elem_count() == 0 {
         return Ok(());
     }
-    cache.inplace_op2(src, &KvWrite { slot })
+    apply_inplace(cache, src, &KvWrite { slot })
 }
 
 struct KvWrite {
     slot: usize,
 }
 
-impl InplaceOp2 for KvWrite {
-    fn name(&self) -> &'static str {
-        "terse-kv-write"
-    }
+impl InplaceKernel for KvWrite {
+    const NAME: &'static str = "terse-kv-write";
 
-    fn cpu_fwd(
-        &self,
-        s1: &mut CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<()> {
+    fn cpu(&self, (s1, l1): (&mut CpuStorage, &Layout), (s2, l2): Arg<CpuStorage>) -> Result<()> {
         let (b, hkv, cap, d) = l1.shape().dims4()?;
         if self.slot >= cap || l2.shape().dims() != [b, hkv, d] {
             crate::fail!(
@@ -474,12 +380,10 @@ impl InplaceOp2 for KvWrite {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &mut candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
+        (s1, l1): (&mut CudaStorage, &Layout),
+        (s2, l2): Arg<CudaStorage>,
     ) -> Result<()> {
         cuda::kv_write(s1, l1, s2, l2, self.slot)
     }

@@ -7,9 +7,10 @@
 //! Data flow: `forward_paged` (one token per sequence, off the CPU step) -> `Qwen3::layer`
 //! with `LayerKv::Paged` -> here.
 
+use crate::custom_op::{apply3, apply_inplace, Arg, InplaceKernel, Kernel};
 use crate::kernel_checks as check;
 pub use crate::paged::PagedMeta;
-use candle_core::{CpuStorage, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
 /// Writes src (B, Hkv, D), row r at `meta.slots[r]`, into the pool (NB, Hkv, BS, D), in place.
@@ -18,7 +19,7 @@ pub fn paged_kv_write(pool: &Tensor, src: &Tensor, meta: &PagedMeta) -> Result<(
     if b != meta.slots.len() {
         crate::fail!("paged kv write: {b} rows for {} slots", meta.slots.len());
     }
-    pool.inplace_op2(src, &PagedKvWrite { meta })
+    apply_inplace(pool, src, &PagedKvWrite { meta })
 }
 
 /// q (B, Hq, D) over each row's block table in the pools (NB, Hkv, BS, D) -> (B, Hq, D).
@@ -29,7 +30,8 @@ pub fn paged_decode_attention(
     meta: &Arc<PagedMeta>,
 ) -> Result<Tensor> {
     check::paged_decode_attention(q.dims(), k.dims(), v.dims(), meta.lens.len())?;
-    q.apply_op3(
+    apply3(
+        q,
         k,
         v,
         PagedAttention {
@@ -42,18 +44,10 @@ struct PagedKvWrite<'a> {
     meta: &'a PagedMeta,
 }
 
-impl InplaceOp2 for PagedKvWrite<'_> {
-    fn name(&self) -> &'static str {
-        "terse-paged-kv-write"
-    }
+impl InplaceKernel for PagedKvWrite<'_> {
+    const NAME: &'static str = "terse-paged-kv-write";
 
-    fn cpu_fwd(
-        &self,
-        s1: &mut CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<()> {
+    fn cpu(&self, (s1, l1): (&mut CpuStorage, &Layout), (s2, l2): Arg<CpuStorage>) -> Result<()> {
         let (_, hkv, bs, d) = l1.shape().dims4()?;
         let src = super::cpu::f32s(s2, l2, "paged kv src")?;
         match (s1, l1.is_contiguous() && l1.start_offset() == 0) {
@@ -66,12 +60,10 @@ impl InplaceOp2 for PagedKvWrite<'_> {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &mut candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
+        (s1, l1): (&mut candle_core::CudaStorage, &Layout),
+        (s2, l2): Arg<candle_core::CudaStorage>,
     ) -> Result<()> {
         super::cuda::paged_kv_write(s1, l1, s2, l2, self.meta)
     }
@@ -82,19 +74,12 @@ struct PagedAttention {
     meta: Arc<PagedMeta>,
 }
 
-impl CustomOp3 for PagedAttention {
-    fn name(&self) -> &'static str {
-        "terse-paged-decode-attention"
-    }
+impl Kernel<3> for PagedAttention {
+    const NAME: &'static str = "terse-paged-decode-attention";
 
-    fn cpu_fwd(
+    fn cpu(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
         let (_, hq, d) = l1.shape().dims3()?;
         let (_, hkv, bs, _) = l2.shape().dims4()?;
@@ -112,14 +97,9 @@ impl CustomOp3 for PagedAttention {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+    fn cuda(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<candle_core::CudaStorage>; 3],
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         super::cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
     }

@@ -52,7 +52,7 @@ fn fused_ops_and_their_backward_equal_the_composite_ops() {
         assert!(d < 1e-4, "rmsnorm grad {d}");
     }
     // The one-op backward (what CUDA runs) on its CPU reference: (12 + 1, 16) = [dx; dw].
-    let both = x.apply_op3(&w, &g, RmsNormBwd { eps: 1e-6 }).expect("bwd");
+    let both = crate::custom_op::apply3(&x, &w, &g, RmsNormBwd { eps: 1e-6 }).expect("bwd");
     let dx = both
         .narrow(0, 0, 12)
         .expect("n")
