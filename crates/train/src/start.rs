@@ -38,7 +38,7 @@ pub fn start(
     cfg: &RunConfig,
     mut shaper: Box<dyn ShaperWithState>,
     extra: Vec<Box<dyn Observer>>,
-    mut dp: Option<&mut dyn terse_dist::Collective>,
+    dp: Option<&mut dyn terse_dist::Collective>,
 ) -> Result<Started> {
     cfg.validate()?;
     crate::registry::check(&cfg.plugins)?;
@@ -49,11 +49,56 @@ pub fn start(
     let dir = cfg.run.dir.join(&cfg.run.name);
     let lock = RunLock::create_and_acquire(&dir)?;
     let tok = load_tokenizer(&cfg.model.path)?;
+    check_fits(cfg, &mut task, &tok, &dev)?;
+    let mut cfg = cfg.clone();
+    if let Some(e) = cfg.grpo.data_epochs {
+        let rows = task.train_rows() as f64;
+        cfg.grpo.steps = (e * rows / cfg.grpo.prompts_per_step as f64).ceil() as u64;
+        cfg.grpo.data_epochs = None;
+    }
+
+    let origin = origin(&cfg, &dir, &dev, dtype, &mut *shaper)?;
+
+    // Loaded and checked: from here on the run directory is written.
+    let resolved = toml::to_string_pretty(&cfg).context("serialising the resolved config")?;
+    terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
+    let (mut observers, kept_evals) = open_observers(&cfg, &dir, &origin, extra)?;
+    let (policy, step, cursor, opt, reference) = begin(
+        origin,
+        &cfg,
+        &dir,
+        &tok,
+        &*shaper,
+        &mut observers,
+        dp,
+        (&dev, dtype),
+    )?;
+    let mut trainer = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, shaper)?;
+    trainer.step = step;
+    trainer.cursor = cursor;
+    trainer.run_dir = Some(dir.clone());
+    Ok(Started {
+        trainer,
+        dir,
+        observers,
+        kept_evals,
+        lock,
+    })
+}
+
+/// The prompts fit the model's context (a warning when a completion could be cut), and on a
+/// GPU the memory plan fits before any weight is loaded.
+fn check_fits(
+    cfg: &RunConfig,
+    task: &mut Task,
+    tok: &tokenizers::Tokenizer,
+    dev: &candle_core::Device,
+) -> Result<()> {
     let max_pos = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?
         .max_position_embeddings;
     let longest = std::cell::Cell::new(0);
     let count = |p: &str| -> Result<usize> {
-        let n = encode(&tok, p)?.len();
+        let n = encode(tok, p)?.len();
         longest.set(longest.get().max(n));
         Ok(n)
     };
@@ -66,26 +111,31 @@ pub fn start(
         );
     }
     // On a GPU, the memory plan before any weight is loaded: a run that cannot fit stops here.
-    if let Some((free, total)) = terse_model::device::memory(&dev) {
+    if let Some((free, total)) = terse_model::device::memory(dev) {
         crate::plan::check_device(cfg, longest.get(), free, total)?;
     }
-    let mut cfg = cfg.clone();
-    if let Some(e) = cfg.grpo.data_epochs {
-        let rows = task.train_rows() as f64;
-        cfg.grpo.steps = (e * rows / cfg.grpo.prompts_per_step as f64).ceil() as u64;
-        cfg.grpo.data_epochs = None;
-    }
+    Ok(())
+}
 
+/// Resume from the newest complete checkpoint with finite weights (restoring the shaper's
+/// state), or start from the configured model.
+fn origin(
+    cfg: &RunConfig,
+    dir: &Path,
+    dev: &candle_core::Device,
+    dtype: candle_core::DType,
+    shaper: &mut dyn ShaperWithState,
+) -> Result<Origin> {
     // Resume from the newest complete checkpoint with finite weights, or start from the
     // configured model.
     let resume = match cfg.run.resume {
-        Resume::Auto => resume_point(&dir, &dev, dtype)?,
+        Resume::Auto => resume_point(dir, dev, dtype)?,
         Resume::Never => None,
     };
     if resume.is_none() && cfg.run.resume == Resume::Never && dir.join("metrics.jsonl").exists() {
         bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
     }
-    let origin = match resume {
+    Ok(match resume {
         Some((ckpt, state, m)) => {
             tracing::info!("resuming from {}", ckpt.display());
             shaper
@@ -96,7 +146,7 @@ pub fn start(
                 .with_context(|| format!("reading {}", opt_path.display()))?;
             let opt = AdamW::from_safetensors(cfg.optim.clone(), m.vars(), &bytes)
                 .with_context(|| opt_path.display().to_string())?;
-            let reference = load_reference(&cfg, &dir, &dev, dtype)?;
+            let reference = load_reference(cfg, dir, dev, dtype)?;
             let cursor = state
                 .data_cursor
                 .unwrap_or(state.step * cfg.grpo.prompts_per_step as u64);
@@ -109,18 +159,24 @@ pub fn start(
             }
         }
         None => {
-            let m = init_model(&cfg, &dev, dtype)?;
+            let m = init_model(cfg, dev, dtype)?;
             check_weights(&m, &cfg.model.path)?;
             Origin::Fresh(m)
         }
-    };
+    })
+}
 
-    // Loaded and checked: from here on the run directory is written.
-    let resolved = toml::to_string_pretty(&cfg).context("serialising the resolved config")?;
-    terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
+/// The observers: the metrics file (opened fresh, or cut back to the resumed step), the event
+/// files with `log.tensorboard`, then the caller's; and the evaluation steps kept.
+fn open_observers(
+    cfg: &RunConfig,
+    dir: &Path,
+    origin: &Origin,
+    extra: Vec<Box<dyn Observer>>,
+) -> Result<(Observers, Vec<u64>)> {
     let (metrics, kept_evals) = MetricsWriter::open(
         &dir.join("metrics.jsonl"),
-        match &origin {
+        match origin {
             Origin::Resumed { step, .. } => Start::Resumed {
                 start: *step,
                 steps: cfg.grpo.steps,
@@ -131,10 +187,26 @@ pub fn start(
     )?;
     let mut observers = Observers(vec![Box::new(metrics)]);
     if cfg.log.tensorboard {
-        observers.push(Box::new(TensorBoard::create(&dir)?));
+        observers.push(Box::new(TensorBoard::create(dir)?));
     }
     observers.0.extend(extra);
-    let (policy, step, cursor, opt, reference) = match origin {
+    Ok((observers, kept_evals))
+}
+
+/// The weights, step, data cursor, optimizer and KL reference the first step starts from; a
+/// fresh run gets its SFT warm-up (the other ranks told, with `dp`) and step 0's checkpoint.
+#[allow(clippy::too_many_arguments)]
+fn begin(
+    origin: Origin,
+    cfg: &RunConfig,
+    dir: &Path,
+    tok: &tokenizers::Tokenizer,
+    shaper: &dyn ShaperWithState,
+    observers: &mut Observers,
+    mut dp: Option<&mut dyn terse_dist::Collective>,
+    (dev, dtype): (&candle_core::Device, candle_core::DType),
+) -> Result<(Qwen3, u64, u64, AdamW, Option<Qwen3>)> {
+    Ok(match origin {
         Origin::Resumed {
             policy,
             step,
@@ -153,7 +225,7 @@ pub fn start(
                 crate::handoff::announce_sft(c, warm_up.then_some(&m))?;
             }
             if warm_up {
-                sft(&cfg, &m, &tok, &mut observers, dp)?;
+                sft(cfg, &m, tok, observers, dp)?;
             }
             let opt = AdamW::new(cfg.optim.clone(), m.vars())?;
             let state = TrainState {
@@ -161,21 +233,10 @@ pub fn start(
                 shaper: shaper.state(),
                 data_cursor: Some(0),
             };
-            save_checkpoint(&dir, 0, &m, &opt, &state, &cfg.model.path)?;
-            let reference = load_reference(&cfg, &dir, &dev, dtype)?;
+            save_checkpoint(dir, 0, &m, &opt, &state, &cfg.model.path)?;
+            let reference = load_reference(cfg, dir, dev, dtype)?;
             (m, 0, 0, opt, reference)
         }
-    };
-    let mut trainer = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, shaper)?;
-    trainer.step = step;
-    trainer.cursor = cursor;
-    trainer.run_dir = Some(dir.clone());
-    Ok(Started {
-        trainer,
-        dir,
-        observers,
-        kept_evals,
-        lock,
     })
 }
 
