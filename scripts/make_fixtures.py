@@ -1,4 +1,4 @@
-"""Writes the tiny HF-transformers Qwen3 checkpoints terse's golden tests check against.
+"""Writes the tiny HF-transformers Qwen3 and Qwen2 checkpoints terse's golden tests check against.
 
 Each variant goes to tests/fixtures/<name>/: config.json + weights written by
 `save_pretrained`, and reference.safetensors in the layout of tests/fixtures/qwen3-tiny
@@ -14,7 +14,7 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 
@@ -35,6 +35,12 @@ VARIANTS = {
     "qwen3-sharded-bf16": dict(
         config=dict(tie_word_embeddings=True), rope_theta=1e6, legacy_rope_key=False,
         dtype=torch.bfloat16, shard="60KB", seed=2),
+    # Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): biases on q/k/v (drawn at random, since
+    # transformers initialises them to zero and a zero bias would test nothing), no q/k norm,
+    # head_dim = hidden / heads, untied head, rope_theta 1e4 as R1-Distill-Qwen writes it.
+    "qwen2-tiny": dict(
+        arch="qwen2", config=dict(tie_word_embeddings=False, num_key_value_heads=2),
+        rope_theta=1e4, legacy_rope_key=True, dtype=torch.float32, shard=None, seed=3),
 }
 
 
@@ -65,9 +71,17 @@ def reference(model, vocab, gen):
 
 def make(name, spec):
     torch.manual_seed(spec["seed"])
-    cfg = Qwen3Config(**{**BASE, **spec["config"]})
+    qwen2 = spec.get("arch") == "qwen2"
+    Config, Model = (Qwen2Config, Qwen2ForCausalLM) if qwen2 else (Qwen3Config, Qwen3ForCausalLM)
+    base = {k: v for k, v in BASE.items() if not (qwen2 and k == "head_dim")}
+    cfg = Config(**{**base, **spec["config"]})
     cfg.rope_parameters = {"rope_type": "default", "rope_theta": spec["rope_theta"]}
-    model = Qwen3ForCausalLM(cfg).eval().to(spec["dtype"])
+    model = Model(cfg).eval().to(spec["dtype"])
+    if qwen2:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith(".bias"):
+                    p.normal_(0.0, 0.5)
     out = ROOT / name
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("*"):
@@ -81,7 +95,7 @@ def make(name, spec):
         (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
     (out / "generation_config.json").unlink(missing_ok=True)
     # References come from the checkpoint as stored, upcast to float32.
-    ref_model = Qwen3ForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ref_model = Model.from_pretrained(out, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(spec["seed"])
     save_file(reference(ref_model, cfg.vocab_size, gen), out / "reference.safetensors")
     print(name, sorted(p.name for p in out.iterdir()))

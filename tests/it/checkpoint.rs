@@ -44,6 +44,7 @@ fn save_then_load_is_identical_and_still_matches_transformers() {
                 max_shard_bytes: 1 << 30,
             },
         ),
+        ("qwen2-tiny", SaveOptions::default()),
     ] {
         let m = load(&fixture(name));
         let out = scratch(&format!("roundtrip-{name}"));

@@ -1,4 +1,4 @@
-//! Golden tests: terse's Qwen3 against reference outputs computed by HF transformers.
+//! Golden tests: terse's Qwen3 and Qwen2 against reference outputs computed by HF transformers.
 
 use crate::fixture;
 use candle_core::{DType, Device};
@@ -39,6 +39,14 @@ fn qwen3_tiny_matches_transformers() {
 #[test]
 fn untied_one_kv_head_legacy_rope_theta_matches_transformers() {
     check_fixture("qwen3-untied-1kv");
+}
+
+/// Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): q/k/v biases (random, not transformers' zeros),
+/// no q/k norm, head_dim from hidden / heads; logits, log-probs, the KV-cache decode's step
+/// logits and the greedy continuation.
+#[test]
+fn qwen2_tiny_matches_transformers() {
+    check_fixture("qwen2-tiny");
 }
 
 #[test]

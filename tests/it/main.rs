@@ -9,6 +9,7 @@ mod golden;
 mod gpu;
 mod gradients;
 mod kv_cache;
+mod losses;
 mod optim;
 mod paged_rollout;
 mod paper_configs;

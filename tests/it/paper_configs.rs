@@ -145,3 +145,98 @@ fn step_grpo_config_matches_section_4_1() {
         m => panic!("step-grpo: {m:?}"),
     }
 }
+
+/// A tiny random Qwen2 in the layout of the paper's base model (its config.json keys as HF
+/// ships them, bf16 storage, untied head, the real vocabulary) with the Qwen tokenizer, in
+/// `dir`.
+fn tiny_qwen2(dir: &std::path::Path, vocab: usize, rope_theta: f64, sliding_window: usize) {
+    let raw = serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151643,
+        "hidden_act": "silu",
+        "hidden_size": 32,
+        "initializer_range": 0.02,
+        "intermediate_size": 64,
+        "max_position_embeddings": 131072,
+        "max_window_layers": 21,
+        "model_type": "qwen2",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": rope_theta,
+        "sliding_window": sliding_window,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.44.0",
+        "use_cache": true,
+        "use_mrope": false,
+        "use_sliding_window": false,
+        "vocab_size": vocab
+    });
+    let cfg = terse_model::Config::from_json(raw).expect("a Qwen2 config");
+    assert!(cfg.qkv_bias && !cfg.qk_norm);
+    let m = terse_model::Qwen3::random(cfg, 11, &candle_core::Device::Cpu, candle_core::DType::F32)
+        .expect("model");
+    let opts = terse_model::checkpoint::SaveOptions {
+        dtype: candle_core::DType::BF16,
+        max_shard_bytes: 1 << 30,
+    };
+    m.save(dir, &opts).expect("save");
+    let tok = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/qwen3-tokenizer");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.join(f)).expect("tokenizer");
+    }
+}
+
+/// Issue 35: both Short-RL paper configs (Qwen2.5-7B and DeepSeek-R1-Distill-Qwen-1.5B, both
+/// Qwen2-architecture) get past model loading and take a GRPO step, on a tiny Qwen2 of the same
+/// layout and a two-row dataset in the paper's columns; only sizes, paths and the device change.
+#[test]
+fn short_rl_configs_take_a_step_on_a_tiny_qwen2_of_the_paper_layout() {
+    let root = crate::scratch("paper-qwen2");
+    for (file, vocab, theta, window, rows) in [
+        (
+            "short_rl_logic_rl.toml",
+            152_064,
+            1e6,
+            131_072,
+            r#"{"quiz": "A very special island is inhabited only by knights and knaves. Knights always tell the truth, and knaves always lie. You meet 2 inhabitants: Zoey, and Oliver. Zoey remarked, \"Oliver is not a knight\". Oliver stated, \"Oliver is a knight if and only if Zoey is a knave\". So who is a knight and who is a knave?", "solution_text_format": "(1) Zoey is a knave\n(2) Oliver is a knight"}"#,
+        ),
+        (
+            "short_rl_deepscaler.toml",
+            151_936,
+            1e4,
+            4096,
+            r#"{"problem": "What is 2 + 3?", "answer": "5"}"#,
+        ),
+    ] {
+        let mut c = load(file);
+        let dir = root.join(file.trim_end_matches(".toml"));
+        let model = dir.join("model");
+        tiny_qwen2(&model, vocab, theta, window);
+        let data = dir.join("data.jsonl");
+        std::fs::write(&data, format!("{rows}\n{rows}\n")).expect("data");
+        c.model.path = model;
+        (c.data.train, c.data.eval) = (Some(data.clone()), Some(data));
+        c.run.device = "cpu".into();
+        c.run.dir = dir.clone();
+        c.grpo.data_epochs = None;
+        c.grpo.steps = 1;
+        (c.grpo.prompts_per_step, c.grpo.group_size) = (2, 2);
+        c.grpo.mini_batch_prompts = None;
+        c.grpo.max_new_tokens = 4;
+        let mut t = terse_train::GrpoTrainer::from_config(c, None)
+            .unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        assert!(t.policy().config.qkv_bias, "{file}: not loaded as Qwen2");
+        let r = t.step().unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        assert_eq!(r.step, 0);
+        assert!(
+            r.loss.is_finite() && r.grad_norm.is_finite(),
+            "{file}: {r:?}"
+        );
+        assert_eq!(t.position().0, 1, "{file}");
+    }
+}

@@ -19,7 +19,7 @@ pub(crate) fn no_text(_: &[u32]) -> String {
 
 #[test]
 fn greedy_generation_equals_transformers() {
-    for name in ["qwen3-tiny", "qwen3-untied-1kv"] {
+    for name in ["qwen3-tiny", "qwen3-untied-1kv", "qwen2-tiny"] {
         let m = Qwen3::load(&fixture(name), &Device::Cpu, DType::F32).expect("load");
         let bytes = std::fs::read(fixture(name).join("reference.safetensors")).expect("ref");
         let r = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).expect("ref");

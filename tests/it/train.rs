@@ -37,6 +37,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
                 loss_mask: (0..n).map(|j| !(i == 2 && j == 1)).collect(),
                 old_logp: (0..n).map(|j| -3.0 + 0.1 * j as f32).collect(),
                 ref_logp: None,
+                is_weight: None,
                 advantage: i as f32 - 2.5,
                 weight: 0.0,
             }
@@ -105,6 +106,7 @@ fn a_custom_policy_loss_plugs_into_the_gradients() {
                 loss_mask: vec![true; tokens.len() - 3],
                 old_logp: vec![-2.5; tokens.len() - 3],
                 ref_logp: None,
+                is_weight: None,
                 advantage: i as f32 - 1.0,
                 weight: 0.1,
                 tokens,

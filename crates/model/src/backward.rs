@@ -189,8 +189,13 @@ mod tests {
         );
         let slice = Config::synthetic(96, 256, 384, 2, 16, 8, 128, false).expect("config");
         check(
-            Qwen3::random(slice, 5, &dev, DType::F32).expect("model"),
+            Qwen3::random(slice.clone(), 5, &dev, DType::F32).expect("model"),
             "0.6B slice",
+        );
+        // Qwen2's biases and missing q/k norms through the same paths.
+        check(
+            Qwen3::random(slice.as_qwen2().expect("qwen2"), 5, &dev, DType::F32).expect("model"),
+            "0.6B slice as Qwen2",
         );
     }
 

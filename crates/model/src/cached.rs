@@ -78,10 +78,7 @@ impl Qwen3 {
         let off = cache.len();
         cache.append_slots(valid, b, s)?;
         if path == DecodePath::Cpu {
-            let ws = decode::weight_names(c, self.head_name())
-                .iter()
-                .map(|n| self.w(n, false))
-                .collect::<Result<Vec<_>>>()?;
+            let ws = self.cpu_step_weights()?;
             let ids = ids.flatten_all()?.to_vec1::<u32>()?;
             let pos = positions.flatten_all()?.to_vec1::<u32>()?;
             return decode::step(c, &ws, snapshot, cache, &ids, &pos, s);

@@ -1,4 +1,5 @@
-//! Qwen3 hyper-parameters read from an HF `config.json`; the first thing loading a checkpoint touches.
+//! Qwen3 and Qwen2 (Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen) hyper-parameters read from an HF
+//! `config.json`; the first thing loading a checkpoint touches.
 //!
 //! The raw JSON is kept next to the parsed fields so that saving writes back exactly what
 //! transformers wrote (plus the storage dtype), and unsupported features are rejected here, once,
@@ -8,7 +9,9 @@ use candle_core::Result;
 use serde_json::Value;
 use std::path::Path;
 
-/// The parsed, validated architecture of a Qwen3ForCausalLM.
+/// The parsed, validated architecture of a Qwen3ForCausalLM or a Qwen2ForCausalLM. The two
+/// differ only in the attention's projections: Qwen2 adds a bias to q, k and v and has no
+/// RMSNorm on q and k; Qwen3 the reverse.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub vocab_size: usize,
@@ -22,6 +25,10 @@ pub struct Config {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub tie_word_embeddings: bool,
+    /// q/k/v projections carry a bias (`model_type = "qwen2"`, or Qwen3's `attention_bias`).
+    pub qkv_bias: bool,
+    /// RMSNorm over each head of q and k before RoPE (Qwen3; not Qwen2).
+    pub qk_norm: bool,
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
@@ -92,11 +99,13 @@ impl Config {
         if !raw.is_object() {
             crate::fail!("config must be a JSON object");
         }
-        if let Some(mt) = opt_str(&raw, "model_type")? {
-            if mt != "qwen3" {
-                crate::fail!("model_type `{mt}` is not supported (only `qwen3`)");
+        let qwen2 = match opt_str(&raw, "model_type")? {
+            None | Some("qwen3") => false,
+            Some("qwen2") => true,
+            Some(mt) => {
+                crate::fail!("model_type `{mt}` is not supported (only `qwen3` and `qwen2`)")
             }
-        }
+        };
         if opt_bool(&raw, "use_sliding_window")? == Some(true) {
             crate::fail!("sliding-window attention (`use_sliding_window: true`) is not supported");
         }
@@ -105,8 +114,10 @@ impl Config {
                 crate::fail!("layer type {t} is not supported (only `full_attention`)");
             }
         }
-        if opt_bool(&raw, "attention_bias")? == Some(true) {
-            crate::fail!("`attention_bias: true` is not supported");
+        // Qwen2's q/k/v always carry a bias (its config has no key for it); Qwen3's only with
+        // `attention_bias`, which also puts one on o_proj: not supported.
+        if !qwen2 && opt_bool(&raw, "attention_bias")? == Some(true) {
+            crate::fail!("`attention_bias: true` is not supported for qwen3");
         }
         if let Some(act) = opt_str(&raw, "hidden_act")? {
             if act != "silu" {
@@ -147,6 +158,8 @@ impl Config {
                 .unwrap_or(1e-6),
             rope_theta,
             tie_word_embeddings: opt_bool(&raw, "tie_word_embeddings")?.unwrap_or(false),
+            qkv_bias: qwen2,
+            qk_norm: !qwen2,
             max_position_embeddings: opt_typed(
                 &raw,
                 "max_position_embeddings",
@@ -231,6 +244,15 @@ impl Config {
         }))
     }
 
+    /// The same shape as a Qwen2-architecture model (q/k/v biases, no q/k norm; head_dim kept,
+    /// which transformers' Qwen2 reads too): tests and benches of both architectures.
+    pub fn as_qwen2(&self) -> Result<Self> {
+        let mut raw = self.raw.clone();
+        raw["model_type"] = "qwen2".into();
+        raw["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+        Self::from_json(raw)
+    }
+
     /// The shape of Qwen3-0.6B (random weights are used for benchmarks).
     pub fn qwen3_0_6b() -> Self {
         Self::qwen3_named("Qwen3-0.6B").expect("a built-in shape")
@@ -248,6 +270,43 @@ impl Config {
             _ => return None,
         };
         Self::synthetic(v, h, i, l, hq, hkv, d, tied).ok()
+    }
+
+    /// The shape of a Qwen2-architecture model by its HF name (the Short-RL papers' bases:
+    /// Qwen2.5-7B and DeepSeek-R1-Distill-Qwen-1.5B, -7B; Qwen2.5-0.5B, -1.5B; any case).
+    pub fn qwen2_named(name: &str) -> Option<Self> {
+        // (vocab, hidden, intermediate, layers, heads, kv heads, tied, rope θ)
+        let (v, h, i, l, hq, hkv, tied, theta) = match name.to_lowercase().as_str() {
+            "qwen2.5-0.5b" | "qwen2.5-0.5b-instruct" => (151_936, 896, 4864, 24, 14, 2, true, 1e6),
+            "qwen2.5-1.5b" | "qwen2.5-1.5b-instruct" => (151_936, 1536, 8960, 28, 12, 2, true, 1e6),
+            "qwen2.5-7b" | "qwen2.5-7b-instruct" => (152_064, 3584, 18944, 28, 28, 4, false, 1e6),
+            "deepseek-r1-distill-qwen-1.5b" => (151_936, 1536, 8960, 28, 12, 2, false, 1e4),
+            "deepseek-r1-distill-qwen-7b" => (152_064, 3584, 18944, 28, 28, 4, false, 1e4),
+            _ => return None,
+        };
+        Self::from_json(serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "vocab_size": v,
+            "hidden_size": h,
+            "intermediate_size": i,
+            "num_hidden_layers": l,
+            "num_attention_heads": hq,
+            "num_key_value_heads": hkv,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "rope_theta": theta,
+            "tie_word_embeddings": tied,
+            "max_position_embeddings": 131072,
+            "use_sliding_window": false,
+            "dtype": "bfloat16",
+        }))
+        .ok()
+    }
+
+    /// A built-in shape by HF name, Qwen3 or Qwen2 (`qwen3_named`, `qwen2_named`).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::qwen3_named(name).or_else(|| Self::qwen2_named(name))
     }
 
     /// Every tensor the checkpoint must hold, with its HF key and shape, in sorted key order.
@@ -273,12 +332,23 @@ impl Config {
                 (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
                 (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
                 (format!("{p}.self_attn.o_proj.weight"), vec![h, q]),
-                (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
-                (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
                 (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
                 (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
                 (format!("{p}.mlp.down_proj.weight"), vec![h, i]),
             ]);
+            if self.qk_norm {
+                out.extend([
+                    (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
+                    (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
+                ]);
+            }
+            if self.qkv_bias {
+                out.extend([
+                    (format!("{p}.self_attn.q_proj.bias"), vec![q]),
+                    (format!("{p}.self_attn.k_proj.bias"), vec![kv]),
+                    (format!("{p}.self_attn.v_proj.bias"), vec![kv]),
+                ]);
+            }
         }
         out.sort();
         out

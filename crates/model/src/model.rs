@@ -226,6 +226,18 @@ impl Qwen3 {
         t.to_dtype(self.compute_dtype)
     }
 
+    /// The weights the CPU decode step reads (`decode::weight_names` order), detached, with an
+    /// empty tensor where the architecture has none.
+    pub(crate) fn cpu_step_weights(&self) -> Result<Vec<Tensor>> {
+        crate::decode::weight_names(&self.config, self.head_name())
+            .iter()
+            .map(|n| match n {
+                Some(n) => self.w(n, false),
+                None => Tensor::zeros(0, self.compute_dtype, self.device()),
+            })
+            .collect()
+    }
+
     pub(crate) fn head_name(&self) -> &'static str {
         if self.config.tie_word_embeddings {
             "model.embed_tokens.weight"
@@ -240,6 +252,25 @@ impl Qwen3 {
         let w = self.w(name, train)?;
         let out = w.dim(0)?;
         x.reshape((b * t, i))?.matmul(&w.t()?)?.reshape((b, t, out))
+    }
+
+    /// A q/k/v projection `{name}.weight`, plus `{name}.bias` where the architecture has one
+    /// (Qwen2) -> (B, T, Out).
+    fn qkv_proj(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
+        let y = self.linear(x, &format!("{name}.weight"), train)?;
+        if !self.config.qkv_bias {
+            return Ok(y);
+        }
+        let b = self.w(&format!("{name}.bias"), train)?; // (Out)
+        y.broadcast_add(&b)
+    }
+
+    /// RMSNorm over each head (Qwen3's q_norm / k_norm); Qwen2 has none.
+    fn head_norm(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
+        if !self.config.qk_norm {
+            return Ok(x.clone());
+        }
+        rms_norm(x, &self.w(name, train)?, self.config.rms_norm_eps)
     }
 
     /// One decoder layer. `cache` = (layer cache k/v, slot offset, slot validity (B * capacity),
@@ -267,26 +298,20 @@ impl Qwen3 {
             eps,
         )?;
         let q = self
-            .linear(&h, &format!("{p}.self_attn.q_proj.weight"), train)?
+            .qkv_proj(&h, &format!("{p}.self_attn.q_proj"), train)?
             .reshape((b, t, hq, hd))?;
         let k = self
-            .linear(&h, &format!("{p}.self_attn.k_proj.weight"), train)?
+            .qkv_proj(&h, &format!("{p}.self_attn.k_proj"), train)?
             .reshape((b, t, hkv, hd))?;
         let v = self
-            .linear(&h, &format!("{p}.self_attn.v_proj.weight"), train)?
+            .qkv_proj(&h, &format!("{p}.self_attn.v_proj"), train)?
             .reshape((b, t, hkv, hd))?;
-        let q = rms_norm(
-            &q,
-            &self.w(&format!("{p}.self_attn.q_norm.weight"), train)?,
-            eps,
-        )?
-        .transpose(1, 2)?; // (B, Hq, T, hd)
-        let k = rms_norm(
-            &k,
-            &self.w(&format!("{p}.self_attn.k_norm.weight"), train)?,
-            eps,
-        )?
-        .transpose(1, 2)?; // (B, Hkv, T, hd)
+        let q = self
+            .head_norm(&q, &format!("{p}.self_attn.q_norm.weight"), train)?
+            .transpose(1, 2)?; // (B, Hq, T, hd)
+        let k = self
+            .head_norm(&k, &format!("{p}.self_attn.k_norm.weight"), train)?
+            .transpose(1, 2)?; // (B, Hkv, T, hd)
         let v = v.transpose(1, 2)?.contiguous()?; // (B, Hkv, T, hd)
         let q = rope(&q, cos, sin)?;
         let k = rope(&k, cos, sin)?.contiguous()?;

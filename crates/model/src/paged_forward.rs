@@ -112,10 +112,7 @@ impl Qwen3 {
         let logits = match path {
             PagedPath::Cpu => {
                 let c = &self.config;
-                let ws = decode::weight_names(c, self.head_name())
-                    .iter()
-                    .map(|n| self.w(n, false))
-                    .collect::<Result<Vec<_>>>()?;
+                let ws = self.cpu_step_weights()?;
                 let mut ids = vec![];
                 let mut pos = vec![];
                 for s in seqs.iter() {

@@ -11,6 +11,14 @@ fn model(head_dim: usize) -> Qwen3 {
     Qwen3::random(cfg, 7, &Device::Cpu, DType::F32).expect("model")
 }
 
+/// `model`'s shape as Qwen2 (q/k/v biases, no q/k norm).
+fn qwen2(head_dim: usize) -> Qwen3 {
+    let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, head_dim, true)
+        .and_then(|c| c.as_qwen2())
+        .expect("config");
+    Qwen3::random(cfg, 7, &Device::Cpu, DType::F32).expect("model")
+}
+
 fn tokens(n: usize, salt: usize) -> Vec<u32> {
     (0..n)
         .map(|j| ((salt * 5 + j * 3) % 47 + 1) as u32)
@@ -82,8 +90,7 @@ fn block_tables_share_copy_on_write_and_free() {
 
 #[test]
 fn paged_decoding_matches_the_preallocated_cache_and_the_composite_path() {
-    for head_dim in [16, 32] {
-        let m = model(head_dim);
+    for (head_dim, m) in [(16, model(16)), (32, model(32)), (32, qwen2(32))] {
         let seq = tokens(150, 3); // crosses two 64-token blocks
                                   // The preallocated cache, one row, no padding, one token at a time.
         let snap = m.decode_weights();
@@ -241,7 +248,11 @@ fn forked_prefixes_decode_like_separate_copies() {
 
 #[test]
 fn the_kernels_decode_step_matches_the_cpu_step() {
-    let m = model(32);
+    kernels_step_matches_cpu_step(&model(32));
+    kernels_step_matches_cpu_step(&qwen2(32));
+}
+
+fn kernels_step_matches_cpu_step(m: &Qwen3) {
     let snap = m.decode_weights();
     // Three sequences of different lengths (one crossing a block), prefilled alike on both
     // caches, then 20 steps: the kernels path (CUDA's; here the kernels' CPU loops) writes its
@@ -254,7 +265,7 @@ fn the_kernels_decode_step_matches_the_cpu_step() {
         let mut tables: Vec<BlockTable> = lens
             .iter()
             .enumerate()
-            .map(|(i, &n)| feed(&m, PagedPath::Cpu, &mut c, &tokens(n, i), 64).0)
+            .map(|(i, &n)| feed(m, PagedPath::Cpu, &mut c, &tokens(n, i), 64).0)
             .collect();
         let mut steps = vec![];
         for step in 0..20u32 {

@@ -19,6 +19,8 @@ pub struct Seq {
     pub old_logp: Vec<f32>,
     /// Per completion token: the reference model's log-prob, when β > 0.
     pub ref_logp: Option<Vec<f32>>,
+    /// Per loss token: rollout correction's importance weight, when it is on.
+    pub is_weight: Option<Vec<f32>>,
     pub advantage: f32,
     /// The aggregation weight of each of this sequence's loss tokens (see `loss::agg_weights`).
     pub weight: f32,
@@ -197,12 +199,20 @@ pub fn gradients(
                 } else {
                     None
                 };
+                let is_weight = if group.iter().all(|s| s.is_weight.is_some()) {
+                    Some(per_token(&|s| s.is_weight.clone().unwrap_or_default())?)
+                } else {
+                    None
+                };
+                let seq_lens: Vec<usize> = group.iter().map(|s| s.loss_tokens()).collect();
                 policy.loss(&LossInputs {
                     logp,
                     old_logp: &old,
                     ref_logp: reference.as_ref(),
                     advantage: &adv,
                     weight: &w,
+                    seq_lens: &seq_lens,
+                    is_weight: is_weight.as_ref(),
                 })?
             };
             stats = Some(st);
@@ -236,6 +246,7 @@ mod tests {
                 loss_mask: vec![true; n - 1],
                 old_logp: vec![],
                 ref_logp: None,
+                is_weight: None,
                 advantage: 0.0,
                 weight: 0.0,
             })

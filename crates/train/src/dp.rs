@@ -71,6 +71,27 @@ pub fn all_reduce_stats(c: &mut dyn Collective, st: LossStats) -> Result<LossSta
     })
 }
 
+/// Rollout correction's statistics over every rank: sums, and the largest ratio.
+pub fn all_reduce_correction(
+    c: &mut dyn Collective,
+    st: crate::correction::CorrectionStats,
+) -> Result<crate::correction::CorrectionStats> {
+    let mut v = [st.gap_sum, st.tokens as f64, st.capped as f64];
+    c.all_reduce_sum_f64(&mut v)
+        .with_context(|| format!("rank {}: summing rollout-correction statistics", c.rank()))?;
+    let maxima = c
+        .all_gather(&[st.ratio_max as f32])
+        .with_context(|| format!("rank {}: gathering the largest ratios", c.rank()))?;
+    Ok(crate::correction::CorrectionStats {
+        gap_sum: v[0],
+        tokens: v[1] as usize,
+        capped: v[2] as usize,
+        ratio_max: maxima
+            .iter()
+            .fold(st.ratio_max, |m, &x| m.max(f64::from(x))),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +122,7 @@ mod tests {
                     loss_mask: vec![true; n],
                     old_logp: vec![-3.0; n],
                     ref_logp: None,
+                    is_weight: None,
                     advantage: i as f32 - 3.5,
                     weight: 0.0,
                 }

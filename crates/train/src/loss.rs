@@ -82,6 +82,12 @@ pub struct LossInputs<'a> {
     /// of weight · per-token loss is the mini-batch loss, whatever the micro-batching).
     pub advantage: &'a Tensor,
     pub weight: &'a Tensor,
+    /// The loss tokens of each sequence of the micro-batch, in order: the N tokens are the
+    /// sequences' tokens one sequence after another (sequence-level losses such as GSPO).
+    pub seq_lens: &'a [usize],
+    /// Rollout correction's per-token importance weight (N) on the policy-gradient term; None
+    /// when `grpo.rollout_correction` is off.
+    pub is_weight: Option<&'a Tensor>,
 }
 
 /// A policy loss: the micro-batch's weighted loss (a scalar to backpropagate) and its stats.
@@ -93,7 +99,8 @@ pub trait PolicyLoss: Send + Sync {
 
 impl PolicyLoss for PpoParams {
     fn loss(&self, x: &LossInputs) -> Result<(Tensor, LossStats)> {
-        ppo_loss(x.logp, x.old_logp, x.advantage, x.weight, x.ref_logp, self)
+        let (pg, stats) = ppo_terms(x.logp, x.old_logp, x.advantage, self)?;
+        finish(x, pg, stats, self.kl_coef, self.kl_estimator)
     }
 }
 
@@ -113,6 +120,25 @@ pub fn ppo_loss(
     ref_logp: Option<&Tensor>,
     p: &PpoParams,
 ) -> Result<(Tensor, LossStats)> {
+    let n = logp.dims1()?;
+    p.loss(&LossInputs {
+        logp,
+        old_logp: old,
+        ref_logp,
+        advantage: adv,
+        weight: w,
+        seq_lens: &[n],
+        is_weight: None,
+    })
+}
+
+/// PPO-clip's per-token policy-gradient term (N) and its clip counts.
+fn ppo_terms(
+    logp: &Tensor,
+    old: &Tensor,
+    adv: &Tensor,
+    p: &PpoParams,
+) -> Result<(Tensor, LossStats)> {
     let log_ratio = (logp - old)?.clamp(-p.log_ratio_clamp, p.log_ratio_clamp)?;
     let ratio = log_ratio.exp()?;
     let neg_adv = adv.neg()?;
@@ -125,37 +151,55 @@ pub fn ppo_loss(
         let negative = adv.lt(0f64)?;
         pg = negative.where_cond(&capped, &pg)?;
     }
-    let mut per_token = pg;
-    let mut kl_sum = 0.0;
-    if let (Some(r), true) = (ref_logp, p.kl_coef > 0.0) {
-        let k = kl(logp, r, p.kl_estimator)?;
-        kl_sum = k.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        per_token = (per_token + (k * p.kl_coef)?)?;
-    }
-    let loss = (per_token * w)?.sum_all()?;
-    let r: Vec<f32> = ratio.to_vec1()?;
-    let a: Vec<f32> = adv.to_vec1()?;
-    let gap: f64 = (logp - old)?
-        .abs()?
-        .sum_all()?
-        .to_dtype(DType::F64)?
-        .to_scalar()?;
-    let stats = LossStats {
-        loss: loss.to_dtype(DType::F64)?.to_scalar()?,
+    let stats = clip_counts(&ratio, adv, p.clip_low, p.clip_high)?;
+    Ok((pg, stats))
+}
+
+/// Tokens whose ratio (N) was clipped below (A < 0) and above (A > 0).
+pub(crate) fn clip_counts(ratio: &Tensor, adv: &Tensor, low: f64, high: f64) -> Result<LossStats> {
+    let r: Vec<f32> = ratio.to_dtype(DType::F32)?.to_vec1()?;
+    let a: Vec<f32> = adv.to_dtype(DType::F32)?.to_vec1()?;
+    Ok(LossStats {
         tokens: r.len(),
         clipped_low: r
             .iter()
             .zip(&a)
-            .filter(|(r, a)| **a < 0.0 && f64::from(**r) < 1.0 - p.clip_low)
+            .filter(|(r, a)| **a < 0.0 && f64::from(**r) < 1.0 - low)
             .count(),
         clipped_high: r
             .iter()
             .zip(&a)
-            .filter(|(r, a)| **a > 0.0 && f64::from(**r) > 1.0 + p.clip_high)
+            .filter(|(r, a)| **a > 0.0 && f64::from(**r) > 1.0 + high)
             .count(),
-        kl_sum,
-        logp_gap_sum: gap,
+        ..Default::default()
+    })
+}
+
+/// The weighted loss Σ_t w_t (is_t · pg_t + β kl_t) from a per-token policy-gradient term, with
+/// the KL and the sampler gap added to `stats`.
+pub(crate) fn finish(
+    x: &LossInputs,
+    pg: Tensor,
+    mut stats: LossStats,
+    kl_coef: f64,
+    kl_estimator: KlEstimator,
+) -> Result<(Tensor, LossStats)> {
+    let mut per_token = match x.is_weight {
+        Some(is) => (pg * is)?,
+        None => pg,
     };
+    if let (Some(r), true) = (x.ref_logp, kl_coef > 0.0) {
+        let k = kl(x.logp, r, kl_estimator)?;
+        stats.kl_sum = k.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        per_token = (per_token + (k * kl_coef)?)?;
+    }
+    let loss = (per_token * x.weight)?.sum_all()?;
+    stats.loss = loss.to_dtype(DType::F64)?.to_scalar()?;
+    stats.logp_gap_sum = (x.logp - x.old_logp)?
+        .abs()?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar()?;
     Ok((loss, stats))
 }
 

@@ -280,7 +280,8 @@ pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64, total: u64
 }
 
 /// The model shape of a run: `<model.path>/config.json`, or, where that file is absent (a
-/// paper config before its weights are downloaded), the Qwen3 size the directory is named after.
+/// paper config before its weights are downloaded), the Qwen3 or Qwen2 model the directory is
+/// named after.
 pub fn model_shape(cfg: &RunConfig) -> Result<Config> {
     let path = cfg.model.path.join("config.json");
     if path.is_file() {
@@ -292,9 +293,9 @@ pub fn model_shape(cfg: &RunConfig) -> Result<Config> {
         .file_name()
         .map(|n| n.to_string_lossy().to_lowercase())
         .unwrap_or_default();
-    Config::qwen3_named(&name).with_context(|| {
+    Config::named(&name).with_context(|| {
         format!(
-            "{} does not exist and `{name}` is not a known Qwen3 size (0.6b, 1.7b, 4b, 8b)",
+            "{} does not exist and `{name}` is not a known model (qwen3-0.6b, -1.7b, -4b, -8b; qwen2.5-0.5b, -1.5b, -7b; deepseek-r1-distill-qwen-1.5b, -7b)",
             path.display()
         )
     })

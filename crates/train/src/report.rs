@@ -88,6 +88,15 @@ pub struct StepReport {
     /// `max_new_tokens`; written only when some were.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub context_cut: usize,
+    /// Rollout correction (written only when `grpo.rollout_correction` is on): the mean
+    /// |trainer − sampler| log-prob per loss token, the share of loss tokens whose ratio
+    /// exceeded the cap, and the largest ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rc_logp_gap: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rc_capped: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rc_ratio_max: Option<f64>,
     /// Dynamic sampling: rollout rounds and groups dropped for equal rewards.
     pub rounds: usize,
     pub dropped_groups: usize,

@@ -73,6 +73,7 @@ pub(crate) fn sft(
                 loss_mask: vec![true; completion.len()],
                 old_logp: vec![],
                 ref_logp: None,
+                is_weight: None,
                 advantage: 0.0,
                 weight: 0.0,
             });

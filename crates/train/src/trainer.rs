@@ -353,6 +353,11 @@ impl GrpoTrainer {
             early_exit: exited as f64 / n,
             exit_accuracy,
             context_cut: extras.iter().filter(|e| e.context_cut).count(),
+            rc_logp_gap: up.correction.map(|c| c.gap_sum / c.tokens.max(1) as f64),
+            rc_capped: up
+                .correction
+                .map(|c| c.capped as f64 / c.tokens.max(1) as f64),
+            rc_ratio_max: up.correction.map(|c| c.ratio_max),
             rounds: c.rounds,
             dropped_groups: c.dropped,
             time,

@@ -30,6 +30,8 @@ pub struct UpdateStats {
     /// Mean |sampler − trainer| log-prob per token, from the first update only (before the
     /// policy changes; later mini-batches see an updated policy).
     pub logp_gap: f64,
+    /// Rollout correction's statistics over every rank's sequences (None when it is off).
+    pub correction: Option<crate::correction::CorrectionStats>,
 }
 
 /// The training sequences of the groups this rank holds (all of them on one process): prompt ⊕
@@ -49,6 +51,7 @@ pub fn sequences(c: &Collected, adv: &[Vec<f64>], g: usize) -> Vec<Seq> {
                 loss_mask: s.sampled.clone(),
                 old_logp: s.logp_plain.clone(),
                 ref_logp: None,
+                is_weight: None,
                 advantage: adv[k][i % g] as f32,
                 weight: 0.0,
             }
@@ -114,7 +117,18 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
         }
         out.logprob_s = t0.elapsed().as_secs_f64();
     }
+    if let Some(rc) = &g.rollout_correction {
+        // The old policy's log-probs as the trainer computes them, before any update.
+        let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
+        let trainer_lp = logprobs(model, &seqs, how)?;
+        let st = crate::correction::apply(rc, &mut seqs, &trainer_lp);
+        out.correction = Some(match dp.as_deref_mut() {
+            Some(c) => crate::dp::all_reduce_correction(c, st)?,
+            None => st,
+        });
+    }
     let ppo = PpoParams::from(g);
+    let gspo = crate::gspo::GspoParams::from_config(g);
     let gs = g.group_size.max(1);
     let per_mb = g.mini_batch_prompts.unwrap_or(usize::MAX).max(1);
     let n_groups = extras.len() / gs;
@@ -144,9 +158,10 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
             }
             at += n_held * gs;
             let part = &*part;
-            let objective = match custom_loss {
-                Some(l) => Objective::Policy(l),
-                None => Objective::Ppo(ppo),
+            let objective = match (custom_loss, &gspo) {
+                (Some(l), _) => Objective::Policy(l),
+                (None, Some(gs)) => Objective::Policy(gs),
+                (None, None) => Objective::Ppo(ppo),
             };
             let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
             let (mut grads, mut st) = gradients(model, part, objective, how)?;

@@ -39,8 +39,10 @@ impl<'a> Weights<'a> {
     }
 }
 
-/// Weight order in the locked list: embedding, final norm, head, then 11 per layer.
-pub(super) const PER_LAYER: [&str; 11] = [
+/// Weight order in the locked list: embedding, final norm, head, then 14 per layer. A weight
+/// the architecture lacks (Qwen2's q/k norms, Qwen3's q/k/v biases) is an empty slice, and the
+/// step skips it.
+pub(super) const PER_LAYER: [&str; 14] = [
     "input_layernorm.weight",
     "self_attn.q_proj.weight",
     "self_attn.k_proj.weight",
@@ -52,6 +54,9 @@ pub(super) const PER_LAYER: [&str; 11] = [
     "mlp.gate_proj.weight",
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
+    "self_attn.q_proj.bias",
+    "self_attn.k_proj.bias",
+    "self_attn.v_proj.bias",
 ];
 
 /// Indices in `PER_LAYER` of the projections (the rest are norms).
@@ -194,8 +199,15 @@ fn qkv_body(r: &mut Rows, lw: &[&[f32]], lt: &[Option<&[f32]>], dm: &Dims, par: 
     matmul_wt(&r.h, lw[1], lt[1], &mut r.q, n, dm.hs, dm.qd, par); // (n, Hq*D)
     matmul_wt(&r.h, lw[2], lt[2], &mut r.k, n, dm.hs, dm.kvd, par); // (n, Hkv*D)
     matmul_wt(&r.h, lw[3], lt[3], &mut r.v, n, dm.hs, dm.kvd, par);
-    rows::rms_norm_rows(&mut r.q, lw[4], dm.eps);
-    rows::rms_norm_rows(&mut r.k, lw[5], dm.eps);
+    for (y, b) in [(&mut r.q, lw[11]), (&mut r.k, lw[12]), (&mut r.v, lw[13])] {
+        if !b.is_empty() {
+            rows::add_bias_rows(y, b);
+        }
+    }
+    if !lw[4].is_empty() {
+        rows::rms_norm_rows(&mut r.q, lw[4], dm.eps);
+        rows::rms_norm_rows(&mut r.k, lw[5], dm.eps);
+    }
     let half = dm.d / 2;
     for i in 0..n {
         let (c, s) = (&r.cos[i * half..][..half], &r.sin[i * half..][..half]);

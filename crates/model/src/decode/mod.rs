@@ -79,19 +79,21 @@ pub(crate) fn supported(device: &candle_core::Device, dtype: DType, cache: DType
     device.is_cpu() && dtype == DType::F32 && matches!(cache, DType::F32 | DType::F16)
 }
 
-/// The HF names of the weights `step` reads, in the order it reads them.
-pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<String> {
+/// The HF names of the weights `step` reads, in the order it reads them; None where the
+/// architecture has no such weight (the step reads an empty slice there).
+pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<Option<String>> {
+    let present: std::collections::BTreeSet<String> =
+        c.expected_tensors().into_iter().map(|(n, _)| n).collect();
     let mut names = vec![
-        "model.embed_tokens.weight".to_string(),
-        "model.norm.weight".to_string(),
-        head.to_string(),
+        Some("model.embed_tokens.weight".to_string()),
+        Some("model.norm.weight".to_string()),
+        Some(head.to_string()),
     ];
     for l in 0..c.num_hidden_layers {
-        names.extend(
-            cpu::PER_LAYER
-                .iter()
-                .map(|n| format!("model.layers.{l}.{n}")),
-        );
+        names.extend(cpu::PER_LAYER.iter().map(|n| {
+            let name = format!("model.layers.{l}.{n}");
+            present.contains(&name).then_some(name)
+        }));
     }
     names
 }

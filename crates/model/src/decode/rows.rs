@@ -72,6 +72,14 @@ pub(crate) fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// In place: b is added to each `b.len()`-wide chunk of x (Qwen2's q/k/v biases).
+#[inline(always)]
+pub(crate) fn add_bias_rows(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        row.iter_mut().zip(b).for_each(|(v, c)| *v += c);
+    }
+}
+
 /// Rotate-half RoPE in place on the (heads, d) chunks of one row, tables (cos, sin) of d/2.
 #[inline(always)]
 pub(crate) fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32]) {

@@ -87,6 +87,18 @@ impl RunConfig {
         {
             bail!("grpo.prompts_per_step, max_new_tokens, micro_batch_tokens, epochs and mini_batch_prompts must be > 0");
         }
+        if !(0.0..1.0).contains(&g.gspo_clip_low) || g.gspo_clip_high < 0.0 {
+            bail!(
+                "grpo.gspo_clip_low must be in [0, 1) and gspo_clip_high >= 0, got {} and {}",
+                g.gspo_clip_low,
+                g.gspo_clip_high
+            );
+        }
+        if let Some(rc) = &g.rollout_correction {
+            if rc.cap <= 1.0 {
+                bail!("grpo.rollout_correction.cap must be > 1, got {}", rc.cap);
+            }
+        }
         if !(0.0..1.0).contains(&g.clip_low) || g.clip_high < 0.0 {
             bail!(
                 "grpo.clip_low must be in [0, 1) and clip_high >= 0, got {} and {}",

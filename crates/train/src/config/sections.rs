@@ -292,6 +292,61 @@ pub enum KlEstimator {
     K3,
 }
 
+/// The policy loss of the update (docs/methods.md, Policy losses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyLossKind {
+    /// PPO-clip on each token's ratio (GRPO, DAPO).
+    #[default]
+    Ppo,
+    /// GSPO: the sequence-level ratio (the geometric mean of the token ratios), clipped per
+    /// sequence.
+    Gspo,
+    /// GSPO-token: GSPO's clipped sequence ratio with a per-token gradient path.
+    GspoToken,
+}
+
+/// What rollout correction does with the sampler/trainer importance ratio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionMethod {
+    /// Truncated importance sampling: the weight is min(ratio, cap).
+    Tis,
+    /// Masked importance sampling: the weight is the ratio, or 0 above the cap.
+    Mis,
+}
+
+/// Where the ratio is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionLevel {
+    /// Each token's own ratio.
+    #[default]
+    Token,
+    /// The product of the sequence's token ratios, for every token of the sequence.
+    Sequence,
+}
+
+/// Rollout correction: the trainer recomputes the old policy's log-probs, runs PPO against
+/// them, and weights each token's policy-gradient term by the truncated (or masked)
+/// trainer/sampler importance ratio (docs/methods.md, Rollout correction).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutCorrection {
+    /// "tis" (truncate at the cap) or "mis" (drop above the cap).
+    pub method: CorrectionMethod,
+    /// The cap on the ratio (> 1).
+    #[serde(default = "default_cap")]
+    pub cap: f64,
+    /// "token" or "sequence".
+    #[serde(default)]
+    pub level: CorrectionLevel,
+}
+
+fn default_cap() -> f64 {
+    2.0
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoSection {
@@ -321,6 +376,15 @@ pub struct GrpoSection {
     pub clip_high: f64,
     /// Dual-clip constant c (> 1) bounding the loss of negative advantages; None = off.
     pub dual_clip: Option<f64>,
+    /// The policy loss: "ppo", "gspo" or "gspo-token" (a registered one: `[plugins] loss`).
+    pub loss: PolicyLossKind,
+    /// GSPO's clip of the sequence ratio below 1 (the paper's 3e-4).
+    pub gspo_clip_low: f64,
+    /// GSPO's clip of the sequence ratio above 1 (the paper's 4e-4).
+    pub gspo_clip_high: f64,
+    /// Weight the loss by the sampler/trainer importance ratio (`{ method = "tis", cap = 2.0,
+    /// level = "token" }`); absent = off.
+    pub rollout_correction: Option<RolloutCorrection>,
     /// |log ratio| is clamped to this before exponentiating.
     pub log_ratio_clamp: f64,
     /// β; 0 loads no reference model.
@@ -379,6 +443,10 @@ impl Default for GrpoSection {
             clip_low: 0.2,
             clip_high: 0.28,
             dual_clip: Some(3.0),
+            loss: PolicyLossKind::Ppo,
+            gspo_clip_low: 3e-4,
+            gspo_clip_high: 4e-4,
+            rollout_correction: None,
             log_ratio_clamp: 20.0,
             kl_coef: 0.0,
             kl_estimator: KlEstimator::K3,
