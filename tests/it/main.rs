@@ -9,6 +9,7 @@ mod golden;
 mod gpu;
 mod gradients;
 mod kv_cache;
+mod lora;
 mod losses;
 mod optim;
 mod paged_rollout;

@@ -27,7 +27,7 @@ fn tensors(p: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
 }
 
 /// max |a - b| over every f32 tensor of two safetensors files with the same names.
-fn max_diff(a: &Path, b: &Path) -> f32 {
+pub(crate) fn max_diff(a: &Path, b: &Path) -> f32 {
     let (a, b) = (tensors(a), tensors(b));
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -37,7 +37,7 @@ fn max_diff(a: &Path, b: &Path) -> f32 {
 }
 
 /// Runs `cfg` on `world` ranks (threads); rank 0's summary.
-fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
+pub(crate) fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
     let results = TcpGroup::on_threads(world, Duration::from_secs(300), move |g| {
         terse_train::Run::new(&cfg).train_as_rank(Box::new(g))
     });
@@ -53,7 +53,7 @@ fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
     summary
 }
 
-fn steps_of(d: &Path) -> Vec<terse_train::StepReport> {
+pub(crate) fn steps_of(d: &Path) -> Vec<terse_train::StepReport> {
     terse_train::report::read_steps(&d.join("metrics.jsonl")).expect("metrics")
 }
 

@@ -74,9 +74,9 @@ enum Cmd {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
-    /// Build the GPU binary (as build-gpu) and print how to run the device check
     /// Write docs/config.md from the config types (a test checks it is current).
     ConfigDocs,
+    /// Build the GPU binary (as build-gpu) and print how to run the device check
     /// (scripts/gpu-check.sh) on a GPU machine, and where its report lands.
     GpuSession {
         #[arg(long)]
@@ -97,6 +97,19 @@ enum Cmd {
     },
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
+    /// A LoRA run's checkpoint as OUT/merged (the base with the adapters merged, HF layout,
+    /// which transformers loads) and OUT/adapter (PEFT's adapter_config.json +
+    /// adapter_model.safetensors).
+    Export {
+        /// The checkpoint (a `step_NNNNNN` directory of a LoRA run).
+        #[arg(long)]
+        checkpoint: std::path::PathBuf,
+        /// The base model the run adapted (its `model.path`).
+        #[arg(long)]
+        base: std::path::PathBuf,
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Draw a run's metrics.jsonl as PNG curves (length, accuracy, reward, γ_ℓ).
     Plot {
         /// metrics.jsonl of a run.
@@ -141,6 +154,14 @@ fn main() -> ExitCode {
         Cmd::Train { config, ranks } => train(&config, &ranks),
         Cmd::Sft { config } => sft(&config),
         Cmd::CheckModel(args) => check_model::run(&args),
+        Cmd::Export {
+            checkpoint,
+            base,
+            out,
+        } => terse_train::checkpoint::export_lora(&checkpoint, &base, &out).map(|(m, a)| {
+            println!("merged: {}\nadapter: {}", m.display(), a.display());
+            ExitCode::SUCCESS
+        }),
         Cmd::Repro(args) => repro::run(&args),
         Cmd::CudaToolchain { dir } => gpu::cuda_toolchain(dir),
         Cmd::BuildGpu { dir } => gpu::build_gpu(dir),

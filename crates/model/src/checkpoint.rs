@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Error, Result, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-fn io_err(path: &Path, e: impl std::fmt::Display) -> Error {
+pub(crate) fn io_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Msg(format!("{}: {e}", path.display()))
 }
 

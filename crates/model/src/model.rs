@@ -32,6 +32,8 @@ pub struct Qwen3 {
     pub(crate) device: Device,
     /// How the training forward runs (attention, checkpointing).
     pub options: ForwardOptions,
+    /// LoRA adapters (lora.rs): when present, the only trainable variables, the base frozen.
+    pub(crate) lora: Option<crate::lora::Lora>,
 }
 
 /// How the full-sequence forward and the training backward run. Every choice computes the
@@ -128,6 +130,7 @@ impl Qwen3 {
             storage_dtype: DType::F32,
             device,
             options: ForwardOptions::default(),
+            lora: None,
         })
     }
 
@@ -163,12 +166,38 @@ impl Qwen3 {
         write_checkpoint(dir, &self.config, &self.tensors(), opts)
     }
 
-    /// The trainable variables by HF key, in sorted order (what an optimizer walks).
+    /// The trainable variables by key, in sorted order (what an optimizer walks): the weights
+    /// by HF key, or with LoRA the adapters by PEFT key.
     pub fn vars(&self) -> &BTreeMap<String, Var> {
+        match &self.lora {
+            Some(l) => &l.vars,
+            None => &self.vars,
+        }
+    }
+
+    /// The base weights by HF key (the same as `vars` without LoRA; frozen with it).
+    pub fn base_vars(&self) -> &BTreeMap<String, Var> {
         &self.vars
     }
 
-    /// Detached master tensors by HF key (they share storage with the variables).
+    /// The master dtype of trainable variables (f32; f64 in gradient checks).
+    pub(crate) fn master_dtype(&self) -> DType {
+        master_dtype(self.compute_dtype)
+    }
+
+    /// Freezes the base weights for LoRA: kept in the compute dtype (bf16 on CUDA), off the
+    /// graph (`w` detaches them).
+    pub(crate) fn freeze_base(&mut self) -> Result<()> {
+        let dt = self.compute_dtype;
+        for v in self.vars.values_mut() {
+            if v.dtype() != dt {
+                *v = Var::from_tensor(&v.as_tensor().to_dtype(dt)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Detached base tensors by HF key (they share storage with the variables).
     pub fn tensors(&self) -> BTreeMap<String, Tensor> {
         self.vars
             .iter()
@@ -176,32 +205,16 @@ impl Qwen3 {
             .collect()
     }
 
-    /// The first weight (by HF key) holding a NaN or an infinity, if any: x·0 is NaN exactly
-    /// for those, so one reduction per tensor tells, on any device.
+    /// The first trainable variable (by key; the adapters with LoRA) holding a NaN or an
+    /// infinity, if any: what an update can change, checked after each.
     pub fn first_non_finite(&self) -> Result<Option<String>> {
-        // x * 0 is 0 for a finite x and NaN otherwise; one device sync for the whole model
-        // (the trainer checks after every update), then a tensor at a time only on a miss.
-        let probe = |v: &Var| {
-            v.as_tensor()
-                .affine(0.0, 0.0)?
-                .to_dtype(DType::F32)?
-                .sum_all()
-        };
-        let sums = self.vars.values().map(probe).collect::<Result<Vec<_>>>()?;
-        if sums.is_empty()
-            || Tensor::stack(&sums, 0)?
-                .sum_all()?
-                .to_scalar::<f32>()?
-                .is_finite()
-        {
-            return Ok(None);
-        }
-        for (k, s) in self.vars.keys().zip(&sums) {
-            if !s.to_scalar::<f32>()?.is_finite() {
-                return Ok(Some(k.clone()));
-            }
-        }
-        Ok(None)
+        first_non_finite_in(self.vars())
+    }
+
+    /// The first base weight holding a NaN or an infinity (the same as `first_non_finite`
+    /// without LoRA): checked once when the weights are loaded.
+    pub fn first_non_finite_base(&self) -> Result<Option<String>> {
+        first_non_finite_in(&self.vars)
     }
 
     pub fn device(&self) -> &Device {
@@ -218,12 +231,23 @@ impl Qwen3 {
             Some(v) => v,
             None => crate::fail!("internal: weight `{name}` missing"),
         };
-        let t = if train {
-            v.as_tensor().clone()
-        } else {
-            v.as_tensor().detach()
+        let Some(lora) = &self.lora else {
+            let t = if train {
+                v.as_tensor().clone()
+            } else {
+                v.as_tensor().detach()
+            };
+            return t.to_dtype(self.compute_dtype);
         };
-        t.to_dtype(self.compute_dtype)
+        // LoRA: the frozen base plus the adapters' delta (with its graph when training).
+        let base = v.as_tensor().detach();
+        match lora.delta(name, train) {
+            None => base.to_dtype(self.compute_dtype),
+            Some(d) => {
+                let d = d?; // (Out, In), master dtype
+                (base.to_dtype(d.dtype())? + d)?.to_dtype(self.compute_dtype)
+            }
+        }
     }
 
     /// The weights the CPU decode step reads (`decode::weight_names` order), detached, with an
@@ -506,4 +530,31 @@ impl MaskOwned {
             MaskOwned::Ranges(r) => Mask::Ranges(r),
         }
     }
+}
+
+/// The first of `vars` (by key) holding a NaN or an infinity: x·0 is NaN exactly for those, so
+/// one reduction per tensor tells, on any device; one device sync for all of them (the trainer
+/// checks after every update), then a tensor at a time only on a miss.
+fn first_non_finite_in(vars: &BTreeMap<String, Var>) -> Result<Option<String>> {
+    let probe = |v: &Var| {
+        v.as_tensor()
+            .affine(0.0, 0.0)?
+            .to_dtype(DType::F32)?
+            .sum_all()
+    };
+    let sums = vars.values().map(probe).collect::<Result<Vec<_>>>()?;
+    if sums.is_empty()
+        || Tensor::stack(&sums, 0)?
+            .sum_all()?
+            .to_scalar::<f32>()?
+            .is_finite()
+    {
+        return Ok(None);
+    }
+    for (k, s) in vars.keys().zip(&sums) {
+        if !s.to_scalar::<f32>()?.is_finite() {
+            return Ok(Some(k.clone()));
+        }
+    }
+    Ok(None)
 }

@@ -74,7 +74,11 @@ pub fn save_model_dir(
         std::fs::remove_dir_all(&tmp)
             .with_context(|| format!("removing stale {}", tmp.display()))?;
     }
-    model.save(&tmp, &SaveOptions::default())?;
+    // A LoRA model's checkpoint is its adapters (PEFT's files); the base stays where it is.
+    match model.lora() {
+        Some(_) => model.save_adapter(&tmp, &model_src.display().to_string())?,
+        None => model.save(&tmp, &SaveOptions::default())?,
+    }
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         if model_src.join(f).is_file() {
             std::fs::copy(model_src.join(f), tmp.join(f))
@@ -90,6 +94,28 @@ pub fn save_model_dir(
         sync_path(parent)?;
     }
     Ok(dir.to_path_buf())
+}
+
+/// A LoRA checkpoint (`ckpt`, adapters of `base`) exported as `out/merged` (the adapted
+/// weights merged into the base, HF layout with the base's tokenizer: transformers loads it)
+/// and `out/adapter` (PEFT's files). Returns both paths.
+pub fn export_lora(ckpt: &Path, base: &Path, out: &Path) -> Result<(PathBuf, PathBuf)> {
+    if !ckpt.join("adapter_config.json").is_file() {
+        anyhow::bail!(
+            "{} holds no adapter_config.json: not a LoRA checkpoint (a full checkpoint is already in HF layout)",
+            ckpt.display()
+        );
+    }
+    let dev = candle_core::Device::Cpu;
+    let mut m = Qwen3::load(base, &dev, candle_core::DType::F32)
+        .with_context(|| format!("loading the base {}", base.display()))?;
+    m.load_adapter(ckpt)
+        .with_context(|| format!("loading the adapters of {}", ckpt.display()))?;
+    let merged = m.merged()?;
+    let dir = save_model_dir(&out.join("merged"), &merged, base, |_| Ok(()))?;
+    let adapter = out.join("adapter");
+    m.save_adapter(&adapter, &base.display().to_string())?;
+    Ok((dir, adapter))
 }
 
 /// fsync of one file or directory (a directory's entries: creations and renames).

@@ -46,6 +46,14 @@ impl Run<'_> {
     }
 }
 
+/// What this rank builds before rank 0's weights arrive: a model of random weights, which they
+/// overwrite; with LoRA rank 0 sends the adapters only, so the frozen base is read here.
+fn weights_from_rank_0(cfg: &mut RunConfig) {
+    if cfg.model.lora.is_none() {
+        cfg.model.init = crate::config::Init::Random;
+    }
+}
+
 /// A rank other than 0: takes part in rank 0's SFT warm-up if there is one, receives the
 /// start, then steps with rank 0 until the last step.
 fn follow(
@@ -61,7 +69,7 @@ fn follow(
         // rank 0's fresh weights, warmed up together (the config is this rank's own: rank 0
         // checked the run's, and every rank reads the same file).
         let mut cfg = mine.clone();
-        cfg.model.init = crate::config::Init::Random;
+        weights_from_rank_0(&mut cfg);
         let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
         let model = init_model(&cfg, &dev, dtype)?;
         receive_weights(&mut *c, model.vars(), "weights to warm up")?;
@@ -69,9 +77,9 @@ fn follow(
         crate::sft::sft(&cfg, &model, &tok, &mut NoRecords, Some(&mut *c))?;
     }
     let (header, mut cfg) = receive_header(&mut *c, mine)?;
-    // The weights come from rank 0; building the model needs no checkpoint on this rank. The
-    // device is this rank's own (the launcher gives each local rank its GPU).
-    cfg.model.init = crate::config::Init::Random;
+    // The trained weights come from rank 0. The device is this rank's own (the launcher gives
+    // each local rank its GPU).
+    weights_from_rank_0(&mut cfg);
     cfg.run.device = mine.run.device.clone();
     let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
     let policy = init_model(&cfg, &dev, dtype)?;

@@ -129,7 +129,7 @@ fn origin(
     // Resume from the newest complete checkpoint with finite weights, or start from the
     // configured model.
     let resume = match cfg.run.resume {
-        Resume::Auto => resume_point(dir, dev, dtype)?,
+        Resume::Auto => resume_point(cfg, dir, dev, dtype)?,
         Resume::Never => None,
     };
     if resume.is_none() && cfg.run.resume == Resume::Never && dir.join("metrics.jsonl").exists() {
@@ -243,13 +243,14 @@ fn begin(
 /// The newest complete checkpoint whose weights are finite, its state and its weights. A
 /// newer one of non-finite weights (written by an older build) is skipped with one line.
 fn resume_point(
+    cfg: &RunConfig,
     dir: &Path,
     dev: &candle_core::Device,
     dtype: candle_core::DType,
 ) -> Result<Option<(PathBuf, TrainState, Qwen3)>> {
     for ckpt in checkpoints_newest_first(dir)? {
         let state = read_state(&ckpt)?;
-        let m = Qwen3::load(&ckpt, dev, dtype)?;
+        let m = crate::load::load_checkpoint_model(cfg, &ckpt, dev, dtype)?;
         match m.first_non_finite()? {
             None => return Ok(Some((ckpt, state, m))),
             Some(name) => tracing::warn!(
@@ -283,7 +284,7 @@ fn load_reference(
     dev: &candle_core::Device,
     dtype: candle_core::DType,
 ) -> Result<Option<Qwen3>> {
-    if cfg.grpo.kl_coef <= 0.0 {
+    if !crate::load::needs_reference(cfg) {
         return Ok(None);
     }
     let path = dir.join(crate::checkpoint::step_name(0));
@@ -294,7 +295,7 @@ fn load_reference(
 
 /// Starting weights with a NaN or an infinity are an error naming where they came from.
 fn check_weights(model: &Qwen3, source: &Path) -> Result<()> {
-    if let Some(name) = model.first_non_finite()? {
+    if let Some(name) = model.first_non_finite_base()? {
         bail!(
             "the weights loaded from {} hold non-finite values (first: {name})",
             source.display()

@@ -178,8 +178,9 @@ impl GrpoTrainer {
         cfg.validate()?;
         let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
         let path = cfg.model.path.clone();
-        let policy = Qwen3::load(&path, &dev, dtype)?;
-        let reference = if cfg.grpo.kl_coef > 0.0 {
+        let mut policy = Qwen3::load(&path, &dev, dtype)?;
+        crate::load::add_configured_lora(&cfg, &mut policy)?;
+        let reference = if crate::load::needs_reference(&cfg) {
             Some(Qwen3::load(&path, &dev, dtype)?)
         } else {
             None
@@ -198,10 +199,12 @@ impl GrpoTrainer {
     /// cursor; `step` does. Data parallel: this rank generates its share of the groups and
     /// receives the others' statistics (collect.rs).
     pub fn rollout(&mut self) -> Result<Collected> {
+        // With LoRA the rollout decodes a merged copy, made once for the step.
+        let merged = self.policy.decoding_copy()?;
         collect(
             &self.cfg,
             &self.task,
-            &self.policy,
+            merged.as_ref().unwrap_or(&self.policy),
             &self.tok,
             &self.gen,
             self.step,

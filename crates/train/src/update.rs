@@ -108,10 +108,15 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
         step,
     } = b;
     let mut out = UpdateStats::default();
-    if let Some(r) = reference {
+    // The KL reference: a separate model, or with LoRA the policy with its adapters off.
+    let lora_reference = reference.is_none() && g.kl_coef > 0.0 && model.lora().is_some();
+    if let Some(r) = reference.or(lora_reference.then_some(model)) {
         let t0 = std::time::Instant::now();
         let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, r);
-        let ref_lp = logprobs(r, &seqs, how)?;
+        let ref_lp = {
+            let _base = lora_reference.then(|| model.adapter_off());
+            logprobs(r, &seqs, how)?
+        };
         for (s, lp) in seqs.iter_mut().zip(ref_lp) {
             s.ref_logp = Some(lp);
         }

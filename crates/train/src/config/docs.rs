@@ -80,6 +80,26 @@ fn inline(v: &toml::Value) -> String {
     }
 }
 
+/// The defaults of an optional table's keys, where the type has them (a key without one is
+/// required once the table is given).
+fn sub_defaults(ty: &str) -> Option<toml::Value> {
+    use crate::config::{CorrectionLevel, CorrectionMethod, LoraSection, RolloutCorrection};
+    match ty {
+        "LoraSection" => toml::Value::try_from(LoraSection::default()).ok(),
+        "RolloutCorrection" => {
+            let mut t = toml::Value::try_from(RolloutCorrection {
+                method: CorrectionMethod::Tis,
+                cap: 2.0,
+                level: CorrectionLevel::Token,
+            })
+            .ok()?;
+            t.as_table_mut()?.remove("method");
+            Some(t)
+        }
+        _ => None,
+    }
+}
+
 /// The markdown page, from the sources of config/mod.rs and config/sections.rs.
 pub fn markdown(mod_rs: &str, sections_rs: &str) -> String {
     let all = structs(sections_rs);
@@ -110,6 +130,24 @@ pub fn markdown(mod_rs: &str, sections_rs: &str) -> String {
                         f.key,
                         f.doc.replace('|', "\\|")
                     );
+                    // An optional table of this file's types: its keys, when it is given.
+                    let inner =
+                        f.ty.strip_prefix("Option<")
+                            .and_then(|t| t.strip_suffix('>'));
+                    for sub in inner.and_then(|t| all.get(t)).into_iter().flatten() {
+                        let d = inner
+                            .and_then(sub_defaults)
+                            .and_then(|t| t.get(&sub.key).cloned())
+                            .map_or("required".to_string(), |v| format!("`{}`", inline(&v)));
+                        let _ = writeln!(
+                            s,
+                            "| `{}.{}.{}` | {d} | {} |",
+                            section.key,
+                            f.key,
+                            sub.key,
+                            sub.doc.replace('|', "\\|")
+                        );
+                    }
                 }
             }
             None => {

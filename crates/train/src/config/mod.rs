@@ -94,6 +94,9 @@ impl RunConfig {
                 g.gspo_clip_high
             );
         }
+        if let Some(l) = &self.model.lora {
+            l.to_config()?;
+        }
         if let Some(rc) = &g.rollout_correction {
             if rc.cap <= 1.0 {
                 bail!("grpo.rollout_correction.cap must be > 1, got {}", rc.cap);

@@ -99,6 +99,67 @@ pub struct ModelSection {
     /// Layer checkpointing in the training backward (keep each layer's input, recompute one
     /// layer at a time): "auto" (on for CUDA runs), "on" or "off".
     pub checkpoint_layers: Toggle,
+    /// LoRA adapters (`[model.lora]`): train them alone, the base frozen; absent = full
+    /// fine-tuning.
+    pub lora: Option<LoraSection>,
+}
+
+/// `[model.lora]`: PEFT's LoRA (docs/methods.md, LoRA).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    /// r, the adapters' rank.
+    pub rank: usize,
+    /// α; the delta is (α / r) · B A.
+    pub alpha: f64,
+    /// PEFT's lora_dropout; only 0 (its default) is accepted: the PPO ratio needs the same
+    /// forward for the old and the new policy.
+    pub dropout: f64,
+    /// The projections adapted: any of "q", "k", "v", "o", "gate", "up", "down".
+    pub targets: Vec<String>,
+    /// A's initialisation (B starts at zero): "kaiming" (PEFT's default) or "gaussian".
+    pub init: LoraInitKind,
+}
+
+/// How LoRA's A starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraInitKind {
+    #[default]
+    Kaiming,
+    Gaussian,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            rank: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            targets: ["q", "k", "v", "o", "gate", "up", "down"]
+                .map(String::from)
+                .to_vec(),
+            init: LoraInitKind::Kaiming,
+        }
+    }
+}
+
+impl LoraSection {
+    /// The model crate's adapter shape (the section validated).
+    pub fn to_config(&self) -> anyhow::Result<terse_model::LoraConfig> {
+        if self.dropout != 0.0 {
+            anyhow::bail!(
+                "model.lora.dropout = {} is not supported: only 0 (PEFT's default), since the PPO ratio needs the same forward for the old and the new policy",
+                self.dropout
+            );
+        }
+        let init = match self.init {
+            LoraInitKind::Kaiming => terse_model::LoraInit::Kaiming,
+            LoraInitKind::Gaussian => terse_model::LoraInit::Gaussian,
+        };
+        terse_model::LoraConfig::new(self.rank, self.alpha, &self.targets, init)
+            .map_err(|e| anyhow::anyhow!("model.lora: {e}"))
+    }
 }
 
 impl Default for ModelSection {
@@ -108,6 +169,7 @@ impl Default for ModelSection {
             init: Init::Random,
             attention: AttentionKind::Auto,
             checkpoint_layers: Toggle::Auto,
+            lora: None,
         }
     }
 }
