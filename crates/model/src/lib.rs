@@ -22,6 +22,7 @@ macro_rules! fail {
     };
 }
 
+mod adapters;
 pub mod backward;
 pub mod batch;
 pub mod cache;

@@ -3,17 +3,14 @@
 //! base weights are frozen (stored in the compute dtype: bf16 on CUDA); the adapters are the
 //! model's only trainable variables (`Qwen3::vars`), so the optimizer, the gradients, ZeRO and
 //! the checkpoints see them alone. `Qwen3::w` adds the delta (with its graph when training);
-//! the rollout decodes a merged copy (`merged`), made once per GRPO step; `adapter_off` turns
-//! the delta off, which makes the policy its own KL reference.
+//! the rollout decodes a merged copy (`Qwen3::merged`, adapters.rs), made once per GRPO step;
+//! `adapter_off` turns the delta off, which makes the policy its own KL reference.
 //!
 //! Files are PEFT's: adapter_config.json and adapter_model.safetensors with the keys
 //! `base_model.model.<module>.lora_A.weight` / `lora_B.weight`.
 
-use crate::model::Qwen3;
-use candle_core::{DType, Result, Tensor, Var};
-use rand::{Rng, SeedableRng};
+use candle_core::{Result, Tensor, Var};
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The projections LoRA can target, by PEFT's module names.
@@ -98,7 +95,7 @@ pub(crate) struct Lora {
 }
 
 /// PEFT's key of weight `name`'s A ("A") or B ("B") matrix.
-fn peft_key(name: &str, ab: &str) -> String {
+pub(crate) fn peft_key(name: &str, ab: &str) -> String {
     let module = name.trim_end_matches(".weight");
     format!("base_model.model.{module}.lora_{ab}.weight")
 }
@@ -124,209 +121,12 @@ impl Lora {
 }
 
 /// Turns the adapters off while it lives (the KL reference: the base model).
-pub struct AdapterOff<'a>(Option<&'a AtomicBool>);
+pub struct AdapterOff<'a>(pub(crate) Option<&'a AtomicBool>);
 
 impl Drop for AdapterOff<'_> {
     fn drop(&mut self) {
         if let Some(e) = self.0 {
             e.store(true, Ordering::Relaxed);
         }
-    }
-}
-
-impl Qwen3 {
-    /// Adds fresh adapters (A by `config.init` from `seed`, B zero) and freezes the base,
-    /// which is kept in the compute dtype.
-    pub fn add_lora(&mut self, config: LoraConfig, seed: u64) -> Result<()> {
-        if self.lora.is_some() {
-            crate::fail!("the model already has LoRA adapters");
-        }
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let r = config.rank;
-        let mut vars = BTreeMap::new();
-        for (name, shape) in self.config.expected_tensors() {
-            let targeted = config
-                .targets
-                .iter()
-                .any(|t| name.ends_with(&format!(".{t}.weight")));
-            if !targeted {
-                continue;
-            }
-            let (out, inp) = (shape[0], shape[1]);
-            let a: Vec<f32> = match config.init {
-                LoraInit::Kaiming => {
-                    let bound = 1.0 / (inp as f32).sqrt();
-                    (0..r * inp)
-                        .map(|_| rng.random_range(-bound..bound))
-                        .collect()
-                }
-                LoraInit::Gaussian => (0..r * inp)
-                    .map(|_| {
-                        let (u1, u2): (f32, f32) = (1.0 - rng.random::<f32>(), rng.random::<f32>());
-                        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-                            / (r as f32).sqrt()
-                    })
-                    .collect(),
-            };
-            let master = self.master_dtype();
-            let a = Tensor::from_vec(a, (r, inp), &self.device)?.to_dtype(master)?;
-            let b = Tensor::zeros((out, r), master, &self.device)?;
-            vars.insert(peft_key(&name, "A"), Var::from_tensor(&a)?);
-            vars.insert(peft_key(&name, "B"), Var::from_tensor(&b)?);
-        }
-        self.freeze_base()?;
-        self.lora = Some(Lora {
-            config,
-            vars,
-            enabled: AtomicBool::new(true),
-        });
-        Ok(())
-    }
-
-    /// The adapters' shape, when the model has them.
-    pub fn lora(&self) -> Option<&LoraConfig> {
-        self.lora.as_ref().map(|l| &l.config)
-    }
-
-    /// The base model while the guard lives (no-op without adapters).
-    pub fn adapter_off(&self) -> AdapterOff<'_> {
-        let e = self.lora.as_ref().map(|l| &l.enabled);
-        if let Some(e) = e {
-            e.store(false, Ordering::Relaxed);
-        }
-        AdapterOff(e)
-    }
-
-    /// A model without adapters whose weights are the adapted ones (W + (α / r) B A), in the
-    /// compute dtype: what the rollout decodes (once per step) and what `export` saves.
-    pub fn merged(&self) -> Result<Qwen3> {
-        let mut tensors = BTreeMap::new();
-        for name in self.base_vars().keys() {
-            tensors.insert(name.clone(), self.w(name, false)?);
-        }
-        let mut m = Qwen3::from_tensors(self.config.clone(), tensors, self.compute_dtype)?;
-        m.storage_dtype = self.storage_dtype;
-        m.options = self.options;
-        // A decoding copy: kept in the compute dtype (bf16 on CUDA), like a LoRA base.
-        m.freeze_base()?;
-        Ok(m)
-    }
-
-    /// What decoding should run: with adapters, the merged copy (made here, once per call: the
-    /// rollout makes one per GRPO step); None without, so the model itself decodes.
-    pub fn decoding_copy(&self) -> Result<Option<Qwen3>> {
-        match &self.lora {
-            Some(_) => self.merged().map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// Writes the adapters as PEFT does: adapter_config.json and adapter_model.safetensors.
-    pub fn save_adapter(&self, dir: &Path, base: &str) -> Result<()> {
-        let Some(l) = &self.lora else {
-            crate::fail!("the model has no LoRA adapters to save");
-        };
-        std::fs::create_dir_all(dir).map_err(|e| crate::checkpoint::io_err(dir, e))?;
-        let c = &l.config;
-        let cfg = serde_json::json!({
-            "base_model_name_or_path": base,
-            "peft_type": "LORA",
-            "task_type": "CAUSAL_LM",
-            "r": c.rank,
-            "lora_alpha": c.alpha,
-            "lora_dropout": 0.0,
-            "target_modules": c.targets,
-            "bias": "none",
-            "fan_in_fan_out": false,
-            "init_lora_weights": match c.init {
-                LoraInit::Kaiming => serde_json::json!(true),
-                LoraInit::Gaussian => serde_json::json!("gaussian"),
-            },
-            "inference_mode": true,
-            "use_rslora": false,
-            "use_dora": false,
-            "modules_to_save": null,
-            "layers_to_transform": null,
-            "rank_pattern": {},
-            "alpha_pattern": {},
-        });
-        let text = serde_json::to_string_pretty(&cfg)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        crate::checkpoint::atomic_write(&dir.join("adapter_config.json"), text.as_bytes())?;
-        let tensors: BTreeMap<String, Tensor> = l
-            .vars
-            .iter()
-            .map(|(k, v)| {
-                Ok((
-                    k.clone(),
-                    v.as_tensor()
-                        .to_dtype(DType::F32)?
-                        .to_device(&candle_core::Device::Cpu)?,
-                ))
-            })
-            .collect::<Result<_>>()?;
-        let bytes = safetensors::serialize(tensors.iter().map(|(k, t)| (k.as_str(), t)), None)
-            .map_err(|e| crate::checkpoint::io_err(dir, e))?;
-        crate::checkpoint::atomic_write(&dir.join("adapter_model.safetensors"), &bytes)
-    }
-
-    /// Loads PEFT adapters (written by `save_adapter` or by PEFT) onto this base model, which
-    /// must have none yet; every adapter of the config must be present with its shape.
-    pub fn load_adapter(&mut self, dir: &Path) -> Result<()> {
-        let path = dir.join("adapter_config.json");
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| crate::checkpoint::io_err(&path, e))?;
-        let raw: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        let field = |k: &str| {
-            raw.get(k).ok_or_else(|| {
-                candle_core::Error::Msg(format!("{}: missing `{k}`", path.display()))
-            })
-        };
-        let rank = field("r")?.as_u64().unwrap_or(0) as usize;
-        let alpha = field("lora_alpha")?.as_f64().unwrap_or(0.0);
-        let targets: Vec<String> = match field("target_modules")? {
-            serde_json::Value::Array(a) => a
-                .iter()
-                .filter_map(|t| t.as_str().map(String::from))
-                .collect(),
-            serde_json::Value::String(s) if s == "all-linear" => {
-                TARGETS.iter().map(|t| t.to_string()).collect()
-            }
-            other => crate::fail!("{}: target_modules {other} is not a list", path.display()),
-        };
-        for (k, want) in [("use_dora", false), ("use_rslora", false)] {
-            if raw.get(k).and_then(|v| v.as_bool()).unwrap_or(false) != want {
-                crate::fail!("{}: `{k}: true` is not supported", path.display());
-            }
-        }
-        let init = match raw.get("init_lora_weights").and_then(|v| v.as_str()) {
-            Some("gaussian") => LoraInit::Gaussian,
-            _ => LoraInit::Kaiming,
-        };
-        let config = LoraConfig::new(rank, alpha, &targets, init)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        self.add_lora(config, 0)?;
-        let file = dir.join("adapter_model.safetensors");
-        let loaded = candle_core::safetensors::load(&file, &self.device)?;
-        let Some(l) = &mut self.lora else {
-            crate::fail!("internal: adapters missing after add_lora");
-        };
-        for (k, v) in &l.vars {
-            let t = match loaded.get(k) {
-                Some(t) => t,
-                None => crate::fail!("{}: adapter `{k}` missing", file.display()),
-            };
-            if t.dims() != v.dims() {
-                crate::fail!(
-                    "{}: `{k}` has shape {:?}, expected {:?}",
-                    file.display(),
-                    t.dims(),
-                    v.dims()
-                );
-            }
-            v.set(&t.to_dtype(v.dtype())?)?;
-        }
-        Ok(())
     }
 }
