@@ -241,3 +241,73 @@ fn full_model_gradient_matches_finite_differences() {
         }
     }
 }
+
+/// LoRA (issue 35): the gradients of A and B (f64, B made non-zero so A gets one too) against
+/// central finite differences of the loss, through the same training path; the frozen base
+/// gets none.
+#[test]
+fn lora_adapter_gradients_match_finite_differences() {
+    let mut model = tiny_model(7);
+    let targets: Vec<String> = ["q", "v", "down"].map(String::from).to_vec();
+    let lc = terse_model::LoraConfig::new(2, 4.0, &targets, terse_model::LoraInit::Gaussian)
+        .expect("lora");
+    model.add_lora(lc, 3).expect("add");
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    for (k, v) in model.vars() {
+        if k.contains("lora_B") {
+            v.set(&rand_tensor(&mut rng, v.dims(), 0.3)).expect("B");
+        }
+    }
+    let batch =
+        Batch::from_rows(&[vec![3, 1, 4, 1, 5]], 0, Padding::Right, &Device::Cpu).expect("batch");
+    let (rows, targets) = batch.next_token_selection();
+    let loss = |m: &Qwen3| -> f64 {
+        let lp = m
+            .token_logprobs(&batch, &rows, &targets, true)
+            .expect("logp");
+        project(&lp, 12).expect("p").to_scalar::<f64>().expect("f")
+    };
+    let lp = model
+        .token_logprobs(&batch, &rows, &targets, true)
+        .expect("logp");
+    let grads = project(&lp, 12).expect("p").backward().expect("backward");
+    for v in model.base_vars().values() {
+        assert!(
+            grads.get(v.as_tensor()).is_none(),
+            "the frozen base got a gradient"
+        );
+    }
+    assert_eq!(model.vars().len(), 2 * 3 * 2);
+    for (name, var) in model.vars() {
+        let g = grads
+            .get(var.as_tensor())
+            .expect("grad")
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f64>())
+            .expect("v");
+        let x0 = var
+            .as_tensor()
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f64>())
+            .expect("x");
+        for _ in 0..3 {
+            let j = rng.random_range(0..g.len());
+            let shifted = |d: f64| {
+                let mut x = x0.clone();
+                x[j] += d;
+                var.set(&Tensor::from_vec(x, var.shape(), &Device::Cpu).expect("t"))
+                    .expect("set");
+                let l = loss(&model);
+                var.set(&Tensor::from_vec(x0.clone(), var.shape(), &Device::Cpu).expect("t"))
+                    .expect("restore");
+                l
+            };
+            let fd = (shifted(1e-6) - shifted(-1e-6)) / 2e-6;
+            assert!(
+                (fd - g[j]).abs() < 1e-6 * (1.0 + fd.abs()),
+                "{name}[{j}]: autograd {} vs fd {fd}",
+                g[j]
+            );
+        }
+    }
+}

@@ -240,3 +240,37 @@ fn short_rl_configs_take_a_step_on_a_tiny_qwen2_of_the_paper_layout() {
         assert_eq!(t.position().0, 1, "{file}");
     }
 }
+
+/// Issue 35: GRPO-λ's Qwen3-8B config does not fit one 141 GB GPU with full fine-tuning, and
+/// does with LoRA rank 64 on every projection (no optimizer state for the base, no second model
+/// for the KL term); the plan names the largest micro-batch.
+#[test]
+fn grpo_lambda_8b_fits_one_141_gb_gpu_with_lora_rank_64() {
+    let mut c = load("grpo_lambda_qwen3_8b.toml");
+    let shape = terse_train::plan::model_shape(&c).expect("Qwen3-8B's shape");
+    let gb141 = 141e9 as u64;
+    let target = terse_train::plan::Target {
+        cuda: true,
+        device_bytes: Some(gb141),
+        device_total: Some(gb141),
+        gpus: 1,
+        prompt_tokens: 512,
+    };
+    let full = terse_train::plan::plan(&c, &shape, target);
+    assert!(!full.fits(), "full fine-tuning fits?\n{}", full.table());
+    c.model.lora = Some(terse_train::config::LoraSection {
+        rank: 64,
+        alpha: 128.0,
+        ..Default::default()
+    });
+    let lora = terse_train::plan::plan(&c, &shape, target);
+    println!("{}", lora.table());
+    assert!(lora.fits(), "{}", lora.table());
+    let mb = lora.max_micro_batch_tokens.expect("largest micro-batch");
+    println!(
+        "full {:.1} GB, LoRA r64 {:.1} GB, largest micro-batch {mb} tokens",
+        full.total as f64 / 1e9,
+        lora.total as f64 / 1e9
+    );
+    assert!(mb >= c.grpo.micro_batch_tokens as u64, "{mb}");
+}

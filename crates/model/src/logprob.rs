@@ -153,6 +153,8 @@ impl Kernel<2> for FusedLogProb {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<[Option<Tensor>; 2]> {
+        // A frozen head (LoRA) needs no (V, H) gradient: skip its matmul per chunk.
+        let head_grad = weight.track_op();
         let (h, w) = (hidden.detach(), weight.detach());
         let (n, _) = h.dims2()?;
         let acc = accum_dtype(h.dtype());
@@ -182,20 +184,26 @@ impl Kernel<2> for FusedLogProb {
                 e.broadcast_mul(&scale)?.scatter_add(&tgt, &g, 1)? // (n, V)
             };
             dh_parts.push(dlogits.matmul(&wa)?); // (n, H)
+            if !head_grad {
+                continue;
+            }
             let dwc = dlogits.t()?.matmul(&hc.to_dtype(acc)?)?; // (V, H)
             dw = Some(match dw {
                 None => dwc,
                 Some(d) => (d + dwc)?,
             });
         }
-        let dw = match dw {
-            Some(d) => d,
-            None => wa.zeros_like()?,
-        };
         let dh = if dh_parts.is_empty() {
             h.zeros_like()?
         } else {
             Tensor::cat(&dh_parts, 0)?.to_dtype(h.dtype())?
+        };
+        if !head_grad {
+            return Ok([Some(dh), None]);
+        }
+        let dw = match dw {
+            Some(d) => d,
+            None => wa.zeros_like()?,
         };
         Ok([Some(dh), Some(dw.to_dtype(w.dtype())?)])
     }

@@ -49,6 +49,19 @@ impl LoraConfig {
         self.alpha / self.rank as f64
     }
 
+    /// The adapters' parameters on model shape `c`: r · (In + Out) per targeted projection.
+    pub fn parameters(&self, c: &crate::Config) -> usize {
+        c.expected_tensors()
+            .iter()
+            .filter(|(n, _)| {
+                self.targets
+                    .iter()
+                    .any(|t| n.ends_with(&format!(".{t}.weight")))
+            })
+            .map(|(_, s)| self.rank * (s[0] + s[1]))
+            .sum()
+    }
+
     /// Checks the shape: rank ≥ 1, α > 0, known and non-empty targets (q/k/v/o/gate/up/down
     /// or their `_proj` names), normalised to PEFT's names in `TARGETS` order.
     pub fn new(rank: usize, alpha: f64, targets: &[String], init: LoraInit) -> Result<Self> {

@@ -128,12 +128,49 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
             note,
         });
     };
+    // What the optimizer trains: every weight, or with LoRA the adapters alone.
+    let lora = cfg.model.lora.as_ref().and_then(|l| l.to_config().ok());
+    let trained = match &lora {
+        Some(l) => {
+            let n = l.parameters(c) as u64;
+            add(
+                "frozen base weights",
+                params * value,
+                format!("{params} parameters in the compute dtype (LoRA), on every GPU"),
+            );
+            add(
+                "LoRA merged rollout copy",
+                params * value,
+                "base + adapters, made once per step for the rollout".into(),
+            );
+            // One layer's merged weights and their gradient in the backward (f32), two with
+            // checkpointing (the recomputed layer and the next).
+            let layer: u64 = c
+                .expected_tensors()
+                .iter()
+                .filter(|(k, _)| k.starts_with("model.layers.0.") && k.ends_with("_proj.weight"))
+                .map(|(_, s)| (s[0] * s[1]) as u64)
+                .sum();
+            add(
+                "LoRA merge transients",
+                layer * 8 * if checkpointing { 2 } else { 1 },
+                "a layer's W + (α/r)·BA and its gradient, f32".into(),
+            );
+            n
+        }
+        None => params,
+    };
+    let what = if lora.is_some() {
+        "adapter"
+    } else {
+        "parameter"
+    };
     add(
         "f32 master weights",
-        shard(params * 4),
-        format!("{params} parameters{sharded}"),
+        shard(trained * 4),
+        format!("{trained} {what}s{sharded}"),
     );
-    if t.cuda {
+    if t.cuda && lora.is_none() {
         add(
             "bf16 compute weights",
             params * 2,
@@ -142,15 +179,15 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
     }
     add(
         "AdamW moments",
-        shard(params * 8),
-        format!("two f32 per parameter{sharded}"),
+        shard(trained * 8),
+        format!("two f32 per {what}{sharded}"),
     );
     add(
         "f32 gradients",
-        shard(params * 4) + params * 4,
+        shard(trained * 4) + trained * 4,
         format!("accumulated{sharded}, and one micro-batch's in flight"),
     );
-    if g.kl_coef > 0.0 {
+    if crate::load::needs_reference(cfg) {
         add(
             "KL reference model",
             params * 4,
