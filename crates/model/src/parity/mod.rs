@@ -18,7 +18,7 @@ mod paged;
 use candle_core::{Device, Result};
 pub use common::{bf16_tolerance, diff, Group, Row};
 use flash::{flash_bf16, flash_f32};
-use model::{model_decode, model_training};
+use model::{model_decode, model_decode_qwen2, model_training};
 use ops::{
     kv_cache_bf16, kv_cache_f32, logprob_f32, rmsnorm_bf16, rmsnorm_f32, rope_bf16, rope_f32,
 };
@@ -31,6 +31,7 @@ pub fn groups() -> Vec<Group> {
         ("flash attention bf16", flash_bf16),
         ("paged attention bf16", paged_bf16),
         ("model decode bf16", model_decode),
+        ("qwen2 model decode bf16", model_decode_qwen2),
         ("model training bf16 vs f32", model_training),
         ("kv cache bf16", kv_cache_bf16),
         ("rmsnorm bf16", rmsnorm_bf16),

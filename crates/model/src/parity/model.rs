@@ -13,13 +13,23 @@ fn small_config() -> Result<crate::Config> {
 /// composite ops (`DecodePath::Composite`) on the same device, the same tokens fed to both:
 /// the logits' max difference and how many steps pick a different token.
 pub(super) fn model_decode(dev: &Device) -> Result<Vec<Row>> {
+    decode_rows(dev, small_config()?, "model")
+}
+
+/// `model_decode` for the same shape as a Qwen2 (q/k/v biases, no q/k norm): the kernels path
+/// runs the same layer code with the biases added.
+pub(super) fn model_decode_qwen2(dev: &Device) -> Result<Vec<Row>> {
+    decode_rows(dev, small_config()?.as_qwen2()?, "qwen2 model")
+}
+
+fn decode_rows(dev: &Device, config: crate::Config, what: &str) -> Result<Vec<Row>> {
     use crate::cached::DecodePath;
     let dt = if dev.is_cuda() {
         DType::BF16
     } else {
         DType::F32
     };
-    let model = crate::Qwen3::random(small_config()?, 7, dev, dt)?;
+    let model = crate::Qwen3::random(config, 7, dev, dt)?;
     let prompts: Vec<Vec<u32>> = vec![(1..9).collect(), (20..25).collect()];
     let batch = crate::Batch::from_rows(&prompts, 0, crate::Padding::Left, dev)?;
     let (b, t) = batch.input_ids.dims2()?;
@@ -53,12 +63,12 @@ pub(super) fn model_decode(dev: &Device) -> Result<Vec<Row>> {
     let tol = if dev.is_cuda() { 0.1 } else { 2e-4 };
     Ok(vec![
         Row {
-            name: "model decode logits, kernels vs composite (16 steps)".into(),
+            name: format!("{what} decode logits, kernels vs composite (16 steps)"),
             max_diff: worst,
             tolerance: tol,
         },
         Row {
-            name: "model decode greedy tokens that differ (of 32)".into(),
+            name: format!("{what} decode greedy tokens that differ (of 32)"),
             max_diff: disagree as f64,
             tolerance: if dev.is_cuda() { 1.0 } else { 0.0 },
         },
