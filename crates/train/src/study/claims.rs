@@ -3,8 +3,14 @@
 //! method against seed s of the other: same SFT start, same data order), a 95 % interval
 //! (Student t over the seeds' differences), and a verdict: "holds" when the interval lies on
 //! the claimed side, "fails" when it lies on the opposite side, "unresolved" otherwise (or with
-//! one seed). `cargo xtask repro` (xtask/src/summary.rs) puts the section into docs/results.md;
-//! research code calls `section` or `paired` on its own runs.
+//! one seed). Beside it, a robust verdict from an exact paired sign-flip permutation test of
+//! the mean difference (one-sided, 5 %, in each direction): one seed that collapses on the
+//! claimed side widens the t interval past 0, but cannot move the sign-flip test, because
+//! flipping it only makes the mean less extreme. The test was chosen before testbed v3 had
+//! results (issue 36); with 5 seeds its smallest p-value is 1/32, so it can decide a claim
+//! only when every seed agrees. `cargo xtask repro` (xtask/src/summary.rs) puts the section
+//! into docs/results.md; research code calls `section`, `paired` or `sign_flip_p` on its own
+//! runs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,6 +35,37 @@ pub struct Interval {
     pub ci: Option<(f64, f64)>,
     pub below_zero: usize,
     pub n: usize,
+    /// The differences themselves (the first `MAX_FLIP_SEEDS`), for the sign-flip test.
+    pub diffs: [f64; MAX_FLIP_SEEDS],
+}
+
+/// The most seeds the sign-flip test enumerates exactly (2^n sign patterns).
+pub const MAX_FLIP_SEEDS: usize = 20;
+
+/// The exact one-sided p-value of the paired sign-flip permutation test that the mean of
+/// `diffs` is below `x`: the share of the 2^n sign patterns s whose mean of s·(d − x) is at
+/// most the observed one (the observed pattern included, so never 0). None without
+/// differences or with more than `MAX_FLIP_SEEDS`. `above` is `sign_flip_p` of the negated
+/// differences at −x.
+pub fn sign_flip_p(diffs: &[f64], x: f64) -> Option<f64> {
+    let n = diffs.len();
+    if n == 0 || n > MAX_FLIP_SEEDS {
+        return None;
+    }
+    let d: Vec<f64> = diffs.iter().map(|v| v - x).collect();
+    let observed: f64 = d.iter().sum();
+    let eps = 1e-12 * d.iter().map(|v| v.abs()).sum::<f64>().max(1.0);
+    let extreme = (0u32..1 << n)
+        .filter(|mask| {
+            let s: f64 = d
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if mask >> i & 1 == 1 { -v } else { *v })
+                .sum();
+            s <= observed + eps
+        })
+        .count();
+    Some(extreme as f64 / f64::from(1u32 << n))
 }
 
 /// The 0.975 quantile of Student's t with `df` degrees of freedom.
@@ -50,11 +87,31 @@ pub fn paired(diffs: &[f64]) -> Interval {
         let half = t975(n - 1) * sd / (n as f64).sqrt();
         (mean - half, mean + half)
     });
+    let mut kept = [0.0; MAX_FLIP_SEEDS];
+    for (k, d) in kept.iter_mut().zip(diffs) {
+        *k = *d;
+    }
     Interval {
         mean,
         ci,
         below_zero: diffs.iter().filter(|&&d| d < 0.0).count(),
         n,
+        diffs: kept,
+    }
+}
+
+/// Which test a verdict reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// The 95 % t interval lies on a side.
+    T,
+    /// The one-sided sign-flip p-value is below 0.05.
+    SignFlip,
+}
+
+impl Interval {
+    fn flips(&self) -> Option<&[f64]> {
+        (self.n <= MAX_FLIP_SEEDS).then(|| &self.diffs[..self.n])
     }
 }
 
@@ -75,19 +132,53 @@ impl Verdict {
     }
 }
 
-/// "below 0" / "above 0" tests on an interval (false without one).
-fn below(i: Interval, x: f64) -> bool {
-    i.ci.is_some_and(|(_, hi)| hi < x)
+/// "below x" / "above x" by a test (false without an interval, or with one seed).
+fn below(i: Interval, x: f64, test: Test) -> bool {
+    match test {
+        Test::T => i.ci.is_some_and(|(_, hi)| hi < x),
+        Test::SignFlip => {
+            i.n >= 2
+                && i.flips()
+                    .and_then(|d| sign_flip_p(d, x))
+                    .is_some_and(|p| p < 0.05)
+        }
+    }
 }
-fn above(i: Interval, x: f64) -> bool {
-    i.ci.is_some_and(|(lo, _)| lo > x)
+fn above(i: Interval, x: f64, test: Test) -> bool {
+    match test {
+        Test::T => i.ci.is_some_and(|(lo, _)| lo > x),
+        Test::SignFlip => {
+            let neg: Vec<f64> = i.flips().unwrap_or(&[]).iter().map(|v| -v).collect();
+            i.n >= 2 && sign_flip_p(&neg, -x).is_some_and(|p| p < 0.05)
+        }
+    }
+}
+
+/// Holds when `i` is above `x`, fails when below (a claim that something increases).
+fn rises(i: Interval, x: f64, t: Test) -> Verdict {
+    if above(i, x, t) {
+        Verdict::Holds
+    } else if below(i, x, t) {
+        Verdict::Fails
+    } else {
+        Verdict::Unresolved
+    }
+}
+
+/// The accuracy difference is bounded below by −`loss`: the t interval's lower end at or above
+/// it, or the sign-flip test that the mean is above it.
+fn acc_within(acc: Interval, loss: f64, t: Test) -> bool {
+    match t {
+        Test::T => acc.ci.is_some_and(|(lo, _)| lo >= -loss),
+        Test::SignFlip => above(acc, -loss, t),
+    }
 }
 
 /// Shorter at no more than `loss` accuracy lost (holds), longer or clearly worse (fails).
-fn cuts_length(acc: Interval, len: Interval, loss: f64) -> Verdict {
-    if below(len, 0.0) && acc.ci.is_some_and(|(lo, _)| lo >= -loss) {
+fn cuts_length(acc: Interval, len: Interval, loss: f64, t: Test) -> Verdict {
+    if below(len, 0.0, t) && acc_within(acc, loss, t) {
         Verdict::Holds
-    } else if above(len, 0.0) || below(acc, -loss) {
+    } else if above(len, 0.0, t) || below(acc, -loss, t) {
         Verdict::Fails
     } else {
         Verdict::Unresolved
@@ -102,6 +193,8 @@ struct Row {
     len: Interval,
     extra: Option<(String, Interval)>,
     verdict: Verdict,
+    /// The same decision read from the sign-flip test.
+    robust: Verdict,
 }
 
 fn fmt(i: Interval, digits: usize) -> String {
@@ -122,28 +215,29 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
     let acc = |r: &RunStats| r.acc;
     let tok = |r: &RunStats| r.tokens;
     let mut rows = vec![];
-    let mut push =
-        |claim: &str, a: &str, b: &str, decide: &dyn Fn(Interval, Interval) -> Verdict| {
-            if let (Some(da), Some(dl)) = (diff(a, b, &acc), diff(a, b, &tok)) {
-                rows.push(Row {
-                    claim: claim.into(),
-                    comparison: format!("{a} − {b}"),
-                    acc: da,
-                    len: dl,
-                    extra: None,
-                    verdict: decide(da, dl),
-                });
-            }
-        };
+    type Decide<'a> = &'a dyn Fn(Interval, Interval, Test) -> Verdict;
+    let mut push = |claim: &str, a: &str, b: &str, decide: Decide| {
+        if let (Some(da), Some(dl)) = (diff(a, b, &acc), diff(a, b, &tok)) {
+            rows.push(Row {
+                claim: claim.into(),
+                comparison: format!("{a} − {b}"),
+                acc: da,
+                len: dl,
+                extra: None,
+                verdict: decide(da, dl, Test::T),
+                robust: decide(da, dl, Test::SignFlip),
+            });
+        }
+    };
     for m in ["kimi", "cos_fn"] {
         push(
             "(a) length-blind penalty loses accuracy",
             m,
             "standard",
-            &|a, _| {
-                if below(a, 0.0) {
+            &|a, _, t| {
+                if below(a, 0.0, t) {
                     Verdict::Holds
-                } else if above(a, 0.0) {
+                } else if above(a, 0.0, t) {
                     Verdict::Fails
                 } else {
                     Verdict::Unresolved
@@ -156,7 +250,7 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
             "(b) shorter at ≤ 2 points accuracy loss",
             m,
             "standard",
-            &|a, l| cuts_length(a, l, 0.02),
+            &|a, l, t| cuts_length(a, l, 0.02, t),
         );
     }
     // Step-GRPO is two things, a step-count reward and an early-exit rollout; this row decides
@@ -165,21 +259,13 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
         "(b) shorter at ≤ 2 points accuracy loss (Step-GRPO's reward without its early exit)",
         "step_grpo_no_dtr",
         "standard",
-        &|a, l| cuts_length(a, l, 0.02),
+        &|a, l, t| cuts_length(a, l, 0.02, t),
     );
     push(
         "(c) GRPO-λ beats its λ = 1 control",
         "grpo_lambda",
         "grpo_lambda_lp",
-        &|a, _| {
-            if above(a, 0.0) {
-                Verdict::Holds
-            } else if below(a, 0.0) {
-                Verdict::Fails
-            } else {
-                Verdict::Unresolved
-            }
-        },
+        &|a, _, t| rises(a, 0.0, t),
     );
     for (m, b, what) in [
         (
@@ -198,10 +284,10 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
             &format!("{what} adds accuracy or removes length"),
             m,
             b,
-            &|a, l| {
-                if above(a, 0.0) || below(l, 0.0) {
+            &|a, l, t| {
+                if above(a, 0.0, t) || below(l, 0.0, t) {
                     Verdict::Holds
-                } else if below(a, 0.0) && above(l, 0.0) {
+                } else if below(a, 0.0, t) && above(l, 0.0, t) {
                     Verdict::Fails
                 } else {
                     Verdict::Unresolved
@@ -213,7 +299,7 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
         "(f) dynamic rollout beats its ablation",
         "step_grpo",
         "step_grpo_no_dtr",
-        &|a, l| cuts_length(a, l, 0.02),
+        &|a, l, t| cuts_length(a, l, 0.02, t),
     );
     // (d): CARE's relative cut at the easiest level minus its relative cut at the hardest.
     if let (Some(c), Some(s)) = (runs.get("care"), runs.get("standard")) {
@@ -237,13 +323,8 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
                 comparison: "care vs standard".into(),
                 acc: da,
                 len: dl,
-                verdict: if above(e, 0.0) {
-                    Verdict::Holds
-                } else if below(e, 0.0) {
-                    Verdict::Fails
-                } else {
-                    Verdict::Unresolved
-                },
+                verdict: rises(e, 0.0, Test::T),
+                robust: rises(e, 0.0, Test::SignFlip),
                 extra: Some(("relative cut, easiest − hardest level".into(), e)),
             });
         }
@@ -252,20 +333,20 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
     let seeds = runs.values().map(Vec::len).min().unwrap_or(0);
     let _ = writeln!(
         s,
-        "## Claims, decided\n\nComputed by summary.rs from the runs above, not written by hand. Each row pairs seed s of a method with seed s of its comparison (same SFT start, same data order) and gives the mean difference with a 95 % interval (Student t over {seeds} seeds). A claim **holds** when its interval lies on the claimed side, **fails** when it lies on the opposite side, and is unresolved otherwise. Accuracy is the final mean pass@1 (points as fractions), length the final evaluation tokens. The seeds column counts the seeds whose difference is below 0 (accuracy / tokens), which one outlier seed cannot move the way it widens an interval; the verdict reads the interval only.\n"
+        "## Claims, decided\n\nComputed by summary.rs from the runs above, not written by hand. Each row pairs seed s of a method with seed s of its comparison (same SFT start, same data order) and gives the mean difference with a 95 % interval (Student t over {seeds} seeds). A claim **holds** when its interval lies on the claimed side, **fails** when it lies on the opposite side, and is unresolved otherwise. Accuracy is the final mean pass@1 (points as fractions), length the final evaluation tokens. The seeds column counts the seeds whose difference is below 0 (accuracy / tokens), which one outlier seed cannot move the way it widens an interval. The sign-flip column decides the same claim with an exact paired sign-flip permutation test of the mean difference (one-sided, p < 0.05 in the claimed or the opposite direction; with 5 seeds only a unanimous sign can reach it), so a seed that collapses on the claimed side cannot turn a consistent sign into unresolved; it was chosen before testbed v3 had results.\n"
     );
     let _ = writeln!(
         s,
-        "| Claim | Comparison | Δ accuracy | Δ eval tokens | Seeds below 0 | Verdict |"
+        "| Claim | Comparison | Δ accuracy | Δ eval tokens | Seeds below 0 | Verdict | Sign-flip verdict |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for r in &rows {
         let extra = r.extra.as_ref().map_or(String::new(), |(what, i)| {
             format!("; {what} {}", fmt(*i, 3))
         });
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {}{extra} | {}/{} / {}/{} | {} |",
+            "| {} | {} | {} | {}{extra} | {}/{} / {}/{} | {} | {} |",
             r.claim,
             r.comparison,
             fmt(r.acc, 3),
@@ -274,16 +355,21 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
             r.acc.n,
             r.len.below_zero,
             r.len.n,
-            r.verdict.text()
+            r.verdict.text(),
+            r.robust.text()
         );
     }
     let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count();
+    let robust = |v: Verdict| rows.iter().filter(|r| r.robust == v).count();
     let _ = writeln!(
         s,
-        "\n{} hold, {} fail, {} unresolved at this sample size.",
+        "\n{} hold, {} fail, {} unresolved at this sample size (sign-flip: {} hold, {} fail, {} unresolved).",
         count(Verdict::Holds),
         count(Verdict::Fails),
-        count(Verdict::Unresolved)
+        count(Verdict::Unresolved),
+        robust(Verdict::Holds),
+        robust(Verdict::Fails),
+        robust(Verdict::Unresolved)
     );
     s
 }
@@ -366,11 +452,16 @@ mod tests {
             ],
         );
         let s = section(&runs);
+        // The row without its last column (the sign-flip verdict: 3 seeds never reach p < 0.05).
         let line = |claim: &str, cmp: &str| {
-            s.lines()
+            let l = s
+                .lines()
                 .find(|l| l.contains(claim) && l.contains(cmp))
-                .unwrap_or_else(|| panic!("no row {claim} {cmp} in\n{s}"))
-                .to_string()
+                .unwrap_or_else(|| panic!("no row {claim} {cmp} in\n{s}"));
+            let t = l
+                .strip_suffix(" unresolved |")
+                .expect("sign-flip unresolved at 3 seeds");
+            t.to_string()
         };
         assert!(line("(a)", "kimi − standard").ends_with("**holds** |"));
         assert!(line("(b)", "care − standard").ends_with("**holds** |"));
@@ -382,5 +473,52 @@ mod tests {
         // One seed: every verdict unresolved.
         let one: BTreeMap<_, _> = runs.iter().map(|(k, v)| (*k, v[..1].to_vec())).collect();
         assert!(section(&one).contains("0 hold, 0 fail"));
+    }
+
+    #[test]
+    fn sign_flip_p_values_by_hand() {
+        // Three negative differences: only the observed pattern is as low -> 1/8.
+        assert_eq!(sign_flip_p(&[-1.0, -2.0, -3.0], 0.0), Some(0.125));
+        // Shifting by x tests "below x": [-1, -2, -3] is not below -2.5 (mean -2).
+        let p = sign_flip_p(&[-1.0, -2.0, -3.0], -2.5).expect("p");
+        assert!(p > 0.5, "{p}");
+        // Mixed signs: (+1, −1) -> patterns with sum <= 0 are 3 of 4.
+        assert_eq!(sign_flip_p(&[1.0, -1.0], 0.0), Some(0.75));
+        assert_eq!(sign_flip_p(&[], 0.0), None);
+        assert_eq!(sign_flip_p(&[1.0; MAX_FLIP_SEEDS + 1], 0.0), None);
+    }
+
+    /// A claim whose every seed agrees, one of them by far more (a collapsed seed): the t
+    /// interval crosses 0 and stays unresolved, the sign-flip test holds; one seed on the other
+    /// side leaves both unresolved.
+    #[test]
+    fn a_collapsed_seed_on_the_claimed_side_cannot_unresolve_the_sign_flip_verdict() {
+        let standard = vec![stats(0.80, 40.0, [20.0, 60.0]); 5];
+        let kimi = |drops: [f64; 5]| -> Vec<RunStats> {
+            drops
+                .iter()
+                .map(|d| stats(0.80 - d, 30.0, [15.0, 45.0]))
+                .collect()
+        };
+        let row = |drops: [f64; 5]| {
+            let mut runs = BTreeMap::new();
+            runs.insert("standard", standard.clone());
+            runs.insert("kimi", kimi(drops));
+            let s = section(&runs);
+            s.lines()
+                .find(|l| l.contains("kimi − standard"))
+                .expect("row")
+                .to_string()
+        };
+        let collapsed = row([0.01, 0.02, 0.01, 0.015, 0.4]);
+        assert!(
+            collapsed.ends_with("| 5/5 / 5/5 | unresolved | **holds** |"),
+            "{collapsed}"
+        );
+        let against = row([0.01, 0.02, 0.01, 0.015, -0.4]);
+        assert!(
+            against.ends_with("| unresolved | unresolved |"),
+            "{against}"
+        );
     }
 }
