@@ -107,26 +107,24 @@ pub fn activation_bytes(c: &Config, tokens: u64, value_bytes: u64, checkpointing
     (kept + 4.0 * hidden) as u64
 }
 
-/// The plan of `cfg` for model shape `c` on `t`.
-pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
+/// The weights, the optimizer state, the gradients and the KL reference: every weight trained,
+/// or with LoRA the adapters alone beside the frozen base and its merged rollout copy.
+fn weights(
+    cfg: &RunConfig,
+    c: &Config,
+    t: Target,
+    checkpointing: bool,
+    add: &mut dyn FnMut(&str, u64, String),
+) {
     let params = c.num_parameters() as u64;
     let g = &cfg.grpo;
     let world = t.gpus.max(1) as u64;
     let value = if t.cuda { 2 } else { 4 };
-    let checkpointing = cfg.model.forward_options_for(t.cuda).checkpoint_layers;
     let shard = |b: u64| b.div_ceil(world);
     let sharded = if world > 1 {
         format!(", 1/{world} per GPU (ZeRO-2)")
     } else {
         String::new()
-    };
-    let mut comps = vec![];
-    let mut add = |name: &str, bytes: u64, note: String| {
-        comps.push(Component {
-            name: name.into(),
-            bytes,
-            note,
-        });
     };
     // What the optimizer trains: every weight, or with LoRA the adapters alone.
     let lora = cfg.model.lora.as_ref().and_then(|l| l.to_config().ok());
@@ -194,6 +192,23 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
             format!("kl_coef {}", g.kl_coef),
         );
     }
+}
+
+/// The plan of `cfg` for model shape `c` on `t`.
+pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
+    let g = &cfg.grpo;
+    let world = t.gpus.max(1) as u64;
+    let value = if t.cuda { 2 } else { 4 };
+    let checkpointing = cfg.model.forward_options_for(t.cuda).checkpoint_layers;
+    let mut comps = vec![];
+    let mut add = |name: &str, bytes: u64, note: String| {
+        comps.push(Component {
+            name: name.into(),
+            bytes,
+            note,
+        });
+    };
+    weights(cfg, c, t, checkpointing, &mut add);
     let mb = g.micro_batch_tokens as u64;
     let act = activation_bytes(c, mb, value, checkpointing);
     add(

@@ -108,30 +108,8 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
         step,
     } = b;
     let mut out = UpdateStats::default();
-    // The KL reference: a separate model, or with LoRA the policy with its adapters off.
-    let lora_reference = reference.is_none() && g.kl_coef > 0.0 && model.lora().is_some();
-    if let Some(r) = reference.or(lora_reference.then_some(model)) {
-        let t0 = std::time::Instant::now();
-        let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, r);
-        let ref_lp = {
-            let _base = lora_reference.then(|| model.adapter_off());
-            logprobs(r, &seqs, how)?
-        };
-        for (s, lp) in seqs.iter_mut().zip(ref_lp) {
-            s.ref_logp = Some(lp);
-        }
-        out.logprob_s = t0.elapsed().as_secs_f64();
-    }
-    if let Some(rc) = &g.rollout_correction {
-        // The old policy's log-probs as the trainer computes them, before any update.
-        let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
-        let trainer_lp = logprobs(model, &seqs, how)?;
-        let st = crate::correction::apply(rc, &mut seqs, &trainer_lp);
-        out.correction = Some(match dp.as_deref_mut() {
-            Some(c) => crate::dp::all_reduce_correction(c, st)?,
-            None => st,
-        });
-    }
+    let (logprob_s, correction) = prepare(g, model, reference, dp.as_deref_mut(), &mut seqs)?;
+    (out.logprob_s, out.correction) = (logprob_s, correction);
     let ppo = PpoParams::from(g);
     let gspo = crate::gspo::GspoParams::from_config(g);
     let gs = g.group_size.max(1);
@@ -216,4 +194,43 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
     out.loss /= u;
     out.grad_norm /= u;
     Ok(out)
+}
+
+/// What the sequences need before the first update, from the policy as it sampled them: the
+/// KL reference's log-probs (a separate model, or with LoRA the policy with its adapters off)
+/// and, with rollout correction, the trainer's own old log-probs and importance weights.
+/// Returns the reference pass's seconds and the correction's statistics (over every rank).
+fn prepare<'c>(
+    g: &GrpoSection,
+    model: &Qwen3,
+    reference: Option<&Qwen3>,
+    dp: Option<&mut (dyn Collective + 'c)>,
+    seqs: &mut [Seq],
+) -> Result<(f64, Option<crate::correction::CorrectionStats>)> {
+    let mut logprob_s = 0.0;
+    let lora_reference = reference.is_none() && g.kl_coef > 0.0 && model.lora().is_some();
+    if let Some(r) = reference.or(lora_reference.then_some(model)) {
+        let t0 = std::time::Instant::now();
+        let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, r);
+        let ref_lp = {
+            let _base = lora_reference.then(|| model.adapter_off());
+            logprobs(r, seqs, how)?
+        };
+        for (s, lp) in seqs.iter_mut().zip(ref_lp) {
+            s.ref_logp = Some(lp);
+        }
+        logprob_s = t0.elapsed().as_secs_f64();
+    }
+    let Some(rc) = &g.rollout_correction else {
+        return Ok((logprob_s, None));
+    };
+    // The old policy's log-probs as the trainer computes them, before any update.
+    let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
+    let trainer_lp = logprobs(model, seqs, how)?;
+    let st = crate::correction::apply(rc, seqs, &trainer_lp);
+    let st = match dp {
+        Some(c) => crate::dp::all_reduce_correction(c, st)?,
+        None => st,
+    };
+    Ok((logprob_s, Some(st)))
 }
