@@ -231,9 +231,10 @@ pub struct DataSection {
     pub task: TaskKind,
     /// Levels trained and evaluated for generated tasks (testbed chain length, K&K people).
     pub levels: Vec<usize>,
-    /// Which testbed the SFT teacher writes: "v1" (redundant re-checks only) or "v2" (hard
-    /// steps, more of them the higher the level, guessed and corrected by re-checks; see
-    /// models/testbed/README.md).
+    /// Which testbed the SFT teacher writes: "v1" (redundant re-checks only), "v2" (hard
+    /// steps, more of them the higher the level, guessed and corrected by re-checks) or "v3"
+    /// (an answer first, then reflection that corrects guesses and can overturn right answers;
+    /// see models/testbed/README.md).
     pub testbed: terse_tasks::testbed::Version,
     /// The testbed teacher's re-check probability (v1: per draw after a step, up to 2; v2: per step).
     pub recheck_prob: f64,
@@ -246,6 +247,13 @@ pub struct DataSection {
     /// model's answer confidence says whether its chain was checked (what Step-GRPO's early
     /// exit reads). Off: the answer is the chain's value.
     pub guess_unchecked: bool,
+    /// Testbed v3: the chance that a re-check of a verified chain overturns a right step, at
+    /// level 1 (falling linearly to `overturn_hard` at the top level).
+    pub overturn_easy: f64,
+    /// Testbed v3: the overturn chance at the top level.
+    pub overturn_hard: f64,
+    /// Testbed v3: the most reflection rounds after the first answer.
+    pub reflect_rounds: usize,
     /// Training dataset (.jsonl or .parquet); required for "math".
     pub train: Option<PathBuf>,
     /// Evaluation dataset; generated tasks evaluate on held-out generated problems without it.
@@ -276,6 +284,9 @@ impl DataSection {
             recheck_hard_prob: self.recheck_hard_prob,
             hard_rate: self.hard_rate,
             guess_unchecked: self.guess_unchecked,
+            overturn_easy: self.overturn_easy,
+            overturn_hard: self.overturn_hard,
+            max_rounds: self.reflect_rounds,
             ..Default::default()
         }
     }
@@ -291,6 +302,9 @@ impl Default for DataSection {
             hard_rate: 0.05,
             recheck_hard_prob: None,
             guess_unchecked: false,
+            overturn_easy: 0.10,
+            overturn_hard: 0.02,
+            reflect_rounds: 2,
             train: None,
             eval: None,
             columns: terse_tasks::dataset::Columns {
