@@ -126,7 +126,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     }
     let elapsed = t0.elapsed().as_secs_f64();
 
-    let md = crate::summary::write(&root, &methods, seeds, a.quick, &a.out)?;
+    let md = crate::summary::write(&root, &methods, seeds, a.quick, &a.out, &a.config)?;
     println!("wrote {}", md.display());
     if !a.report_only {
         println!(
