@@ -223,7 +223,7 @@ pub fn write(
     figures(&mut md, methods, &suffix)?;
     verdicts(&mut md, &all)?;
     mechanisms(&mut md, &all)?;
-    overrides(&mut md, methods)?;
+    overrides(&mut md, methods, &config)?;
     // The hand-written reading of the table (a committed input, so the output stays reproducible).
     let reading = out.join(format!("results{suffix}-reading.md"));
     if reading.is_file() {
@@ -400,10 +400,10 @@ fn mechanisms(md: &mut String, all: &[MethodRuns]) -> Result<()> {
 }
 
 /// Each method's overrides of configs/repro.toml.
-fn overrides(md: &mut String, methods: &[&Method]) -> Result<()> {
+fn overrides(md: &mut String, methods: &[&Method], config: &str) -> Result<()> {
     writeln!(
         md,
-        "## Method overrides\n\nEach run is configs/repro.toml plus:\n"
+        "## Method overrides\n\nEach run is {config} plus:\n"
     )?;
     for m in methods {
         writeln!(
