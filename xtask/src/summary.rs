@@ -401,10 +401,7 @@ fn mechanisms(md: &mut String, all: &[MethodRuns]) -> Result<()> {
 
 /// Each method's overrides of configs/repro.toml.
 fn overrides(md: &mut String, methods: &[&Method], config: &str) -> Result<()> {
-    writeln!(
-        md,
-        "## Method overrides\n\nEach run is {config} plus:\n"
-    )?;
+    writeln!(md, "## Method overrides\n\nEach run is {config} plus:\n")?;
     for m in methods {
         writeln!(
             md,
