@@ -233,7 +233,8 @@ fn testbed_keys_out_of_range_are_refused_naming_the_key() {
             "[data]\nrecheck_hard_prob = 2.0\n",
             "data.recheck_hard_prob = 2",
         ),
-        ("[data]\ntestbed = \"v3\"\n", "v3"),
+        ("[data]\noverturn_easy = 1.5\n", "data.overturn_easy = 1.5"),
+        ("[data]\ntestbed = \"v4\"\n", "v4"),
     ] {
         let e = RunConfig::from_toml(toml, Path::new("f.toml")).expect_err(want);
         let msg = format!("{e:#}");

@@ -165,6 +165,8 @@ impl RunConfig {
                 "recheck_hard_prob",
                 self.data.recheck_hard_prob.unwrap_or(0.0),
             ),
+            ("overturn_easy", self.data.overturn_easy),
+            ("overturn_hard", self.data.overturn_hard),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 bail!("data.{key} = {v}: must be a probability in [0, 1]");
