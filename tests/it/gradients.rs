@@ -186,6 +186,16 @@ fn every_parameter_receives_a_gradient() {
     }
 }
 
+/// The model's next-token log-probs of `batch` projected to a scalar (the loss the
+/// finite-difference checks differentiate).
+fn projected_logprobs(m: &Qwen3, batch: &Batch) -> Tensor {
+    let (rows, targets) = batch.next_token_selection();
+    let lp = m
+        .token_logprobs(batch, &rows, &targets, true)
+        .expect("logp");
+    project(&lp, 12).expect("p")
+}
+
 #[test]
 fn full_model_gradient_matches_finite_differences() {
     let model = tiny_model(7);
@@ -196,17 +206,10 @@ fn full_model_gradient_matches_finite_differences() {
         &Device::Cpu,
     )
     .expect("batch");
-    let (rows, targets) = batch.next_token_selection();
-    let loss = |m: &Qwen3| -> f64 {
-        let lp = m
-            .token_logprobs(&batch, &rows, &targets, true)
-            .expect("logp");
-        project(&lp, 12).expect("p").to_scalar::<f64>().expect("f")
-    };
-    let lp = model
-        .token_logprobs(&batch, &rows, &targets, true)
-        .expect("logp");
-    let grads = project(&lp, 12).expect("p").backward().expect("backward");
+    let loss = |m: &Qwen3| -> f64 { projected_logprobs(m, &batch).to_scalar::<f64>().expect("f") };
+    let grads = projected_logprobs(&model, &batch)
+        .backward()
+        .expect("backward");
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     for (name, var) in model.vars() {
         let g = grads
@@ -260,17 +263,10 @@ fn lora_adapter_gradients_match_finite_differences() {
     }
     let batch =
         Batch::from_rows(&[vec![3, 1, 4, 1, 5]], 0, Padding::Right, &Device::Cpu).expect("batch");
-    let (rows, targets) = batch.next_token_selection();
-    let loss = |m: &Qwen3| -> f64 {
-        let lp = m
-            .token_logprobs(&batch, &rows, &targets, true)
-            .expect("logp");
-        project(&lp, 12).expect("p").to_scalar::<f64>().expect("f")
-    };
-    let lp = model
-        .token_logprobs(&batch, &rows, &targets, true)
-        .expect("logp");
-    let grads = project(&lp, 12).expect("p").backward().expect("backward");
+    let loss = |m: &Qwen3| -> f64 { projected_logprobs(m, &batch).to_scalar::<f64>().expect("f") };
+    let grads = projected_logprobs(&model, &batch)
+        .backward()
+        .expect("backward");
     for v in model.base_vars().values() {
         assert!(
             grads.get(v.as_tensor()).is_none(),

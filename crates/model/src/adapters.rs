@@ -80,20 +80,27 @@ impl Qwen3 {
         for name in self.base_vars().keys() {
             tensors.insert(name.clone(), self.w(name, false)?);
         }
-        let mut m = Qwen3::from_tensors(self.config.clone(), tensors, self.compute_dtype)?;
+        // Kept in the compute dtype (bf16 on CUDA), like a LoRA base: no f32 copy of the model.
+        let mut m = Qwen3::wrap(
+            self.config.clone(),
+            tensors,
+            self.compute_dtype,
+            self.device.clone(),
+        )?;
         m.storage_dtype = self.storage_dtype;
         m.options = self.options;
-        // A decoding copy: kept in the compute dtype (bf16 on CUDA), like a LoRA base.
-        m.freeze_base()?;
         Ok(m)
     }
 
-    /// What decoding should run: with adapters, the merged copy (made here, once per call: the
-    /// rollout makes one per GRPO step); None without, so the model itself decodes.
-    pub fn decoding_copy(&self) -> Result<Option<Qwen3>> {
+    /// Runs `f` on what decoding should use: with adapters the merged copy (made here, once per
+    /// call: the rollout makes one per GRPO step), else the model itself.
+    pub fn with_decoding_weights<T, E: From<candle_core::Error>>(
+        &self,
+        f: impl FnOnce(&Qwen3) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
         match &self.lora {
-            Some(_) => self.merged().map(Some),
-            None => Ok(None),
+            Some(_) => f(&self.merged()?),
+            None => f(self),
         }
     }
 

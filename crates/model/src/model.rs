@@ -119,9 +119,23 @@ impl Qwen3 {
             None => crate::fail!("no tensors"),
         };
         let master = master_dtype(compute_dtype);
+        let tensors = tensors
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.to_dtype(master)?)))
+            .collect::<Result<_>>()?;
+        Self::wrap(config, tensors, compute_dtype, device)
+    }
+
+    /// The tensors as they are (no dtype conversion) as the model's variables.
+    pub(crate) fn wrap(
+        config: Config,
+        tensors: BTreeMap<String, Tensor>,
+        compute_dtype: DType,
+        device: Device,
+    ) -> Result<Self> {
         let vars = tensors
             .into_iter()
-            .map(|(k, t)| Ok((k, Var::from_tensor(&t.to_dtype(master)?)?)))
+            .map(|(k, t)| Ok((k, Var::from_tensor(&t)?)))
             .collect::<Result<_>>()?;
         Ok(Self {
             config,

@@ -98,7 +98,7 @@ fn follow(
     shaper.restore(&header.shaper)?;
     let task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
     let tok = load_tokenizer(&cfg.model.path)?;
-    let mut t = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, shaper)?;
+    let mut t = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, Some(shaper))?;
     t.step = header.step;
     t.cursor = header.cursor;
     t.collective = Some(c);

@@ -210,13 +210,8 @@ impl Role for Follower {
 
 /// The trainer's evaluation (the config's held-out problems).
 fn eval_of(t: &GrpoTrainer) -> Result<EvalReport> {
-    let merged = t.policy.decoding_copy()?;
-    evaluate(
-        &t.cfg,
-        &t.task,
-        merged.as_ref().unwrap_or(&t.policy),
-        &t.tok,
-    )
+    t.policy
+        .with_decoding_weights(|policy| evaluate(&t.cfg, &t.task, policy, &t.tok))
 }
 
 /// The checkpoint after the trainer's last step (with the whole optimizer state, gathered

@@ -73,7 +73,7 @@ pub fn start(
         dp,
         (&dev, dtype),
     )?;
-    let mut trainer = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, shaper)?;
+    let mut trainer = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, Some(shaper))?;
     trainer.step = step;
     trainer.cursor = cursor;
     trainer.run_dir = Some(dir.clone());

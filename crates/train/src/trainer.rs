@@ -111,12 +111,11 @@ impl GrpoTrainer {
         reference: Option<Qwen3>,
         opt: AdamW,
     ) -> Result<Self> {
-        cfg.validate()?;
-        let shaper = crate::registry::configured_shaper(&cfg)?;
-        Self::assemble(cfg, task, tok, policy, reference, opt, shaper)
+        Self::assemble(cfg, task, tok, policy, reference, opt, None)
     }
 
-    /// `new` with a given shaper (start.rs and ranks.rs, which restore its state first).
+    /// `new` with a given shaper (start.rs and ranks.rs, which restore its state first; the
+    /// builder); None builds the configured one.
     pub(crate) fn assemble(
         cfg: RunConfig,
         task: Task,
@@ -124,9 +123,13 @@ impl GrpoTrainer {
         mut policy: Qwen3,
         reference: Option<Qwen3>,
         opt: AdamW,
-        shaper: Box<dyn ShaperWithState>,
+        shaper: Option<Box<dyn ShaperWithState>>,
     ) -> Result<Self> {
         cfg.validate()?;
+        let shaper = match shaper {
+            Some(s) => s,
+            None => crate::registry::configured_shaper(&cfg)?,
+        };
         policy.options = cfg.model.forward_options(policy.device());
         let gen = rollout_params(&cfg, &policy, &tok)?;
         // `[plugins]`: registered estimator and loss by name (crate::registry).
@@ -175,6 +178,15 @@ impl GrpoTrainer {
     /// `model.path` (a checkpoint), a fresh AdamW, the same weights as the KL reference when
     /// `grpo.kl_coef > 0`, and `task` (the config's own when None).
     pub fn from_config(cfg: RunConfig, task: Option<Task>) -> Result<Self> {
+        Self::load(cfg, task, None)
+    }
+
+    /// `from_config` with research code's shaper, if any (the builder).
+    fn load(
+        cfg: RunConfig,
+        task: Option<Task>,
+        shaper: Option<Box<dyn ShaperWithState>>,
+    ) -> Result<Self> {
         cfg.validate()?;
         let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
         let path = cfg.model.path.clone();
@@ -191,7 +203,7 @@ impl GrpoTrainer {
             None => Task::new(&cfg.data, &path, cfg.run.seed)?,
         };
         let tok = crate::load::load_tokenizer(&path)?;
-        Self::new(cfg, task, tok, policy, reference, opt)
+        Self::assemble(cfg, task, tok, policy, reference, opt, shaper)
     }
 
     /// Rollout and scoring of this step: G samples for each prompt from the data cursor, their
@@ -200,17 +212,18 @@ impl GrpoTrainer {
     /// receives the others' statistics (collect.rs).
     pub fn rollout(&mut self) -> Result<Collected> {
         // With LoRA the rollout decodes a merged copy, made once for the step.
-        let merged = self.policy.decoding_copy()?;
-        collect(
-            &self.cfg,
-            &self.task,
-            merged.as_ref().unwrap_or(&self.policy),
-            &self.tok,
-            &self.gen,
-            self.step,
-            self.cursor,
-            terse_dist::lend(&mut self.collective),
-        )
+        self.policy.with_decoding_weights(|policy| {
+            collect(
+                &self.cfg,
+                &self.task,
+                policy,
+                &self.tok,
+                &self.gen,
+                self.step,
+                self.cursor,
+                terse_dist::lend(&mut self.collective),
+            )
+        })
     }
 
     /// Shaped rewards (the trainer's shaper; unscorable samples are invisible to it) and
@@ -415,10 +428,7 @@ impl TrainerBuilder {
 
     /// Loads the policy (and the KL reference) from `model.path` and attaches the parts.
     pub fn build(self) -> Result<GrpoTrainer> {
-        let mut t = GrpoTrainer::from_config(self.cfg, self.task)?;
-        if let Some(s) = self.shaper {
-            t.shaper = s;
-        }
+        let mut t = GrpoTrainer::load(self.cfg, self.task, self.shaper)?;
         if let Some(e) = self.estimator {
             t.estimator = Some(e);
         }

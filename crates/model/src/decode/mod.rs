@@ -82,18 +82,27 @@ pub(crate) fn supported(device: &candle_core::Device, dtype: DType, cache: DType
 /// The HF names of the weights `step` reads, in the order it reads them; None where the
 /// architecture has no such weight (the step reads an empty slice there).
 pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<Option<String>> {
-    let present: std::collections::BTreeSet<String> =
-        c.expected_tensors().into_iter().map(|(n, _)| n).collect();
+    // Called every decode step: presence follows the architecture's two flags.
+    let present = |n: &str| {
+        if n.ends_with("_norm.weight") && n.starts_with("self_attn.") {
+            c.qk_norm
+        } else if n.ends_with(".bias") {
+            c.qkv_bias
+        } else {
+            true
+        }
+    };
     let mut names = vec![
         Some("model.embed_tokens.weight".to_string()),
         Some("model.norm.weight".to_string()),
         Some(head.to_string()),
     ];
     for l in 0..c.num_hidden_layers {
-        names.extend(cpu::PER_LAYER.iter().map(|n| {
-            let name = format!("model.layers.{l}.{n}");
-            present.contains(&name).then_some(name)
-        }));
+        names.extend(
+            cpu::PER_LAYER
+                .iter()
+                .map(|n| present(n).then(|| format!("model.layers.{l}.{n}"))),
+        );
     }
     names
 }
