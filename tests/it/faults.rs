@@ -234,6 +234,10 @@ fn testbed_keys_out_of_range_are_refused_naming_the_key() {
             "data.recheck_hard_prob = 2",
         ),
         ("[data]\noverturn_easy = 1.5\n", "data.overturn_easy = 1.5"),
+        (
+            "[data]\noverturn_from_round = 0\n",
+            "data.overturn_from_round = 0",
+        ),
         ("[data]\ntestbed = \"v4\"\n", "v4"),
     ] {
         let e = RunConfig::from_toml(toml, Path::new("f.toml")).expect_err(want);

@@ -76,6 +76,7 @@ pub(crate) fn step_params(delta: f64, include_trigger: bool) -> GenParams {
             skip_first_token: false,
             max_judge_steps: 3,
             include_trigger_on_exit: include_trigger,
+            probe_without_trigger: false,
         }),
         kv_cache: Default::default(),
         paging: Default::default(),
@@ -125,6 +126,12 @@ fn step_grpo_exits_exactly_when_confident_and_masks_injected_tokens() {
     let out = generate(&m, &prompt, 1, &step_params(conf - 1e-4, false), 1, &detok).expect("gen");
     assert_eq!(out[0].tokens, [4, 5, 7]);
     assert_eq!(out[0].sampled, [false, true, false]);
+    // Keeping the trigger but probing without it: the answer is injected, not trained.
+    let mut p = step_params(conf - 1e-4, true);
+    p.step_exit.as_mut().expect("se").probe_without_trigger = true;
+    let out = generate(&m, &prompt, 1, &p, 1, &detok).expect("gen");
+    assert_eq!(out[0].tokens, [3, 4, 5, 7]);
+    assert_eq!(out[0].sampled, [true, false, false, false]);
 
     // δ just above: never exits; judges up to the cap, and the random stream is untouched, so the
     // tokens equal a run without Step-GRPO.
@@ -160,8 +167,9 @@ fn step_grpo_trial_answers_are_scored_in_the_context_the_row_keeps() {
         id: 3,
         tokens: vec![7, 8, 9],
     }];
-    let run = |keep_trigger: bool| {
+    let run = |keep_trigger: bool, probe_without: bool| {
         let mut p = step_params(0.0, keep_trigger); // δ = 0: exit at the first trigger
+        p.step_exit.as_mut().expect("se").probe_without_trigger = probe_without;
         p.max_new_tokens = 24;
         p.eos_ids.clear();
         p.sampling.temperature = 1.0;
@@ -180,7 +188,21 @@ fn step_grpo_trial_answers_are_scored_in_the_context_the_row_keeps() {
         }
         out
     };
-    let (kept, dropped) = (run(true), run(false));
+    let (kept, dropped) = (run(true, false), run(false, false));
+    // Kept trigger, probed without it: the kept run's path with the dropped run's answer, and
+    // that answer (scored in another context) out of the loss.
+    let mixed = run(true, true);
+    for ((x, k), d) in mixed.iter().zip(&kept).zip(&dropped) {
+        assert_eq!(x.finish, k.finish);
+        if x.finish != Finish::EarlyExit {
+            continue;
+        }
+        let e = x.exit_token.expect("exit");
+        assert_eq!(&x.tokens[..e], &k.tokens[..k.exit_token.expect("exit")]);
+        let d_answer = &d.tokens[d.exit_token.expect("exit")..];
+        assert_eq!(&x.tokens[e..], d_answer);
+        assert!(x.sampled[e..].iter().all(|s| !s), "{:?}", x.sampled);
+    }
     let mut dropped_tokens = vec![];
     for (k, d) in kept.iter().zip(&dropped) {
         assert_eq!(k.finish, d.finish, "the same path reaches the same trigger");

@@ -1,7 +1,8 @@
 //! The reproduction study's rows: every length method with its config overrides, shared by
 //! the study's runner (repro.rs) and its report (summary.rs).
 
-/// One row of the study: a name, what the papers call it, and its config overrides (TOML).
+/// One row of the study: a name, what the papers call it, and its config overrides (TOML;
+/// `{l_max}` stands for the base config's `grpo.max_new_tokens`, the testbed's length limit).
 pub struct Method {
     pub name: &'static str,
     pub label: &'static str,
@@ -15,37 +16,56 @@ pub const DEFAULT_SEEDS: u64 = 5;
 pub const METHODS: &[Method] = &[
     Method { name: "standard", label: "Standard (no length term)", overrides: "[reward.shaper]\nmethod = \"none\"\n" },
     Method { name: "kimi", label: "Kimi (dense length reward)", overrides: "[reward.shaper]\nmethod = \"kimi\"\n" },
-    Method { name: "cos_fn", label: "CosFn", overrides: "[reward.shaper]\nmethod = \"cos_fn\"\nl_max = 112\n" },
+    Method { name: "cos_fn", label: "CosFn", overrides: "[reward.shaper]\nmethod = \"cos_fn\"\nl_max = {l_max}\n" },
     Method { name: "efficient", label: "Efficient (α = 0.1)", overrides: "[reward.shaper]\nmethod = \"efficient\"\n" },
-    Method { name: "dapo_overlong", label: "DAPO overlong (80 + 32)", overrides: "[reward.shaper]\nmethod = \"none\"\n[reward.overlong]\nl_max = 112\nl_cache = 32\n" },
+    Method { name: "dapo_overlong", label: "DAPO overlong (80 + 32)", overrides: "[reward.shaper]\nmethod = \"none\"\n[reward.overlong]\nl_max = {l_max}\nl_cache = 32\n" },
     Method { name: "short_rl_d1", label: "Short-RL D1 (correct only)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\nacc_gate = false\n" },
     Method { name: "short_rl_d1_d2", label: "Short-RL D1+D2 (+ nucleus)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nacc_gate = false\n" },
     Method { name: "short_rl_d1_d3", label: "Short-RL D1+D3 (+ gate)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\n" },
     Method { name: "short_rl", label: "Short-RL (D1+D2+D3)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\n" },
     Method { name: "grpo_lambda_lp", label: "+LP (GRPO-λ, λ = 1)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 1.0\n" },
     Method { name: "grpo_lambda", label: "GRPO-λ (λ = 0.2)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 0.2\n" },
-    Method { name: "care", label: "CARE", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = 112\n" },
+    Method { name: "care", label: "CARE", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = {l_max}\n" },
     Method { name: "step_grpo_no_dtr", label: "Step-GRPO w/o dynamic rollout", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n" },
     Method { name: "step_grpo", label: "Step-GRPO (δ = 0.95)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
     Method { name: "step_grpo_d99", label: "Step-GRPO (δ = 0.99)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.99\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
 ];
 
-/// The study's methods named in `names` (all of them when `names` is empty), in the study's
-/// order; an unknown name is an error that lists the known ones.
+impl Method {
+    /// The overrides for a base config that samples at most `l_max` tokens.
+    pub fn resolved(&self, l_max: usize) -> String {
+        self.overrides.replace("{l_max}", &l_max.to_string())
+    }
+}
+
+/// Variants studied only when named (`--methods`), so the default study keeps its 30 minutes.
+pub const VARIANTS: &[Method] = &[
+    Method { name: "step_grpo_kept", label: "Step-GRPO (δ = 0.95, trigger kept)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = true\nprobe_without_trigger = true\n" },
+];
+
+/// Every method `--methods` can name: the default study's, then the variants.
+fn known() -> impl Iterator<Item = &'static Method> {
+    METHODS.iter().chain(VARIANTS)
+}
+
+/// The study's methods named in `names` (the default study's when `names` is empty), in the
+/// study's order; an unknown name is an error that lists the known ones.
 pub fn select(names: &[String]) -> anyhow::Result<Vec<&'static Method>> {
     if let Some(bad) = names
         .iter()
-        .find(|n| !METHODS.iter().any(|m| m.name == n.as_str()))
+        .find(|n| !known().any(|m| m.name == n.as_str()))
     {
-        let known: Vec<&str> = METHODS.iter().map(|m| m.name).collect();
+        let known: Vec<&str> = known().map(|m| m.name).collect();
         anyhow::bail!(
             "repro --methods: unknown method `{bad}` (known: {})",
             known.join(", ")
         );
     }
-    Ok(METHODS
-        .iter()
-        .filter(|m| names.is_empty() || names.iter().any(|n| n == m.name))
+    if names.is_empty() {
+        return Ok(METHODS.iter().collect());
+    }
+    Ok(known()
+        .filter(|m| names.iter().any(|n| n == m.name))
         .collect())
 }
 
@@ -67,5 +87,24 @@ mod tests {
             .expect("an error")
             .to_string();
         assert!(e.contains("`cosfn`") && e.contains("cos_fn"), "{e}");
+        // A variant is studied only when named, after the default study's methods.
+        assert!(all.iter().all(|m| m.name != "step_grpo_kept"));
+        let v = select(&["step_grpo_kept".into(), "standard".into()]).expect("variant");
+        assert_eq!(
+            v.iter().map(|m| m.name).collect::<Vec<_>>(),
+            ["standard", "step_grpo_kept"]
+        );
+    }
+
+    /// `{l_max}` becomes the base config's limit, and every override parses as TOML.
+    #[test]
+    fn overrides_resolve_the_length_limit() {
+        for m in METHODS.iter().chain(VARIANTS) {
+            let o = m.resolved(160);
+            assert!(!o.contains("{l_max}"), "{}: {o}", m.name);
+            toml::from_str::<toml::Table>(&o).unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        }
+        let care = select(&["care".into()]).expect("care")[0].resolved(160);
+        assert!(care.contains("l_max = 160"), "{care}");
     }
 }

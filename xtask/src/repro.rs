@@ -49,11 +49,12 @@ pub fn method_config(base: &str, m: &Method, seed: u64, quick: bool) -> Result<S
     let mut doc: toml::Table = toml::from_str(base).context("parsing the base config")?;
     // Quick runs live in a directory of their own, so they never replace the full study's
     // runs (a later --report-only would mix them).
-    let dir = terse_train::RunConfig::from_toml(base, Path::new("base config"))?
-        .run
-        .dir;
+    let base_cfg = terse_train::RunConfig::from_toml(base, Path::new("base config"))?;
+    let dir = base_cfg.run.dir;
+    // Length-limited methods (CosFn, CARE, DAPO) read the limit the base config samples with.
+    let overrides = m.resolved(base_cfg.grpo.max_new_tokens);
     let mut extra: toml::Table =
-        toml::from_str(m.overrides).with_context(|| format!("overrides of method {}", m.name))?;
+        toml::from_str(&overrides).with_context(|| format!("overrides of method {}", m.name))?;
     let run = extra
         .entry("run")
         .or_insert_with(|| toml::Value::Table(Default::default()));

@@ -163,7 +163,11 @@ fn report_kind(methods: &[&Method], seeds: u64, quick: bool) -> ReportKind {
     };
     if quick {
         kind("-quick".into(), " (quick)", " --quick".into())
-    } else if methods.len() < METHODS.len() {
+    } else if methods
+        .iter()
+        .map(|m| m.name)
+        .ne(METHODS.iter().map(|m| m.name))
+    {
         let names: Vec<&str> = methods.iter().map(|m| m.name).collect();
         kind(
             "-focus".into(),
@@ -208,6 +212,12 @@ pub fn write(
         title,
         mut command,
     } = report_kind(methods, seeds, quick);
+    // The base config's length limit, which the overrides' `{l_max}` stands for.
+    let base =
+        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let l_max = terse_train::RunConfig::from_toml(&base, config)?
+        .grpo
+        .max_new_tokens;
     let config = config.display().to_string();
     if config != "configs/repro.toml" {
         command = format!(" --config {config}{command}");
@@ -223,7 +233,7 @@ pub fn write(
     figures(&mut md, methods, &suffix)?;
     verdicts(&mut md, &all)?;
     mechanisms(&mut md, &all)?;
-    overrides(&mut md, methods, &config)?;
+    overrides(&mut md, methods, &config, l_max)?;
     // The hand-written reading of the table (a committed input, so the output stays reproducible).
     let reading = out.join(format!("results{suffix}-reading.md"));
     if reading.is_file() {
@@ -322,11 +332,16 @@ fn verdicts(md: &mut String, all: &[MethodRuns]) -> Result<()> {
             })
             .collect()
     };
-    let compare: Vec<(&str, Vec<overthink::Run>)> =
-        ["short_rl", "grpo_lambda", "care", "step_grpo"]
-            .into_iter()
-            .map(|n| (n, runs_of(n)))
-            .collect();
+    let compare: Vec<(&str, Vec<overthink::Run>)> = [
+        "short_rl",
+        "grpo_lambda",
+        "care",
+        "step_grpo",
+        "step_grpo_kept",
+    ]
+    .into_iter()
+    .map(|n| (n, runs_of(n)))
+    .collect();
     let standard = runs_of("standard");
     if !standard.is_empty() {
         writeln!(
@@ -400,7 +415,7 @@ fn mechanisms(md: &mut String, all: &[MethodRuns]) -> Result<()> {
 }
 
 /// Each method's overrides of configs/repro.toml.
-fn overrides(md: &mut String, methods: &[&Method], config: &str) -> Result<()> {
+fn overrides(md: &mut String, methods: &[&Method], config: &str, l_max: usize) -> Result<()> {
     writeln!(md, "## Method overrides\n\nEach run is {config} plus:\n")?;
     for m in methods {
         writeln!(
@@ -408,7 +423,7 @@ fn overrides(md: &mut String, methods: &[&Method], config: &str) -> Result<()> {
             "- **{}** (`{}`): `{}`",
             m.label,
             m.name,
-            m.overrides.trim().replace('\n', "; ")
+            m.resolved(l_max).trim().replace('\n', "; ")
         )?;
     }
     Ok(())

@@ -80,9 +80,10 @@ pub(crate) fn sample_next(
 /// Runs one Step-GRPO probe for a sequence (its table holds everything before its last sampled
 /// token, at position `pos`) whose last token completed a trigger: fork its table, feed the
 /// induction text, decode a greedy trial answer, and on confidence > δ finish the row with
-/// path ⊕ induction ⊕ answer ⊕ close. The probe sees the path exactly as the finished row keeps
-/// it: with the trigger (Step-GRPO's text) or without (DEER's), so the answer's log-probs are the
-/// policy's in the context it is trained in. The probe's blocks are freed on return; the row's
+/// path ⊕ induction ⊕ answer ⊕ close. The probe sees the path as the finished row keeps it: with
+/// the trigger (Step-GRPO's text) or without (DEER's), so the answer's log-probs are the policy's
+/// in the context it is trained in; with `probe_without_trigger` the row keeps the trigger the
+/// probe did not see, and its answer is kept out of the loss. The probe's blocks are freed on return; the row's
 /// random stream is not touched.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn try_exit(
@@ -96,15 +97,19 @@ pub(crate) fn try_exit(
     detok: &dyn Detokenizer,
 ) -> Result<bool> {
     debug_assert_eq!(table.len(), pos as usize);
-    let drop = if se.include_trigger_on_exit {
+    let probe_sees_trigger = se.include_trigger_on_exit && !se.probe_without_trigger;
+    // The trigger's tokens, left out of the probe's context unless it sees the trigger.
+    let strip = if probe_sees_trigger {
         0
     } else {
         trigger_tokens(&row.out.tokens, se, detok)
     };
+    // ... and out of the kept path when the trigger is dropped.
+    let drop = if se.include_trigger_on_exit { 0 } else { strip };
     // The path the probe continues: the table plus the last sampled token, less the trigger's
-    // tokens when they are dropped (the table ends `drop - 1` tokens into the trigger).
+    // tokens when they are stripped (the table ends `strip - 1` tokens into the trigger).
     let last = row.out.tokens.len().saturating_sub(1);
-    let (mut probe, lead) = match drop {
+    let (mut probe, lead) = match strip {
         0 => (cache.fork(table), &row.out.tokens[last..]),
         d => (cache.fork_prefix(table, pos as usize + 1 - d), &[][..]),
     };
@@ -125,8 +130,14 @@ pub(crate) fn try_exit(
     for &t in &se.induction_ids {
         out.push(t, false, 0.0, 0.0);
     }
+    // The answer is trained only where it was scored: in the context the row keeps.
+    let scored_in_kept_context = strip == drop;
     for (&t, &lp) in ans.iter().zip(&lps) {
-        out.push(t, true, lp, lp);
+        if scored_in_kept_context {
+            out.push(t, true, lp, lp);
+        } else {
+            out.push(t, false, 0.0, 0.0);
+        }
     }
     for &t in &se.close_ids {
         out.push(t, false, 0.0, 0.0);

@@ -51,6 +51,12 @@ pub struct StepExit {
     /// Keep the trigger that fired at the end of the path (Step-GRPO's text) or drop it (DEER).
     #[serde(default = "default_true")]
     pub include_trigger_on_exit: bool,
+    /// With the trigger kept: probe the path without it (DEER's probe context) while the kept
+    /// path still ends in it, so the step reward counts the trigger and its token is trained.
+    /// The trial answer's tokens then stay out of the loss, since their log-probs belong to
+    /// the probe's context, not the kept one. No effect when the trigger is dropped.
+    #[serde(default)]
+    pub probe_without_trigger: bool,
 }
 
 fn default_answer_stops() -> Vec<String> {
@@ -166,6 +172,7 @@ mod tests {
             skip_first_token: false,
             max_judge_steps: 10,
             include_trigger_on_exit: true,
+            probe_without_trigger: false,
         };
         assert_eq!(s.trigger_at_end("x = 2. Wait"), Some("Wait"));
         assert_eq!(s.trigger_at_end("Wait"), Some("Wait"));

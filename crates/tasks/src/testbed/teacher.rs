@@ -72,6 +72,9 @@ pub struct Teacher {
     pub overturn_hard: f64,
     /// v3 only: the most reflection rounds after the first answer.
     pub max_rounds: usize,
+    /// v3 only: the first round (1-based) in which doubt can overturn a right step; 2 makes
+    /// the first re-check of a chain a plain confirmation and only second-guessing risky.
+    pub overturn_from_round: usize,
 }
 
 impl Default for Teacher {
@@ -86,6 +89,7 @@ impl Default for Teacher {
             overturn_easy: 0.10,
             overturn_hard: 0.02,
             max_rounds: 2,
+            overturn_from_round: 1,
         }
     }
 }
@@ -215,7 +219,7 @@ impl Teacher {
         parts.push(format!("= {} ;", vals[n]));
         let mut checked = vec![false; n];
         let (mut rechecks, mut corrected, mut overturned) = (0, 0, 0);
-        for _ in 0..self.max_rounds {
+        for nth in 1..=self.max_rounds {
             let first_unchecked = (0..n).find(|&i| hard(i) && !checked[i]);
             let q = match (first_unchecked, self.recheck_hard_prob) {
                 (Some(_), Some(q)) => q,
@@ -233,8 +237,12 @@ impl Teacher {
             };
             let wrong_before = vals[n] != p.answer();
             let right = p.apply(start, vals[start]);
-            // Doubt strikes a step re-checked directly (a hard one is redone as small steps).
-            let doubt = !carry && !hard(start) && rng.random_bool(self.overturn(n));
+            // Doubt strikes a step re-checked directly (a hard one is redone as small steps),
+            // from round `overturn_from_round` on.
+            let doubt = !carry
+                && !hard(start)
+                && nth >= self.overturn_from_round
+                && rng.random_bool(self.overturn(n));
             let value = if doubt {
                 (right + if rng.random_bool(0.5) { 1 } else { 9 }) % 10
             } else {
@@ -585,5 +593,31 @@ mod tests {
         assert!((easy - 0.3).abs() < 0.04, "level 1 overturn rate {easy}");
         assert!(t.overturn(1) > t.overturn(5) && t.overturn(MAX_LEVEL) == 0.0);
         assert!(rate(2) < easy, "level 2 overturns as often as level 1");
+    }
+
+    /// With `overturn_from_round = 2` a first round only confirms: a level-1 trace with one
+    /// round is never overturned, while a second round overturns at `overturn_easy`.
+    #[test]
+    fn v3_first_rounds_confirm_when_doubt_starts_at_round_two() {
+        let t = Teacher {
+            overturn_from_round: 2,
+            ..v3(1.0, Some(1.0), 0.3, 2)
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let (mut first_round_doubts, mut overturned, n) = (0, 0, 2000);
+        for seed in 0..n {
+            let p = t.problem(1, seed);
+            let tr = t.trace(&p, &mut rng);
+            assert_eq!(tr.rechecks, 2, "{}", tr.text);
+            // The first re-stated answer is still the right one.
+            first_round_doubts += usize::from(stated(&tr.text)[1] != p.answer());
+            overturned += tr.overturned;
+        }
+        assert_eq!(first_round_doubts, 0);
+        let rate = overturned as f64 / n as f64;
+        assert!(
+            (rate - 0.3).abs() < 0.04,
+            "second-round overturn rate {rate}"
+        );
     }
 }

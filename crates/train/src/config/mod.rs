@@ -172,6 +172,9 @@ impl RunConfig {
                 bail!("data.{key} = {v}: must be a probability in [0, 1]");
             }
         }
+        if self.data.overturn_from_round == 0 {
+            bail!("data.overturn_from_round = 0: rounds count from 1");
+        }
         if generated {
             if self.data.levels.is_empty() {
                 bail!("data.levels must not be empty");

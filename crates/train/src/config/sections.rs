@@ -254,6 +254,9 @@ pub struct DataSection {
     pub overturn_hard: f64,
     /// Testbed v3: the most reflection rounds after the first answer.
     pub reflect_rounds: usize,
+    /// Testbed v3: the first round (1-based) in which a re-check can overturn a right answer;
+    /// 2 makes a first re-check a plain confirmation, so only second-guessing is risky.
+    pub overturn_from_round: usize,
     /// Training dataset (.jsonl or .parquet); required for "math".
     pub train: Option<PathBuf>,
     /// Evaluation dataset; generated tasks evaluate on held-out generated problems without it.
@@ -287,6 +290,7 @@ impl DataSection {
             overturn_easy: self.overturn_easy,
             overturn_hard: self.overturn_hard,
             max_rounds: self.reflect_rounds,
+            overturn_from_round: self.overturn_from_round,
             ..Default::default()
         }
     }
@@ -305,6 +309,7 @@ impl Default for DataSection {
             overturn_easy: 0.10,
             overturn_hard: 0.02,
             reflect_rounds: 2,
+            overturn_from_round: 1,
             train: None,
             eval: None,
             columns: terse_tasks::dataset::Columns {

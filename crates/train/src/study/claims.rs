@@ -261,6 +261,13 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
         "standard",
         &|a, l, t| cuts_length(a, l, 0.02, t),
     );
+    // The same with the trigger kept in the trained path (probed without it), the paper's text.
+    push(
+        "(b) shorter at ≤ 2 points accuracy loss (Step-GRPO, the trigger kept in the path)",
+        "step_grpo_kept",
+        "standard",
+        &|a, l, t| cuts_length(a, l, 0.02, t),
+    );
     push(
         "(c) GRPO-λ beats its λ = 1 control",
         "grpo_lambda",
