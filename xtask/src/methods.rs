@@ -43,14 +43,67 @@ pub const VARIANTS: &[Method] = &[
     Method { name: "step_grpo_kept", label: "Step-GRPO (δ = 0.95, trigger kept)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = true\nprobe_without_trigger = true\n" },
 ];
 
+/// The testbed a study runs on (`repro --testbed`): its base config, the SFT config that makes
+/// its starting checkpoint, where its report goes, and the methods it studies by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Testbed {
+    /// Testbed v2: every method, from the committed SFT fixture, into docs/.
+    V2,
+    /// Testbed v3 (models/testbed/README.md): the length methods of the four papers, from the
+    /// checkpoint of configs/v3.toml (trained first when missing), into docs/v3/.
+    V3,
+}
+
+impl Testbed {
+    pub fn config(self) -> &'static str {
+        match self {
+            Testbed::V2 => "configs/repro.toml",
+            Testbed::V3 => "configs/repro-v3.toml",
+        }
+    }
+
+    pub fn out(self) -> &'static str {
+        match self {
+            Testbed::V2 => "docs",
+            Testbed::V3 => "docs/v3",
+        }
+    }
+
+    /// The SFT config that writes the base config's checkpoint, when it is not committed.
+    pub fn sft(self) -> Option<&'static str> {
+        match self {
+            Testbed::V2 => None,
+            Testbed::V3 => Some("configs/v3.toml"),
+        }
+    }
+
+    /// The methods studied when `--methods` names none.
+    pub fn methods(self) -> Vec<&'static Method> {
+        match self {
+            Testbed::V2 => METHODS.iter().collect(),
+            Testbed::V3 => {
+                let names = [
+                    "standard",
+                    "short_rl",
+                    "grpo_lambda",
+                    "care",
+                    "step_grpo",
+                    "step_grpo_kept",
+                ];
+                known().filter(|m| names.contains(&m.name)).collect()
+            }
+        }
+    }
+}
+
 /// Every method `--methods` can name: the default study's, then the variants.
 fn known() -> impl Iterator<Item = &'static Method> {
     METHODS.iter().chain(VARIANTS)
 }
 
-/// The study's methods named in `names` (the default study's when `names` is empty), in the
-/// study's order; an unknown name is an error that lists the known ones.
-pub fn select(names: &[String]) -> anyhow::Result<Vec<&'static Method>> {
+/// The study's methods named in `names` (the testbed's default set when `names` is empty), in
+/// the study's order; an unknown name is an error that lists the known ones.
+pub fn select(names: &[String], testbed: Testbed) -> anyhow::Result<Vec<&'static Method>> {
     if let Some(bad) = names
         .iter()
         .find(|n| !known().any(|m| m.name == n.as_str()))
@@ -62,7 +115,7 @@ pub fn select(names: &[String]) -> anyhow::Result<Vec<&'static Method>> {
         );
     }
     if names.is_empty() {
-        return Ok(METHODS.iter().collect());
+        return Ok(testbed.methods());
     }
     Ok(known()
         .filter(|m| names.iter().any(|n| n == m.name))
@@ -75,25 +128,35 @@ mod tests {
 
     #[test]
     fn select_keeps_the_study_order_and_names_an_unknown_method() {
-        let all = select(&[]).expect("all");
+        let all = select(&[], Testbed::V2).expect("all");
         assert_eq!(all.len(), METHODS.len());
-        let two = select(&["cos_fn".into(), "standard".into()]).expect("two");
+        let two = select(&["cos_fn".into(), "standard".into()], Testbed::V2).expect("two");
         assert_eq!(
             two.iter().map(|m| m.name).collect::<Vec<_>>(),
             ["standard", "cos_fn"]
         );
-        let e = select(&["cosfn".into()])
+        let e = select(&["cosfn".into()], Testbed::V2)
             .err()
             .expect("an error")
             .to_string();
         assert!(e.contains("`cosfn`") && e.contains("cos_fn"), "{e}");
         // A variant is studied only when named, after the default study's methods.
         assert!(all.iter().all(|m| m.name != "step_grpo_kept"));
-        let v = select(&["step_grpo_kept".into(), "standard".into()]).expect("variant");
+        let v =
+            select(&["step_grpo_kept".into(), "standard".into()], Testbed::V2).expect("variant");
         assert_eq!(
             v.iter().map(|m| m.name).collect::<Vec<_>>(),
             ["standard", "step_grpo_kept"]
         );
+        // v3's default set holds the variant, in the study's order.
+        let v3: Vec<&str> = select(&[], Testbed::V3)
+            .expect("v3")
+            .iter()
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(v3.first(), Some(&"standard"));
+        assert_eq!(v3.last(), Some(&"step_grpo_kept"));
+        assert_eq!(v3.len(), 6);
     }
 
     /// `{l_max}` becomes the base config's limit, and every override parses as TOML.
@@ -104,7 +167,7 @@ mod tests {
             assert!(!o.contains("{l_max}"), "{}: {o}", m.name);
             toml::from_str::<toml::Table>(&o).unwrap_or_else(|e| panic!("{}: {e}", m.name));
         }
-        let care = select(&["care".into()]).expect("care")[0].resolved(160);
+        let care = select(&["care".into()], Testbed::V2).expect("care")[0].resolved(160);
         assert!(care.contains("l_max = 160"), "{care}");
     }
 }

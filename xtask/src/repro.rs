@@ -8,13 +8,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::methods::Method;
+use crate::methods::{Method, Testbed};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Base run config; each method adds its overrides.
-    #[arg(long, default_value = "configs/repro.toml")]
-    config: PathBuf,
+    /// The testbed: v2 (every method, docs/results.md) or v3 (the four papers' length
+    /// methods on reflection that can overturn an answer, docs/v3/results.md; its SFT
+    /// checkpoint is trained first when missing).
+    #[arg(long, value_enum, default_value = "v2")]
+    testbed: Testbed,
+    /// Base run config; each method adds its overrides [default: the testbed's,
+    /// configs/repro.toml or configs/repro-v3.toml].
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Seeds per method (the claims' paired t intervals need several; 5 fit in 30 minutes).
     /// Another count writes results-seeds<N>.md, so results.md stays the default study's.
     #[arg(long, default_value_t = crate::methods::DEFAULT_SEEDS)]
@@ -22,9 +28,9 @@ pub struct Args {
     /// Runs trained at once (each on one thread).
     #[arg(long, default_value_t = 2)]
     jobs: usize,
-    /// Where results.md and the curves go.
-    #[arg(long, default_value = "docs")]
-    out: PathBuf,
+    /// Where results.md and the curves go [default: the testbed's, docs or docs/v3].
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// A smaller study for a quick look: 1 seed, 12 steps, 4 problems per level; writes
     /// results-quick.md instead of results.md.
     #[arg(long)]
@@ -88,16 +94,24 @@ fn merge(a: &mut toml::Table, b: toml::Table) {
 
 pub fn run(a: &Args) -> Result<ExitCode> {
     let t0 = Instant::now();
-    let base = std::fs::read_to_string(&a.config)
-        .with_context(|| format!("reading {}", a.config.display()))?;
-    let base_cfg = terse_train::RunConfig::from_toml(&base, &a.config)?;
+    let config = a
+        .config
+        .clone()
+        .unwrap_or_else(|| a.testbed.config().into());
+    let out = a.out.clone().unwrap_or_else(|| a.testbed.out().into());
+    let base = std::fs::read_to_string(&config)
+        .with_context(|| format!("reading {}", config.display()))?;
+    let base_cfg = terse_train::RunConfig::from_toml(&base, &config)?;
+    if !a.report_only {
+        ensure_sft(a.testbed, &base_cfg.model.path)?;
+    }
     let root = if a.quick {
         base_cfg.run.dir.join("quick")
     } else {
         base_cfg.run.dir.clone()
     };
     let seeds = if a.quick { 1 } else { a.seeds.max(1) };
-    let methods = crate::methods::select(&a.methods)?;
+    let methods = crate::methods::select(&a.methods, a.testbed)?;
     let cfg_dir = root.join("configs");
     std::fs::create_dir_all(&cfg_dir).with_context(|| format!("creating {}", cfg_dir.display()))?;
 
@@ -127,7 +141,13 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     }
     let elapsed = t0.elapsed().as_secs_f64();
 
-    let md = crate::summary::write(&root, &methods, seeds, a.quick, &a.out, &a.config)?;
+    let study = crate::summary::Study {
+        testbed: a.testbed,
+        config: &config,
+        seeds,
+        quick: a.quick,
+    };
+    let md = crate::summary::write(&root, &methods, &study, &out)?;
     println!("wrote {}", md.display());
     if !a.report_only {
         println!(
@@ -143,6 +163,37 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Trains the testbed's SFT checkpoint (`xtask sft`, logged to the console) when the base
+/// config starts from one that is not there yet.
+fn ensure_sft(testbed: Testbed, model: &Path) -> Result<()> {
+    let Some(sft) = testbed.sft() else {
+        return Ok(());
+    };
+    if model.join("model.safetensors").is_file() {
+        return Ok(());
+    }
+    eprintln!(
+        "{} is missing: training it with `xtask sft --config {sft}` first",
+        model.display()
+    );
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let status = Command::new(&exe)
+        .args(["sft", "--config", sft])
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("starting {}", exe.display()))?;
+    if !status.success() {
+        bail!("xtask sft --config {sft} failed ({status})");
+    }
+    if !model.join("model.safetensors").is_file() {
+        bail!(
+            "xtask sft --config {sft} finished but {} has no model.safetensors: the SFT config's run.dir/run.name must name it",
+            model.display()
+        );
+    }
+    Ok(())
 }
 
 /// Whether the run at `run_dir` already finished from exactly `text` (see `--keep`).
