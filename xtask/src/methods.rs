@@ -18,7 +18,7 @@ pub const METHODS: &[Method] = &[
     Method { name: "kimi", label: "Kimi (dense length reward)", overrides: "[reward.shaper]\nmethod = \"kimi\"\n" },
     Method { name: "cos_fn", label: "CosFn", overrides: "[reward.shaper]\nmethod = \"cos_fn\"\nl_max = {l_max}\n" },
     Method { name: "efficient", label: "Efficient (α = 0.1)", overrides: "[reward.shaper]\nmethod = \"efficient\"\n" },
-    Method { name: "dapo_overlong", label: "DAPO overlong (80 + 32)", overrides: "[reward.shaper]\nmethod = \"none\"\n[reward.overlong]\nl_max = {l_max}\nl_cache = 32\n" },
+    Method { name: "dapo_overlong", label: "DAPO overlong (last 32 tokens)", overrides: "[reward.shaper]\nmethod = \"none\"\n[reward.overlong]\nl_max = {l_max}\nl_cache = 32\n" },
     Method { name: "short_rl_d1", label: "Short-RL D1 (correct only)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\nacc_gate = false\n" },
     Method { name: "short_rl_d1_d2", label: "Short-RL D1+D2 (+ nucleus)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nacc_gate = false\n" },
     Method { name: "short_rl_d1_d3", label: "Short-RL D1+D3 (+ gate)", overrides: "[reward.shaper]\nmethod = \"short_rl\"\ntau_len = 4\ntau_acc = 0.05\nnucleus = false\n" },
@@ -96,14 +96,18 @@ impl Testbed {
     }
 }
 
-/// Every method `--methods` can name: the default study's, then the variants.
-fn known() -> impl Iterator<Item = &'static Method> {
+/// Every method `--methods` can name (`--methods all`): the default study's, then the variants.
+pub fn known() -> impl Iterator<Item = &'static Method> {
     METHODS.iter().chain(VARIANTS)
 }
 
-/// The study's methods named in `names` (the testbed's default set when `names` is empty), in
-/// the study's order; an unknown name is an error that lists the known ones.
+/// The study's methods named in `names` (the testbed's default set when `names` is empty,
+/// every method and variant for `all`), in the study's order; an unknown name is an error
+/// that lists the known ones.
 pub fn select(names: &[String], testbed: Testbed) -> anyhow::Result<Vec<&'static Method>> {
+    if names == ["all"] {
+        return Ok(known().collect());
+    }
     if let Some(bad) = names
         .iter()
         .find(|n| !known().any(|m| m.name == n.as_str()))
@@ -148,6 +152,8 @@ mod tests {
             v.iter().map(|m| m.name).collect::<Vec<_>>(),
             ["standard", "step_grpo_kept"]
         );
+        let every = select(&["all".into()], Testbed::V3).expect("all");
+        assert_eq!(every.len(), METHODS.len() + VARIANTS.len());
         // v3's default set holds the variant, in the study's order.
         let v3: Vec<&str> = select(&[], Testbed::V3)
             .expect("v3")

@@ -40,6 +40,7 @@ pub struct Args {
     report_only: bool,
     /// Study only these methods (comma-separated names, e.g. `standard,cos_fn`); the report
     /// goes to results-focus.md, so more seeds for one claim leave results.md as it is.
+    /// `all`: every method and variant, reported in results-all.md.
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
     /// Keep a run that already finished with the same config (the study's configs/<run>.toml

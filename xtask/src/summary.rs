@@ -170,15 +170,28 @@ fn report_kind(methods: &[&Method], study: &Study) -> ReportKind {
         command,
     };
     let seeds = study.seeds;
-    let full = study.testbed.methods();
+    let names: Vec<&str> = methods.iter().map(|m| m.name).collect();
+    let default_set = names
+        .iter()
+        .copied()
+        .eq(study.testbed.methods().iter().map(|m| m.name));
+    let every = names
+        .iter()
+        .copied()
+        .eq(crate::methods::known().map(|m| m.name));
     if study.quick {
         kind("-quick".into(), " (quick)", " --quick".into())
-    } else if methods
-        .iter()
-        .map(|m| m.name)
-        .ne(full.iter().map(|m| m.name))
-    {
-        let names: Vec<&str> = methods.iter().map(|m| m.name).collect();
+    } else if every && !default_set {
+        let (suffix, arg) = match seeds {
+            DEFAULT_SEEDS => (String::new(), String::new()),
+            n => (format!("-seeds{n}"), format!(" --seeds {n}")),
+        };
+        kind(
+            format!("-all{suffix}"),
+            " (every method and variant)",
+            format!("{arg} --methods all"),
+        )
+    } else if !default_set {
         kind(
             "-focus".into(),
             " (a part of it, more seeds)",
@@ -198,9 +211,9 @@ fn report_kind(methods: &[&Method], study: &Study) -> ReportKind {
 /// One method's runs over the seeds.
 type MethodRuns<'a> = (&'a Method, Vec<RunResult>);
 
-/// Writes the report (results.md; results-quick.md for `--quick`; results-focus.md when
-/// `methods` is a part of the testbed's study; results-seeds<N>.md for all its methods with
-/// another seed count) and the curves into `out`.
+/// Writes the report (results.md; results-quick.md for `--quick`; results-all.md for every
+/// method and variant; results-focus.md when `methods` is a part of the testbed's study;
+/// results-seeds<N>.md for all its methods with another seed count) and the curves into `out`.
 pub fn write(root: &Path, methods: &[&Method], study: &Study, out: &Path) -> Result<PathBuf> {
     let (seeds, config) = (study.seeds, study.config);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -526,6 +539,12 @@ mod tests {
         let v3 = study(Testbed::V3, DEFAULT_SEEDS, false);
         assert_eq!(report_kind(&Testbed::V3.methods(), &v3).suffix, "");
         assert_eq!(report_kind(&all, &v3).suffix, "-focus");
+        let every: Vec<&Method> = crate::methods::known().collect();
+        let kind = report_kind(&every, &v3);
+        assert_eq!(
+            (kind.suffix.as_str(), kind.command.as_str()),
+            ("-all", " --methods all")
+        );
     }
 
     #[test]
