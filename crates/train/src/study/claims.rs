@@ -308,6 +308,12 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
         "step_grpo_no_dtr",
         &|a, l, t| cuts_length(a, l, 0.02, t),
     );
+    push(
+        "(f) dynamic rollout beats its ablation (the trigger kept in the path)",
+        "step_grpo_kept",
+        "step_grpo_no_dtr",
+        &|a, l, t| cuts_length(a, l, 0.02, t),
+    );
     // (d): CARE's relative cut at the easiest level minus its relative cut at the hardest.
     if let (Some(c), Some(s)) = (runs.get("care"), runs.get("standard")) {
         let cut = |x: &RunStats, y: &RunStats, i: usize| {
@@ -449,6 +455,16 @@ mod tests {
                 stats(0.80, 35.5, [15.0, 55.0]),
             ],
         );
+        // Step-GRPO with the trigger kept: shorter than Standard at equal accuracy -> (b) holds;
+        // as long as the reward alone -> (f) unresolved.
+        runs.insert(
+            "step_grpo_kept",
+            vec![
+                stats(0.80, 35.0, [15.0, 55.0]),
+                stats(0.82, 37.0, [16.0, 56.0]),
+                stats(0.81, 35.0, [15.0, 55.0]),
+            ],
+        );
         // Short-RL: longer -> (b) fails.
         runs.insert(
             "short_rl",
@@ -476,6 +492,8 @@ mod tests {
         assert!(line("(b)", "short_rl − standard").ends_with("| 0/3 / 0/3 | **fails** |"));
         assert!(line("(b)", "step_grpo_no_dtr − standard").ends_with("| 3/3 / 3/3 | **holds** |"));
         assert!(line("(d)", "care vs standard").ends_with("**holds** |"));
+        assert!(line("trigger kept", "step_grpo_kept − standard").ends_with("**holds** |"));
+        assert!(line("(f)", "step_grpo_kept − step_grpo_no_dtr").ends_with("unresolved |"));
         assert!(!s.contains("cos_fn"), "a claim without its runs is skipped");
         // One seed: every verdict unresolved.
         let one: BTreeMap<_, _> = runs.iter().map(|(k, v)| (*k, v[..1].to_vec())).collect();
