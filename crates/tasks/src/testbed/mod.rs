@@ -12,6 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+mod reflect;
 pub mod teacher;
 pub use teacher::{Teacher, Trace, Version, EASY_LEVELS, HARD_OPERANDS};
 

@@ -18,7 +18,7 @@
 //!   hard step redoes the chain from there (hard steps as small steps), which corrects guesses;
 //!   a round on a verified chain re-checks one step and confirms it, or (at `overturn(level)`,
 //!   higher on easy levels) doubts it into a neighbouring digit and carries the wrong value on:
-//!   reflection that talks the teacher out of a right answer. models/testbed/README.md, v3.
+//!   reflection that talks the teacher out of a right answer. models/testbed/README.md, v3; the trace is in reflect.rs.
 
 use super::Problem;
 use rand::Rng;
@@ -127,13 +127,6 @@ impl Teacher {
         }
     }
 
-    /// v3: the chance that a re-check of a verified level-`level` chain overturns a step.
-    pub fn overturn(&self, level: usize) -> f64 {
-        let top = (super::MAX_LEVEL - 1).max(1) as f64;
-        let t = (level.saturating_sub(1) as f64 / top).clamp(0.0, 1.0);
-        self.overturn_easy + (self.overturn_hard - self.overturn_easy) * t
-    }
-
     /// A completion of `p`: its steps, the re-checks, `</think>`, then the answer the chain
     /// reached (in v2 a wrong one when a slip went uncorrected).
     pub fn trace(&self, p: &Problem, rng: &mut impl Rng) -> Trace {
@@ -198,100 +191,12 @@ impl Teacher {
         };
         finish(parts, answer, rechecks, slips, corrected)
     }
-
-    fn trace_v3(&self, p: &Problem, rng: &mut impl Rng) -> Trace {
-        let n = p.ops.len();
-        let hard = |i: usize| HARD_OPERANDS.contains(&p.ops[i].1);
-        let (mut parts, mut slips) = (vec![], 0);
-        // vals[i]: the value before step i as the teacher last wrote it; vals[n]: its answer.
-        let mut vals = vec![p.start];
-        for i in 0..n {
-            let right = p.apply(i, vals[i]);
-            let written = if hard(i) {
-                rng.random_range(0..10)
-            } else {
-                right
-            };
-            slips += usize::from(written != right);
-            parts.push(p.step_text(i, vals[i], written));
-            vals.push(written);
-        }
-        parts.push(format!("= {} ;", vals[n]));
-        let mut checked = vec![false; n];
-        let (mut rechecks, mut corrected, mut overturned) = (0, 0, 0);
-        for nth in 1..=self.max_rounds {
-            let first_unchecked = (0..n).find(|&i| hard(i) && !checked[i]);
-            let q = match (first_unchecked, self.recheck_hard_prob) {
-                (Some(_), Some(q)) => q,
-                _ => self.recheck_prob,
-            };
-            if !rng.random_bool(q) {
-                break;
-            }
-            rechecks += 1;
-            let mut round = vec![];
-            // The step the round starts at, and the value it writes there.
-            let (start, carry) = match first_unchecked {
-                Some(i) => (i, true),
-                None => (rng.random_range(0..n), false),
-            };
-            let wrong_before = vals[n] != p.answer();
-            let right = p.apply(start, vals[start]);
-            // Doubt strikes a step re-checked directly (a hard one is redone as small steps),
-            // from round `overturn_from_round` on.
-            let doubt = !carry
-                && !hard(start)
-                && nth >= self.overturn_from_round
-                && rng.random_bool(self.overturn(n));
-            let value = if doubt {
-                (right + if rng.random_bool(0.5) { 1 } else { 9 }) % 10
-            } else {
-                right
-            };
-            round.push(if hard(start) {
-                checked[start] = true;
-                small_steps(vals[start], p.ops[start].1)
-            } else {
-                p.step_text(start, vals[start], value)
-            });
-            let changed = value != vals[start + 1];
-            vals[start + 1] = value;
-            // The rest of the chain again when the value moved (or the round verifies it):
-            // hard steps as small steps (checked from here on), the others directly.
-            if changed || carry {
-                for j in start + 1..n {
-                    let r = p.apply(j, vals[j]);
-                    round.push(if hard(j) {
-                        checked[j] = true;
-                        small_steps(vals[j], p.ops[j].1)
-                    } else {
-                        p.step_text(j, vals[j], r)
-                    });
-                    vals[j + 1] = r;
-                }
-            }
-            parts.push(format!("Wait {}", round.join(" ")));
-            parts.push(format!("= {} ;", vals[n]));
-            let wrong_after = vals[n] != p.answer();
-            corrected += usize::from(wrong_before && !wrong_after);
-            overturned += usize::from(!wrong_before && wrong_after);
-        }
-        let unchecked = (0..n).any(|i| hard(i) && !checked[i]);
-        let answer = if unchecked && self.guess_unchecked {
-            rng.random_range(0..10)
-        } else {
-            vals[n]
-        };
-        let mut t = finish(parts, answer, rechecks, slips, corrected);
-        t.overturned = overturned;
-        t
-    }
 }
 
 /// `before + d` as one chain of additions of at most `MAX_STEP`, the facts a v2 teacher knows:
 /// `+ 5` from 8 is `8 + 3 = 1 + 2 = 3 ;`. One `;` per chain keeps "one `;` per step or
 /// re-check", which the model uses to keep its place in the problem.
-fn small_steps(before: u8, d: u8) -> String {
+pub(super) fn small_steps(before: u8, d: u8) -> String {
     let (mut v, mut left, mut out) = (before, d, before.to_string());
     while left > 0 {
         let s = left.min(super::MAX_STEP);
@@ -302,7 +207,7 @@ fn small_steps(before: u8, d: u8) -> String {
     out + " ;"
 }
 
-fn finish(
+pub(super) fn finish(
     mut parts: Vec<String>,
     answer: u8,
     rechecks: usize,
@@ -320,7 +225,7 @@ fn finish(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{verify, Verdict, MAX_LEVEL, MAX_STEP, VOCAB};
     use super::*;
     use rand::SeedableRng;
@@ -334,7 +239,7 @@ mod tests {
             .count()
     }
 
-    fn vocab_ok(text: &str) -> bool {
+    pub(in crate::testbed) fn vocab_ok(text: &str) -> bool {
         text.split_whitespace().all(|w| VOCAB.contains(&w))
     }
 
@@ -502,122 +407,5 @@ mod tests {
         // A guess is the chain's value about one time in ten, not every time.
         assert!(guessed > 300, "{guessed}");
         assert!(copies * 4 < guessed, "{copies} of {guessed}");
-    }
-
-    fn v3(recheck: f64, hard: Option<f64>, easy: f64, rounds: usize) -> Teacher {
-        Teacher {
-            version: Version::V3,
-            recheck_prob: recheck,
-            recheck_hard_prob: hard,
-            hard_rate: 0.18,
-            overturn_easy: easy,
-            overturn_hard: 0.0,
-            max_rounds: rounds,
-            ..Default::default()
-        }
-    }
-
-    /// The stated answers (`= r ;` with no operation before it), in order.
-    fn stated(text: &str) -> Vec<u8> {
-        let w: Vec<&str> = text.split_whitespace().collect();
-        (1..w.len())
-            .filter(|&k| w[k] == "=" && (w[k - 1] == ";" || w[k - 1] == "<think>" || k == 0))
-            .filter_map(|k| w.get(k + 1)?.parse().ok())
-            .collect()
-    }
-
-    #[test]
-    fn v3_states_an_answer_first_and_reflects_after_it() {
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let t = v3(0.5, Some(0.9), 0.1, 2);
-        for level in 1..=MAX_LEVEL {
-            for seed in 0..40 {
-                let p = t.problem(level, seed);
-                let tr = t.trace(&p, &mut rng);
-                assert!(vocab_ok(&tr.text), "{}", tr.text);
-                assert!(verify(&tr.text, p.answer()).format_ok, "{}", tr.text);
-                let answers = stated(&tr.text);
-                assert_eq!(answers.len(), 1 + tr.rechecks, "{}", tr.text);
-                // Every `Wait` comes after the first stated answer.
-                let first_answer = tr.text.find("; = ").expect("an answer");
-                if let Some(w) = tr.text.find("Wait") {
-                    assert!(w > first_answer, "{}", tr.text);
-                }
-                // The final answer is the last stated one (no guessing configured).
-                let last = *answers.last().expect("answer");
-                assert!(
-                    tr.text.contains(&format!("<answer> {last} </answer>")),
-                    "{}",
-                    tr.text
-                );
-            }
-        }
-    }
-
-    /// A round on a chain with a guessed hard step corrects it; with no overturns, a teacher
-    /// that always reflects on hard chains is always right.
-    #[test]
-    fn v3_reflection_corrects_guesses() {
-        let mut rng = ChaCha8Rng::seed_from_u64(4);
-        let t = v3(0.0, Some(1.0), 0.0, 1);
-        let (mut slips, mut right) = (0, 0);
-        for seed in 0..300 {
-            let p = t.problem(6, seed);
-            let tr = t.trace(&p, &mut rng);
-            slips += tr.slips;
-            right += usize::from(verify(&tr.text, p.answer()).correct);
-            assert_eq!(tr.overturned, 0);
-        }
-        assert!(slips > 50, "few guesses to correct ({slips})");
-        assert_eq!(right, 300);
-    }
-
-    /// On level 1 (no hard step) a re-check overturns a right answer at `overturn_easy`, and
-    /// less often on harder levels.
-    #[test]
-    fn v3_reflection_overturns_right_answers_more_on_easy_levels() {
-        let t = v3(1.0, Some(1.0), 0.3, 1);
-        let rate = |level: usize| {
-            let mut rng = ChaCha8Rng::seed_from_u64(level as u64);
-            let n = 2000;
-            let wrong = (0..n)
-                .filter(|&seed| {
-                    let p = t.problem(level, seed);
-                    let tr = t.trace(&p, &mut rng);
-                    tr.overturned == 1 && !verify(&tr.text, p.answer()).correct
-                })
-                .count();
-            wrong as f64 / n as f64
-        };
-        let easy = rate(1);
-        assert!((easy - 0.3).abs() < 0.04, "level 1 overturn rate {easy}");
-        assert!(t.overturn(1) > t.overturn(5) && t.overturn(MAX_LEVEL) == 0.0);
-        assert!(rate(2) < easy, "level 2 overturns as often as level 1");
-    }
-
-    /// With `overturn_from_round = 2` a first round only confirms: a level-1 trace with one
-    /// round is never overturned, while a second round overturns at `overturn_easy`.
-    #[test]
-    fn v3_first_rounds_confirm_when_doubt_starts_at_round_two() {
-        let t = Teacher {
-            overturn_from_round: 2,
-            ..v3(1.0, Some(1.0), 0.3, 2)
-        };
-        let mut rng = ChaCha8Rng::seed_from_u64(9);
-        let (mut first_round_doubts, mut overturned, n) = (0, 0, 2000);
-        for seed in 0..n {
-            let p = t.problem(1, seed);
-            let tr = t.trace(&p, &mut rng);
-            assert_eq!(tr.rechecks, 2, "{}", tr.text);
-            // The first re-stated answer is still the right one.
-            first_round_doubts += usize::from(stated(&tr.text)[1] != p.answer());
-            overturned += tr.overturned;
-        }
-        assert_eq!(first_round_doubts, 0);
-        let rate = overturned as f64 / n as f64;
-        assert!(
-            (rate - 0.3).abs() < 0.04,
-            "second-round overturn rate {rate}"
-        );
     }
 }
