@@ -69,6 +69,14 @@ impl Testbed {
         }
     }
 
+    /// How reports name it after "testbed" (v2, the default, is unnamed).
+    pub fn label(self) -> &'static str {
+        match self {
+            Testbed::V2 => "",
+            Testbed::V3 => " v3",
+        }
+    }
+
     /// The SFT config that writes the base config's checkpoint, when it is not committed.
     pub fn sft(self) -> Option<&'static str> {
         match self {

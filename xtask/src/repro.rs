@@ -145,6 +145,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     let study = crate::summary::Study {
         testbed: a.testbed,
         config: &config,
+        l_max: base_cfg.grpo.max_new_tokens,
         seeds,
         quick: a.quick,
     };

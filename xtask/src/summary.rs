@@ -146,10 +146,12 @@ const BANDED: [&str; 6] = [
     "step_grpo",
 ];
 
-/// What a study was: its testbed, base config, seed count and whether it was `--quick`.
+/// What a study was: its testbed, base config (and that config's `grpo.max_new_tokens`, which
+/// the overrides' `{l_max}` stands for), seed count and whether it was `--quick`.
 pub struct Study<'a> {
     pub testbed: Testbed,
     pub config: &'a Path,
+    pub l_max: usize,
     pub seeds: u64,
     pub quick: bool,
 }
@@ -229,20 +231,11 @@ pub fn write(root: &Path, methods: &[&Method], study: &Study, out: &Path) -> Res
         title,
         mut command,
     } = report_kind(methods, study);
-    // The base config's length limit, which the overrides' `{l_max}` stands for.
-    let base =
-        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
-    let l_max = terse_train::RunConfig::from_toml(&base, config)?
-        .grpo
-        .max_new_tokens;
     let config = config.display().to_string();
     if config != study.testbed.config() {
         command = format!(" --config {config}{command}");
     }
-    let testbed = match study.testbed {
-        Testbed::V2 => "",
-        Testbed::V3 => " v3",
-    };
+    let testbed = study.testbed.label();
     if !testbed.is_empty() {
         command = format!(" --testbed{testbed}{command}");
     }
@@ -260,7 +253,7 @@ pub fn write(root: &Path, methods: &[&Method], study: &Study, out: &Path) -> Res
     figures(&mut md, methods, &suffix)?;
     verdicts(&mut md, &all)?;
     mechanisms(&mut md, &all)?;
-    overrides(&mut md, methods, &config, l_max)?;
+    overrides(&mut md, methods, &config, study.l_max)?;
     // The hand-written reading of the table (a committed input, so the output stays reproducible).
     let reading = out.join(format!("results{suffix}-reading.md"));
     if reading.is_file() {
@@ -527,6 +520,7 @@ mod tests {
         let study = |testbed, seeds, quick| Study {
             testbed,
             config: Path::new(Testbed::config(testbed)),
+            l_max: 112,
             seeds,
             quick,
         };
