@@ -189,9 +189,25 @@ impl Qwen3 {
         };
         let config = LoraConfig::new(rank, alpha, &targets, init)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        self.add_lora(config, 0)?;
         let file = dir.join("adapter_model.safetensors");
         let loaded = candle_core::safetensors::load(&file, &self.device)?;
+        // The rank is checked against the file's A matrices before `add_lora` allocates r x In
+        // per projection: a corrupt `r` (fuzzing found 2^32) asked for terabytes.
+        let a_rank = loaded
+            .iter()
+            .find(|(k, _)| k.ends_with(".lora_A.weight"))
+            .map(|(_, t)| t.dims().first().copied().unwrap_or(0));
+        if a_rank != Some(rank) {
+            crate::fail!(
+                "{}: r = {rank}, but {} holds {}",
+                path.display(),
+                file.display(),
+                a_rank.map_or("no lora_A matrix".into(), |r| format!(
+                    "A matrices of rank {r}"
+                ))
+            );
+        }
+        self.add_lora(config, 0)?;
         let Some(l) = &mut self.lora else {
             crate::fail!("internal: adapters missing after add_lora");
         };
@@ -211,5 +227,37 @@ impl Qwen3 {
             v.set(&t.to_dtype(v.dtype())?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fuzzing (terse-fuzz, target checkpoint): adapter_config.json with `r` = 2^32 made
+    /// `load_adapter` allocate r x In floats per projection (an abort); a rank the file does not
+    /// hold is an error naming both files.
+    #[test]
+    fn a_rank_the_adapter_file_does_not_hold_is_an_error_not_an_allocation() {
+        let c = crate::Config::synthetic(32, 16, 24, 1, 2, 1, 8, true).expect("config");
+        let dev = candle_core::Device::Cpu;
+        let mut m = Qwen3::random(c.clone(), 0, &dev, DType::F32).expect("model");
+        let lora = LoraConfig::new(2, 4.0, &["q".into()], LoraInit::Kaiming).expect("lora");
+        m.add_lora(lora, 1).expect("add");
+        let dir = std::env::temp_dir().join(format!("terse-rank-{}", std::process::id()));
+        m.save_adapter(&dir, "base").expect("save");
+        let path = dir.join("adapter_config.json");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let mut fresh = Qwen3::random(c.clone(), 0, &dev, DType::F32).expect("model");
+        fresh.load_adapter(&dir).expect("the saved rank loads");
+        std::fs::write(&path, text.replace("\"r\": 2", "\"r\": 4294967296")).expect("write");
+        let mut fresh = Qwen3::random(c, 0, &dev, DType::F32).expect("model");
+        let err = fresh.load_adapter(&dir).expect_err("a rank the file lacks");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            err.to_string().contains("holds A matrices of rank 2"),
+            "{err}"
+        );
+        assert!(fresh.lora.is_none(), "nothing was added");
     }
 }

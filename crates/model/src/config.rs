@@ -82,6 +82,10 @@ fn opt_str<'a>(v: &'a Value, key: &str) -> Result<Option<&'a str>> {
     opt_typed(v, key, "a string", Value::as_str)
 }
 
+/// Bounds on a config.json, far above any real model (see `Config::validate`).
+const MAX_LAYERS: usize = 1024;
+const MAX_PARAMETERS: u128 = 1 << 40;
+
 impl Config {
     /// Reads and validates `config.json`; errors name the file and the offending key.
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -208,7 +212,44 @@ impl Config {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             crate::fail!("rope_theta must be positive, got {}", self.rope_theta);
         }
+        // A corrupt config.json is an error, not hours in `expected_tensors` (fuzzing found
+        // num_hidden_layers = 2^31) or an overflow in `num_parameters`: bounds far above any
+        // real model (the largest dense ones have ~130 layers and ~4e11 parameters).
+        let params = self.parameters_saturating();
+        if self.num_hidden_layers > MAX_LAYERS || params > MAX_PARAMETERS {
+            crate::fail!(
+                "config describes {} layers and {params} parameters: at most {MAX_LAYERS} and 2^40",
+                self.num_hidden_layers
+            );
+        }
         Ok(())
+    }
+
+    /// `num_parameters` in saturating u128 arithmetic, from the sizes (no tensor list).
+    fn parameters_saturating(&self) -> u128 {
+        let m = |a: u128, b: u128| a.saturating_mul(b);
+        let [v, h, hd, i, l] = [
+            self.vocab_size,
+            self.hidden_size,
+            self.head_dim,
+            self.intermediate_size,
+            self.num_hidden_layers,
+        ]
+        .map(|x| x as u128);
+        let (q, kv) = (
+            m(self.num_attention_heads as u128, hd),
+            m(self.num_key_value_heads as u128, hd),
+        );
+        let heads = [
+            m(2, hd) * u128::from(self.qk_norm),
+            q.saturating_add(m(2, kv)) * u128::from(self.qkv_bias),
+        ];
+        let layer = [m(2, h), m(m(2, q), h), m(m(2, kv), h), m(m(3, i), h)]
+            .into_iter()
+            .chain(heads)
+            .fold(0u128, u128::saturating_add);
+        let embed = m(m(v, h), if self.tie_word_embeddings { 1 } else { 2 });
+        embed.saturating_add(h).saturating_add(m(l, layer))
     }
 
     /// Builds a config from the handful of numbers that define a Qwen3 shape (benches, tests).
@@ -466,6 +507,23 @@ mod tests {
             "multiple of num_key_value_heads",
         );
         check_err(json!({"hidden_size": "big"}), "`hidden_size`");
+        // Fuzzing (terse-fuzz, target checkpoint): 2^31 layers hung in `expected_tensors`.
+        check_err(
+            json!({"num_hidden_layers": 1u64 << 31}),
+            "at most 1024 and 2^40",
+        );
+        check_err(
+            json!({"vocab_size": u64::MAX, "hidden_size": u64::MAX}),
+            "2^40",
+        );
+        for name in ["qwen3-8b", "qwen2.5-7b"] {
+            let c = Config::named(name).expect("built in");
+            assert_eq!(
+                c.parameters_saturating(),
+                c.num_parameters() as u128,
+                "{name}"
+            );
+        }
         check_err(json!({"model_type": "llama"}), "llama");
     }
 

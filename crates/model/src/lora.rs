@@ -58,8 +58,8 @@ impl LoraConfig {
                     .iter()
                     .any(|t| n.ends_with(&format!(".{t}.weight")))
             })
-            .map(|(_, s)| self.rank * (s[0] + s[1]))
-            .sum()
+            .map(|(_, s)| self.rank.saturating_mul(s[0] + s[1]))
+            .fold(0, usize::saturating_add)
     }
 
     /// Checks the shape: rank ≥ 1, α > 0, known and non-empty targets (q/k/v/o/gate/up/down

@@ -128,9 +128,13 @@ pub fn all_at_once_blocks(
     g: usize,
     block: usize,
 ) -> usize {
+    // Saturating: `xtask plan` feeds it config numbers, which may be absurd.
     seqs.into_iter()
-        .map(|(p, full)| p.div_ceil(block) + g * (full.div_ceil(block) - p / block))
-        .sum()
+        .map(|(p, full)| {
+            let own = full.div_ceil(block).saturating_sub(p / block);
+            p.div_ceil(block).saturating_add(g.saturating_mul(own))
+        })
+        .fold(0, usize::saturating_add)
 }
 
 /// Bytes of RAM under `key` of /proc/meminfo (`MemAvailable`, `MemTotal`), when the system says.

@@ -21,6 +21,48 @@ impl Message {
     }
 }
 
+/// The most operators one `{{ }}` or `{% %}` tag may hold (see `ChatTemplate::new`); real
+/// chat templates have at most a few dozen.
+const MAX_OPERATORS_PER_TAG: usize = 1024;
+
+/// The most operators (`+ - * / % ~ . | [ ( = < > !` outside string literals, and the words
+/// `not and or in is`) in one tag of a Jinja source: each level of an expression's tree takes
+/// at least one, so this bounds the depth minijinja's compiler recurses to.
+fn most_operators_in_a_tag(source: &str) -> usize {
+    let b = source.as_bytes();
+    let (mut most, mut i) = (0, 0);
+    while i + 1 < b.len() {
+        if !(b[i] == b'{' && matches!(b[i + 1], b'{' | b'%')) {
+            i += 1;
+            continue;
+        }
+        let (mut ops, mut word) = (0, String::new());
+        i += 2;
+        while i < b.len() && !(matches!(b[i], b'}' | b'%') && b.get(i + 1) == Some(&b'}')) {
+            let c = b[i];
+            if c == b'\'' || c == b'"' {
+                // A string literal: skip to its closing quote, over escapes.
+                i += 1;
+                while i < b.len() && b[i] != c {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            } else if c.is_ascii_alphanumeric() || c == b'_' {
+                word.push(c as char);
+            } else {
+                ops += usize::from(b"+-*/%~.|[(=<>!".contains(&c));
+            }
+            if !(c.is_ascii_alphanumeric() || c == b'_') || i + 1 >= b.len() {
+                ops += usize::from(matches!(word.as_str(), "not" | "and" | "or" | "in" | "is"));
+                word.clear();
+            }
+            i += 1;
+        }
+        ops += usize::from(matches!(word.as_str(), "not" | "and" | "or" | "in" | "is"));
+        most = most.max(ops);
+    }
+    most
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -72,6 +114,16 @@ impl ChatTemplate {
 
     /// From Jinja source. Whitespace handling is transformers' (trim_blocks, lstrip_blocks).
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, String> {
+        // minijinja bounds its parser's nesting, but a chain of operators (`- - - x`,
+        // `x+x+x`, `x.a.a`) parses into a tree as deep as the chain is long, which its compiler
+        // walks recursively and in quadratic time: 32768 `-` overflowed an 8 MiB stack, and on
+        // a larger stack took 7 s (found by fuzzing). No real template comes near the bound.
+        let ops = most_operators_in_a_tag(source);
+        if ops > MAX_OPERATORS_PER_TAG {
+            return Err(format!(
+                "chat template: a tag holds {ops} operators, more than {MAX_OPERATORS_PER_TAG}"
+            ));
+        }
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -113,7 +165,15 @@ impl ChatTemplate {
             Some(t) => context! { enable_thinking => t, ..base },
             None => base,
         };
-        tmpl.render(ctx).map_err(|e| format!("chat template: {e}"))
+        // minijinja 2.24 negates a slice step without a check (`messages[::-9223372036854775808]`,
+        // found by fuzzing): where overflow checks are on (debug builds, tests) that panics, so a
+        // panic while rendering is an error too.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tmpl.render(ctx)))
+            .map_err(|p| {
+                let msg = crate::panic_message(&*p);
+                format!("chat template: the renderer panicked: {msg}")
+            })?
+            .map_err(|e| format!("chat template: {e}"))
     }
 }
 
@@ -187,5 +247,53 @@ mod tests {
             .render(&[Message::new("user", " hi ")], true, None)
             .expect("render");
         assert_eq!(out, "  [user]hi\n>"); // lstrip_blocks strips before tags, not before {{ }}
+    }
+
+    /// Fuzzing (terse-fuzz, target template): 32768 unary minuses in a row overflowed the
+    /// stack in minijinja's compiler (an abort), and compile in quadratic time; a tag with more
+    /// than MAX_OPERATORS_PER_TAG operators is an error, one at the bound compiles at once.
+    #[test]
+    fn a_tag_with_thousands_of_operators_is_an_error_not_an_overflow() {
+        for chain in ["-", "not ", "x.a", "x+", "x|e"] {
+            let src = format!("{{{{ {} x }}}}", chain.repeat(32768));
+            let err = ChatTemplate::new(&src, "", "").expect_err("too deep");
+            assert!(err.contains("operators, more than 1024"), "{err}");
+            let started = std::time::Instant::now();
+            let src = format!("{{{{ {} x }}}}", chain.repeat(MAX_OPERATORS_PER_TAG / 2));
+            let t = ChatTemplate::new(&src, "", "");
+            assert!(started.elapsed().as_secs_f64() < 1.0, "{chain}: slow");
+            if let Ok(t) = t {
+                let _ = t.render(&[], true, None);
+            }
+        }
+        // Operators inside string literals and between tags do not count.
+        let quoted = format!(
+            "{{{{ '{}' ~ \"{}\" }}}}{}",
+            "-".repeat(5000),
+            "+".repeat(5000),
+            "-".repeat(5000)
+        );
+        assert_eq!(most_operators_in_a_tag(&quoted), 1);
+        assert_eq!(
+            most_operators_in_a_tag("{% if not a and b.c %}x{% endif %}"),
+            3
+        );
+    }
+
+    /// Fuzzing (terse-fuzz, target template): Qwen3's `messages[::-1]` with the step mutated to
+    /// -2^63 made minijinja overflow (a panic in debug builds); rendering is an error or, where
+    /// overflow wraps, text, and never a panic.
+    #[test]
+    fn a_slice_step_of_minus_two_to_the_63_does_not_panic() {
+        let t = ChatTemplate::new(
+            "{% for m in messages[::-9223372036854775808] %}{{ m.content }}{% endfor %}",
+            "",
+            "",
+        )
+        .expect("compile");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.render(&[Message::new("user", "hi")], true, None)
+        }));
+        assert!(r.is_ok(), "render panicked");
     }
 }

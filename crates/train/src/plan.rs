@@ -96,14 +96,15 @@ fn layer_values_per_token(c: &Config) -> f64 {
 /// Activation bytes of one micro-batch of `tokens` tokens.
 pub fn activation_bytes(c: &Config, tokens: u64, value_bytes: u64, checkpointing: bool) -> u64 {
     let layer = layer_values_per_token(c) * value_bytes as f64 * tokens as f64;
-    let hidden = (c.hidden_size as u64 * tokens * value_bytes) as f64;
+    let hidden = c.hidden_size as f64 * tokens as f64 * value_bytes as f64;
     let l = c.num_hidden_layers as f64;
     let kept = if checkpointing {
         (l + 1.0) * hidden + 2.0 * layer
     } else {
         l * layer + layer
     };
-    // The embedding output and the final norm's intermediates.
+    // The embedding output and the final norm's intermediates (`as` saturates: a micro-batch
+    // budget beyond u64 bytes plans as u64::MAX, which fits no device).
     (kept + 4.0 * hidden) as u64
 }
 
@@ -165,7 +166,7 @@ fn weights(
     };
     add(
         "f32 master weights",
-        shard(trained * 4),
+        shard(trained.saturating_mul(4)),
         format!("{trained} {what}s{sharded}"),
     );
     if t.cuda && lora.is_none() {
@@ -177,12 +178,12 @@ fn weights(
     }
     add(
         "AdamW moments",
-        shard(trained * 8),
+        shard(trained.saturating_mul(8)),
         format!("two f32 per {what}{sharded}"),
     );
     add(
         "f32 gradients",
-        shard(trained * 4) + trained * 4,
+        shard(trained.saturating_mul(4)).saturating_add(trained.saturating_mul(4)),
         format!("accumulated{sharded}, and one micro-batch's in flight"),
     );
     if crate::load::needs_reference(cfg) {
@@ -236,7 +237,9 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
     // time, so the plan counts what one sequence needs (the scheduler runs fewer at once, never
     // out of memory).
     let prompts = (g.prompts_per_step as u64).div_ceil(world);
-    let rows = prompts * g.group_size as u64;
+    // Sizes multiply config numbers: saturating, so a config beyond u64 bytes plans as one
+    // that fits no device (fuzzing found the overflows) instead of panicking.
+    let rows = prompts.saturating_mul(g.group_size as u64);
     let kv_value = match g.kv_cache {
         terse_rollout::KvCacheDtype::F16 => 2,
         terse_rollout::KvCacheDtype::Model => value,
@@ -245,14 +248,16 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
         2 * (c.num_hidden_layers * c.num_key_value_heads * c.head_dim) as u64 * kv_value;
     let block = g.paging.block_size as u64;
     let pt = t.prompt_tokens as u64;
-    let full = pt + g.max_new_tokens as u64;
-    let worst = terse_rollout::paging::all_at_once_blocks(
-        std::iter::repeat_n((pt as usize, full as usize), prompts as usize),
+    let full = pt.saturating_add(g.max_new_tokens as u64);
+    // Every prompt plans the same blocks: one prompt's times the prompts (summing them one by
+    // one ran for hours on a fuzzed prompts_per_step of 4e11).
+    let worst = prompts.saturating_mul(terse_rollout::paging::all_at_once_blocks(
+        [(pt as usize, full as usize)],
         g.group_size,
         g.paging.block_size,
-    ) as u64;
-    let one = full.div_ceil(block) + 1;
-    let block_bytes = block * per_token;
+    ) as u64);
+    let one = full.div_ceil(block).saturating_add(1);
+    let block_bytes = block.saturating_mul(per_token);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     // The rollout's own conversion (paging::budget_blocks); "auto" is what is left then.
     let mem = t.device_total.map(|total| {
@@ -265,14 +270,14 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
     let pool = budget.map_or(one, |b| b.min(worst));
     add(
         "rollout KV cache (paged)",
-        pool * block_bytes,
+        pool.saturating_mul(block_bytes),
         format!(
             "{rows} sequences x (prompt {pt} shared + {} new); all at once {:.2} GiB; budget {}{}",
             g.max_new_tokens,
-            gib(worst * block_bytes),
+            gib(worst.saturating_mul(block_bytes)),
             match budget {
                 None => "auto: the memory left at rollout time (counted here: one sequence)".into(),
-                Some(b) => format!("{:.2} GiB", gib(b * block_bytes)),
+                Some(b) => format!("{:.2} GiB", gib(b.saturating_mul(block_bytes))),
             },
             if pool < one {
                 " -- below one sequence: the rollout will refuse it"
@@ -281,7 +286,7 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
             }
         ),
     );
-    let total: u64 = comps.iter().map(|x| x.bytes).sum();
+    let total = comps.iter().fold(0u64, |t, x| t.saturating_add(x.bytes));
     // Activations are linear in the token budget: the largest budget that fits is where the
     // rest plus activation(T) meets the device.
     let max_micro_batch_tokens = t.device_bytes.map(|d| {
@@ -289,7 +294,7 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
         let (mut lo, mut hi) = (0u64, 1u64 << 24);
         while lo < hi {
             let mid = (lo + hi).div_ceil(2);
-            if rest + activation_bytes(c, mid, value, checkpointing) <= d {
+            if rest.saturating_add(activation_bytes(c, mid, value, checkpointing)) <= d {
                 lo = mid;
             } else {
                 hi = mid - 1;
@@ -404,6 +409,28 @@ mod tests {
             "{}",
             p.table()
         );
+    }
+
+    /// Fuzzing (terse-fuzz, target config): sizes a config multiplies (prompts x group x
+    /// tokens, the micro-batch budget, the LoRA rank) hung the plan (4e11 prompts summed one by
+    /// one) or overflowed; the plan is immediate and fits no device.
+    #[test]
+    fn absurd_config_sizes_plan_as_not_fitting_instead_of_hanging_or_overflowing() {
+        let mut cfg = RunConfig::default();
+        cfg.grpo.prompts_per_step = 429_496_729_612;
+        cfg.grpo.group_size = usize::MAX;
+        cfg.grpo.max_new_tokens = usize::MAX;
+        cfg.grpo.micro_batch_tokens = usize::MAX;
+        cfg.grpo.paging.block_size = 1;
+        let started = std::time::Instant::now();
+        let p = plan(&cfg, &Config::qwen3_0_6b(), target(true, Some(80.0)));
+        assert!(!p.fits(), "{}", p.table());
+        cfg.model.lora = Some(crate::config::LoraSection {
+            rank: usize::MAX,
+            ..Default::default()
+        });
+        assert!(!plan(&cfg, &Config::qwen3_0_6b(), target(true, Some(80.0))).fits());
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
     }
 
     #[test]
