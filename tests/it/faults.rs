@@ -44,20 +44,28 @@ fn cut_metrics(run: &Path, keep: impl Fn(&serde_json::Value) -> bool) {
 #[test]
 fn item7_a_second_process_stops_at_once_naming_the_holder() {
     let root = crate::scratch("fault-lock");
-    let c = small_config(&root, "busy", 1);
+    let mut c = small_config(&root, "busy", 1);
+    // No wait: the start is refused at once (issue 42: the default waits 30 s first).
+    c.run.lock_wait_s = 0.0;
     let dir = root.join("busy");
     std::fs::create_dir_all(&dir).expect("dir");
-    // This process is alive, so a lock in its name is held.
+    let held = terse_train::lock::RunLock::acquire(&dir, std::time::Duration::ZERO).expect("lock");
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into());
-    std::fs::write(dir.join("LOCK"), format!("{} {host}", std::process::id())).expect("lock");
     let e = err(terse_train::train(&c));
-    assert!(e.contains("in use by pid") && e.contains(&host), "{e}");
+    assert!(
+        e.contains(&format!(
+            "in use by pid {} on host {host}",
+            std::process::id()
+        )),
+        "{e}"
+    );
     assert!(
         !dir.join("config.toml").exists(),
         "the refused run wrote config.toml"
     );
+    drop(held);
 }
 
 #[test]

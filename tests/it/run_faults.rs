@@ -22,7 +22,7 @@ impl terse_train::Observer for SecondProcess {
             terse_train::MetricsLine::Eval(e) => format!("eval at {}", e.step),
             _ => return Ok(()),
         };
-        let e = terse_train::lock::RunLock::acquire(&self.dir)
+        let e = terse_train::lock::RunLock::acquire(&self.dir, std::time::Duration::ZERO)
             .map(|_| ())
             .expect_err("a second process took the lock mid-run");
         let e = format!("{e:#}");
@@ -67,7 +67,11 @@ fn item1_the_lock_is_held_for_the_whole_run() {
         seen, "eval at 0, grpo step 0, grpo step 1, eval at 2, finish",
         "the second process was not refused at every record"
     );
-    assert!(!dir.join("LOCK").exists(), "LOCK left behind after the run");
+    // Released at the end: the next start takes it at once.
+    drop(
+        terse_train::lock::RunLock::acquire(&dir, std::time::Duration::ZERO)
+            .expect("LOCK still held after the run"),
+    );
 }
 
 /// A config file with an absurd learning rate, as a user would write it; read and run the way
@@ -250,4 +254,61 @@ fn item10_completions_cut_by_the_context_are_counted() {
     let ok = terse_train::train(&crate::from_sft(&root, "uncut", 1)).expect("run");
     let text = std::fs::read_to_string(ok.dir.join("metrics.jsonl")).expect("metrics");
     assert!(!text.contains("context_cut"), "{text}");
+}
+
+/// Issue 42 item 4: a run that fails on a sample's value fails the same way on resume (sampling
+/// is deterministic); the second failure says so and names the prompt and sample, and a
+/// different failure would not.
+#[test]
+fn a_failure_repeated_on_resume_is_named_with_its_sample() {
+    let root = crate::scratch("run-faults-repeat");
+    let cfg = crate::from_sft(&root, "repeat", 2);
+    let inf = |groups: &[terse_reward::Group], _: &terse_reward::StepCtx| {
+        let mut rewards: Vec<Vec<f64>> =
+            groups.iter().map(|g| vec![1.0; g.samples.len()]).collect();
+        rewards[1][2] = f64::INFINITY;
+        terse_reward::Shaped {
+            rewards,
+            diagnostics: Default::default(),
+        }
+    };
+    let first = terse_train::Run::new(&cfg)
+        .shaper(Box::new(inf))
+        .train()
+        .expect_err("must stop");
+    let first = format!("{first:#}");
+    assert!(!first.contains("same way"), "{first}");
+    let again = terse_train::Run::new(&cfg)
+        .shaper(Box::new(inf))
+        .train()
+        .expect_err("must stop again");
+    let again = format!("{again:#}");
+    assert!(
+        again.starts_with(
+            "step 0 failed the same way on resume; the input that causes it is prompt "
+        ) && again.contains(", sample 2 ")
+            && again.ends_with(&first),
+        "{again}"
+    );
+}
+
+/// Issue 42 (found by the fuzzer): a checkpoint's state.json without a data cursor and with a
+/// step so large that step × prompts_per_step overflows is refused with one line naming the
+/// file, not a panic.
+#[test]
+fn a_state_without_a_cursor_and_an_overflowing_step_is_an_error() {
+    let root = crate::scratch("run-faults-cursor");
+    let cfg = crate::from_sft(&root, "cursor", 1);
+    terse_train::train(&cfg).expect("run");
+    let state = root.join("cursor/step_000001/state.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("read")).expect("json");
+    v["data_cursor"] = serde_json::Value::Null;
+    v["step"] = serde_json::json!(u64::MAX / 2);
+    std::fs::write(&state, v.to_string()).expect("write");
+    let e = format!("{:#}", terse_train::train(&cfg).expect_err("refused"));
+    assert!(
+        e.contains("state.json") && e.contains("is not a step of this run"),
+        "{e}"
+    );
 }

@@ -2,7 +2,8 @@
 //! Qwen3-0.6B-shaped model (random weights), and the peak memory and time of the fused log-prob
 //! path against the naive full-vocabulary log-softmax, measured in the same run; `bench optim`:
 //! the AdamW step against a plain SGD update; `bench rollout`: decode with and without the KV
-//! cache; `bench collective` (bench_collective.rs): the CPU data-parallel exchange.
+//! cache; `bench collective` (bench_collective.rs): the CPU data-parallel exchange; `bench
+//! verify` (bench_verify.rs): the math verifier on its adversarial corpus.
 
 use crate::mem;
 use anyhow::Result;
@@ -79,6 +80,13 @@ pub enum What {
         #[arg(long, default_value_t = 64)]
         mib: usize,
     },
+    /// The math verifier on its adversarial corpus: worst time per completion and per 1k
+    /// characters against a normal answer (target: ≤ 10 ms for 40k characters; fails above).
+    Verify {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(w: &What) -> Result<ExitCode> {
@@ -86,6 +94,7 @@ pub fn run(w: &What) -> Result<ExitCode> {
         What::Model { json, quick } => model(*json, *quick),
         What::Optim { json } => optim(*json),
         What::Collective { json, mib } => crate::bench_collective::collective(*json, *mib),
+        What::Verify { json } => crate::bench_verify::verify(*json),
         What::GrpoStep {
             json,
             python,

@@ -43,6 +43,10 @@ pub struct RankArgs {
     /// others wait, so it must cover them).
     #[arg(long, default_value_t = 1800)]
     pub timeout: u64,
+    /// Seconds to wait for the run directory's lock when another process holds it, then
+    /// refuse naming the holder (default: run.lock_wait_s, 30).
+    #[arg(long)]
+    pub lock_wait: Option<f64>,
     #[arg(long, hide = true)]
     pub rank: Option<usize>,
     #[arg(long, hide = true)]
@@ -177,6 +181,7 @@ pub fn launch(config: &str, a: &RankArgs, topo: &Topology) -> Result<ExitCode> {
                     "--timeout",
                     &a.timeout.to_string(),
                 ])
+                .args(a.lock_wait.map(|w| format!("--lock-wait={w}")))
                 .env("RAYON_NUM_THREADS", threads.to_string())
                 .spawn()
                 .with_context(|| format!("starting rank {r}"))
@@ -242,7 +247,7 @@ pub fn rank(config: &str, a: &RankArgs) -> Result<Option<terse_train::RunSummary
         bail!("--rank, --world and --rendezvous go together (the launcher sets them)");
     };
     let timeout = Duration::from_secs(a.timeout);
-    let mut cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
+    let mut cfg = load_config(config, a)?;
     cfg.run.device = rank_device(&cfg.run.device, a.local_rank.unwrap_or(0), a.nproc)?;
     let group = if rank == 0 {
         // Ranks on other nodes reach rank 0 at its node's address: listen on every interface.
@@ -259,6 +264,16 @@ pub fn rank(config: &str, a: &RankArgs) -> Result<Option<terse_train::RunSummary
     terse_train::Run::new(&cfg)
         .train_as_rank(on_device(group, &cfg.run.device, timeout)?)
         .with_context(|| format!("rank {rank} of {world}"))
+}
+
+/// The run config at `path` with the command line's overrides (`--lock-wait`), validated.
+pub fn load_config(path: &str, a: &RankArgs) -> Result<terse_train::RunConfig> {
+    let mut cfg = terse_train::RunConfig::from_file(std::path::Path::new(path))?;
+    if let Some(w) = a.lock_wait {
+        cfg.run.lock_wait_s = w;
+        cfg.validate().context("--lock-wait")?;
+    }
+    Ok(cfg)
 }
 
 /// The rank's collective: NCCL over the TCP group for a CUDA rank (GPU builds), else the TCP

@@ -1,21 +1,27 @@
-//! The run directory's lock: `<run>/LOCK` holds "pid host start" of the process that owns the
-//! run (start: the process's start time in clock ticks, field 22 of `/proc/<pid>/stat`, so a
-//! reused pid is not mistaken for the holder), created with `create_new` so two processes can
-//! never both hold it. Taken by `start()` (start.rs) right after the directory exists and
-//! before anything in it is read or written; the run loop keeps it until the run ends (or
-//! fails). A lock left by a process on this host that is gone, a zombie, or a different
-//! process under the same pid is stale and taken over.
+//! The run directory's lock: an advisory lock (flock) on `<run>/LOCK`, held through an open
+//! descriptor for the life of the run. The kernel keeps it: it is released on any exit of the
+//! holder, kill -9 included, and two processes can never both hold it, so nothing has to guess
+//! whether a recorded holder is still alive. Taken by `start()` (start.rs) and `sft_only`
+//! (sft.rs) right after the directory exists and before anything in it is read or written;
+//! the run loop keeps it until the run ends (or fails). The file's text ("pid host start")
+//! names the holder in the message of a start that finds the lock taken, and nothing else.
 
 use anyhow::{bail, Context, Result};
-use std::io::Write;
+use std::fs::{File, TryLockError};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-/// Held for the life of a run; dropping it removes the lock file.
+/// How often a waiting start retries the lock.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Held for the life of a run: the open, locked `LOCK`. Dropping it (or any exit of the
+/// process) releases the lock. The file itself stays: removing it would let a later start
+/// lock a new file while a waiter still holds the old one's descriptor.
 #[derive(Debug)]
 pub struct RunLock {
+    file: File,
     path: PathBuf,
-    /// What this process wrote into the file: Drop removes only its own lock.
-    content: String,
 }
 
 /// This machine's name, as the lock records it.
@@ -26,183 +32,131 @@ fn host() -> String {
         .unwrap_or_else(|_| "unknown-host".into())
 }
 
-/// State (field 3) and start time (field 22) of `/proc/<pid>/stat`; None when the process
-/// does not exist. The command name (field 2) may hold spaces and parentheses, so fields are
-/// counted from the last ')'.
-fn proc_stat(pid: u32) -> Option<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    let start = fields.get(19)?.parse().ok()?;
-    Some((state, start))
-}
-
-/// The lock's content for this process.
+/// What the holder writes into the file: pid, host and start time (seconds since the epoch),
+/// for a waiting or refused start's message.
 fn me() -> String {
-    let pid = std::process::id();
-    match proc_stat(pid) {
-        Some((_, start)) => format!("{pid} {} {start}", host()),
-        None => format!("{pid} {}", host()),
-    }
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{} {} {since}\n", std::process::id(), host())
 }
 
-/// Whether the holder `pid` (started at `start`, when the lock recorded it) still runs on this
-/// host. A zombie (state Z or X) has exited: in a container whose PID 1 does not reap, it stays
-/// in /proc forever. Where /proc does not exist the answer is "alive": a lock is never broken on
-/// a guess.
-fn alive(pid: u32, start: Option<u64>) -> bool {
-    if !Path::new("/proc/self").exists() {
-        return true;
-    }
-    match proc_stat(pid) {
-        None => Path::new(&format!("/proc/{pid}")).exists(),
-        Some(('Z' | 'X', _)) => false,
-        Some((_, now)) => start.is_none_or(|s| s == now),
+/// The holder as the file names it ("pid N on host H"). A holder writes its text right after
+/// it takes the lock, so an empty file is read again for up to a second before the message
+/// settles for a generic name.
+fn holder(file: &mut File) -> String {
+    let until = Instant::now() + Duration::from_secs(1);
+    loop {
+        let mut text = String::new();
+        let _ = file.rewind().and_then(|()| file.read_to_string(&mut text));
+        let mut parts = text.split_whitespace();
+        if let (Some(pid), Some(host)) = (parts.next(), parts.next()) {
+            return format!("pid {pid} on host {host}");
+        }
+        if Instant::now() >= until {
+            return "a process that has not written its name".into();
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
 impl RunLock {
-    /// Creates `run_dir` if needed and takes its lock: how a run (GRPO or SFT alone) starts.
-    pub fn create_and_acquire(run_dir: &Path) -> Result<Self> {
+    /// Creates `run_dir` if needed and takes its lock, waiting up to `wait`: how a run (GRPO
+    /// or SFT alone) starts.
+    pub fn create_and_acquire(run_dir: &Path, wait: Duration) -> Result<Self> {
         std::fs::create_dir_all(run_dir)
             .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
-        Self::acquire(run_dir)
+        Self::acquire(run_dir, wait)
     }
 
-    /// Takes the lock of `run_dir` (which must exist), or fails with one line naming the holder.
-    pub fn acquire(run_dir: &Path) -> Result<Self> {
+    /// Takes the lock of `run_dir` (which must exist). A lock held by another process is
+    /// waited for up to `wait` (printing once whom it waits for, as cargo does for its build
+    /// directory), then refused with one line naming the holder. Once held, the run's stale
+    /// `*.tmp` directories (a checkpoint a killed process was writing) are removed.
+    pub fn acquire(run_dir: &Path, wait: Duration) -> Result<Self> {
         let path = run_dir.join("LOCK");
-        let me = me();
-        // Two tries: the second after removing a stale lock.
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    f.write_all(me.as_bytes())
-                        .and_then(|()| f.sync_all())
-                        .with_context(|| format!("writing {}", path.display()))?;
-                    return Ok(Self { path, content: me });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let holder = std::fs::read_to_string(&path).unwrap_or_default();
-                    let mut parts = holder.split_whitespace();
-                    let pid = parts.next().and_then(|p| p.parse::<u32>().ok());
-                    let their_host = parts.next().unwrap_or("").to_string();
-                    let their_start = parts.next().and_then(|s| s.parse::<u64>().ok());
-                    let stale = match pid {
-                        Some(p) => their_host == host() && !alive(p, their_start),
-                        // Empty or garbled: a writer died between create and write.
-                        None => true,
-                    };
-                    if !stale {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening the run lock {}", path.display()))?;
+        // None: a wait too long to represent, i.e. forever.
+        let deadline = Instant::now().checked_add(wait);
+        let mut told = false;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) => {
+                    let who = holder(&mut file);
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
                         bail!(
-                            "run directory {} is in use by pid {} on host {} (lock {}); wait for it to finish, or delete the lock if that process is gone",
+                            "run directory {} is in use by {who} (lock {}); waited {:.0} s (--lock-wait); wait for it to finish or stop it",
                             run_dir.display(),
-                            pid.unwrap_or_default(),
-                            their_host,
-                            path.display()
+                            path.display(),
+                            wait.as_secs_f64()
                         );
                     }
-                    tracing::warn!(
-                        "taking over the stale lock {} (pid {} is not running, is a zombie, or is another process)",
-                        path.display(),
-                        pid.map_or("?".to_string(), |p| p.to_string())
-                    );
-                    std::fs::remove_file(&path)
-                        .with_context(|| format!("removing stale {}", path.display()))?;
+                    if !told {
+                        eprintln!(
+                            "waiting for the lock {} held by {who} (up to {:.0} s)",
+                            path.display(),
+                            wait.as_secs_f64()
+                        );
+                        told = true;
+                    }
+                    let left = deadline.map_or(POLL, |d| d.saturating_duration_since(now));
+                    std::thread::sleep(POLL.min(left));
                 }
-                Err(e) => {
-                    return Err(e).with_context(|| format!("creating {}", path.display()));
+                Err(TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "locking {}: the filesystem refused an advisory lock (docs/cli.md, Run directories on network filesystems); put run.dir on a local disk or one that supports flock",
+                            path.display()
+                        )
+                    });
                 }
             }
         }
-        bail!(
-            "run directory {}: another process took the lock {} while a stale one was removed",
-            run_dir.display(),
-            path.display()
-        )
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(me().as_bytes()))
+            .and_then(|()| file.sync_all())
+            .with_context(|| format!("writing {}", path.display()))?;
+        remove_stale_tmp(run_dir)?;
+        Ok(Self { file, path })
     }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Directories ending in `.tmp` are checkpoints (or the SFT model) a process was writing when
+/// it stopped; the lock's holder is the only writer, so once it is held they are garbage.
+fn remove_stale_tmp(run_dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(run_dir)
+        .with_context(|| format!("listing run directory {}", run_dir.display()))?;
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() && p.extension().is_some_and(|x| x == "tmp") {
+            std::fs::remove_dir_all(&p)
+                .with_context(|| format!("removing stale {}", p.display()))?;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for RunLock {
     fn drop(&mut self) {
-        // Only our own lock: a lock file that is not ours any more is left alone.
-        if std::fs::read_to_string(&self.path).is_ok_and(|s| s == self.content) {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        // Empty the holder's text while still holding the lock; closing the descriptor (when
+        // `file` drops) releases it.
+        let _ = self.file.set_len(0);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("terse-lock-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("scratch");
-        d
-    }
-
-    /// Issue 15 item 7: a second holder stops at once naming the first; a dead holder's lock
-    /// does not block; dropping the lock frees the directory.
-    #[test]
-    fn item7_one_process_per_run_directory() {
-        let d = scratch("one");
-        let lock = RunLock::acquire(&d).expect("first");
-        let e = format!("{:#}", RunLock::acquire(&d).expect_err("second"));
-        assert!(
-            e.contains(&format!("in use by pid {}", std::process::id())) && e.contains(&host()),
-            "{e}"
-        );
-        assert_eq!(e.lines().count(), 1);
-        drop(lock);
-        assert!(!d.join("LOCK").exists());
-        // A stale lock: a pid that cannot be running (above the kernel's pid_max).
-        std::fs::write(d.join("LOCK"), format!("4294967295 {}", host())).expect("stale");
-        let lock = RunLock::acquire(&d).expect("stale lock taken over");
-        drop(lock);
-        // Another host's lock is never broken.
-        std::fs::write(d.join("LOCK"), "1 some-other-host").expect("foreign");
-        let e = format!("{:#}", RunLock::acquire(&d).expect_err("foreign"));
-        assert!(e.contains("some-other-host"), "{e}");
-    }
-
-    /// Issue 37 item 1: a LOCK whose holder is a zombie (killed, never reaped) is taken over.
-    #[test]
-    fn item1_a_zombie_holder_is_dead() {
-        let d = scratch("zombie");
-        // A child that exits at once and is not waited for stays a zombie until `wait`.
-        let mut child = std::process::Command::new("true").spawn().expect("spawn");
-        let pid = child.id();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while proc_stat(pid).is_some_and(|(s, _)| s != 'Z') {
-            assert!(std::time::Instant::now() < deadline, "child never exited");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert_eq!(proc_stat(pid).map(|(s, _)| s), Some('Z'), "not a zombie");
-        std::fs::write(d.join("LOCK"), format!("{pid} {}", host())).expect("lock");
-        let lock = RunLock::acquire(&d).expect("a zombie's lock is taken over");
-        assert_eq!(std::fs::read_to_string(d.join("LOCK")).expect("read"), me());
-        drop(lock);
-        child.wait().expect("reap");
-    }
-
-    /// Issue 37 item 1: a LOCK whose pid now belongs to another process (another start time)
-    /// is taken over; the holder's own start time keeps it held.
-    #[test]
-    fn item1_a_reused_pid_is_not_the_holder() {
-        let d = scratch("reused");
-        let pid = std::process::id();
-        let (_, start) = proc_stat(pid).expect("own stat");
-        std::fs::write(d.join("LOCK"), format!("{pid} {} {}", host(), start + 1)).expect("lock");
-        drop(RunLock::acquire(&d).expect("a reused pid's lock is taken over"));
-        std::fs::write(d.join("LOCK"), format!("{pid} {} {start}", host())).expect("lock");
-        let e = format!("{:#}", RunLock::acquire(&d).expect_err("held"));
-        assert!(e.contains(&format!("in use by pid {pid}")), "{e}");
-    }
-}
+mod tests;

@@ -129,10 +129,14 @@ pub(crate) fn train_loop(
         observers: &mut observers,
         dir: &dir,
     };
-    drive(&mut trainer, &mut leader)?;
+    if let Err(e) = drive(&mut trainer, &mut leader) {
+        // A failure that repeats on resume is named, with the sample that causes it.
+        return Err(crate::failure::record(&dir, trainer.step, e));
+    }
     let after = eval_of(&trainer)?;
     observers.record(&eval_line(steps, &after))?;
     observers.finish(&dir)?;
+    crate::failure::clear(&dir)?;
     // The summary reads the whole run's steps (a resumed run's earlier ones too).
     let steps_read = read_steps(&dir.join("metrics.jsonl"))?;
     let lens: Vec<f64> = steps_read.iter().filter_map(|s| s.len_mean).collect();

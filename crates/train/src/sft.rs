@@ -28,7 +28,7 @@ pub fn sft_only(cfg: &RunConfig) -> Result<PathBuf> {
     }
     let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
     let dir = cfg.run.dir.join(&cfg.run.name);
-    let _lock = crate::lock::RunLock::create_and_acquire(&dir)?;
+    let _lock = crate::lock::RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
     let tok = load_tokenizer(&cfg.model.path)?;
     let model = init_model(cfg, &dev, dtype)?;
     let (mut metrics, _) =

@@ -47,7 +47,7 @@ pub fn start(
     let mut task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
     let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
     let dir = cfg.run.dir.join(&cfg.run.name);
-    let lock = RunLock::create_and_acquire(&dir)?;
+    let lock = RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
     let tok = load_tokenizer(&cfg.model.path)?;
     check_fits(cfg, &mut task, &tok, &dev)?;
     let mut cfg = cfg.clone();
@@ -147,9 +147,21 @@ fn origin(
             let opt = AdamW::from_safetensors(cfg.optim.clone(), m.vars(), &bytes)
                 .with_context(|| opt_path.display().to_string())?;
             let reference = load_reference(cfg, dir, dev, dtype)?;
-            let cursor = state
-                .data_cursor
-                .unwrap_or(state.step * cfg.grpo.prompts_per_step as u64);
+            // An older state.json without the cursor: every step took prompts_per_step
+            // prompts. A step count that would overflow it is a corrupt file, not a panic.
+            let cursor = match state.data_cursor {
+                Some(c) => c,
+                None => state
+                    .step
+                    .checked_mul(cfg.grpo.prompts_per_step as u64)
+                    .with_context(|| {
+                        format!(
+                            "{}/state.json: step {} is not a step of this run",
+                            ckpt.display(),
+                            state.step
+                        )
+                    })?,
+            };
             Origin::Resumed {
                 policy: m,
                 step: state.step,

@@ -4,6 +4,8 @@
 
 use crate::config::{DataSection, MathScorer, TaskKind};
 use crate::data;
+use crate::score_fault::quiet_catch;
+pub use crate::score_fault::ScoreFault;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -29,6 +31,9 @@ pub struct Score {
     pub correct: bool,
     pub base_reward: f64,
     pub format_ok: bool,
+    /// Why the verdict is not the verifier's own, when it is not: counted per step
+    /// (`verify_budget_exceeded`, `verify_panics` in metrics.jsonl).
+    pub fault: Option<ScoreFault>,
 }
 
 #[derive(Clone)]
@@ -211,8 +216,31 @@ impl Task {
     }
 
     /// Scores `completion` (the text after the prompt). An unparsable completion is a zero (or
-    /// the scorer's format penalty) with `format_ok = false`, never an error.
+    /// the scorer's format penalty) with `format_ok = false`, never an error; so is one the
+    /// scorer (built-in or research code's) panics on, with one warning naming the item.
     pub fn score(&self, item: &Item, completion: &str) -> Score {
+        match quiet_catch(|| self.score_unguarded(item, completion)) {
+            Ok(s) => s,
+            Err(why) => {
+                let row = item
+                    .row
+                    .map_or("a generated item".to_string(), |r| format!("row {r}"));
+                tracing::warn!(
+                    "the {:?} scorer panicked on {row} (level {}): {why}; scored as wrong",
+                    self.scorer,
+                    item.level
+                );
+                Score {
+                    correct: false,
+                    base_reward: 0.0,
+                    format_ok: false,
+                    fault: Some(ScoreFault::Panicked),
+                }
+            }
+        }
+    }
+
+    fn score_unguarded(&self, item: &Item, completion: &str) -> Score {
         match &self.scorer {
             Scorer::Testbed => {
                 let v = item
@@ -224,11 +252,13 @@ impl Task {
                         correct: v.correct,
                         base_reward: v.reward,
                         format_ok: v.format_ok,
+                        fault: None,
                     },
                     Err(_) => Score {
                         correct: false,
                         base_reward: 0.0,
                         format_ok: false,
+                        fault: None,
                     },
                 }
             }
@@ -239,15 +269,19 @@ impl Task {
                     correct: s.correct,
                     base_reward: s.total,
                     format_ok: s.format_score > 0.0,
+                    fault: None,
                 }
             }
             Scorer::MathShortRl => {
-                let (r, correct) =
-                    math::score_short_rl(&format!("{}{completion}", item.prompt), &item.answer);
+                let (r, correct, why) = math::score_short_rl_checked(
+                    &format!("{}{completion}", item.prompt),
+                    &item.answer,
+                );
                 Score {
                     correct,
                     base_reward: r,
                     format_ok: r > -3.0,
+                    fault: why.map(ScoreFault::from),
                 }
             }
             Scorer::MathEasyR1 => {
@@ -257,11 +291,13 @@ impl Task {
                 } else {
                     completion.to_string()
                 };
-                let (overall, acc, format) = math::score_easyr1(&response, &item.answer, 0.1);
+                let (overall, acc, format, why) =
+                    math::score_easyr1_checked(&response, &item.answer, 0.1);
                 Score {
                     correct: acc > 0.0,
                     base_reward: overall,
                     format_ok: format > 0.0,
+                    fault: why.map(ScoreFault::from),
                 }
             }
             Scorer::Custom(f) => {
@@ -270,18 +306,21 @@ impl Task {
                     correct: o.correct,
                     base_reward: o.base_reward,
                     format_ok: o.format_ok,
+                    fault: None,
                 }
             }
             // GRPO-λ's and CARE's plain 0/1 correctness of the final \boxed{} answer(s).
             Scorer::MathBoxed => {
                 let boxed = math::extract_final_boxed(completion);
-                let correct = boxed
-                    .as_deref()
-                    .is_some_and(|a| math::equivalent(a, &item.answer));
+                let verdict = boxed.as_deref().map(|a| math::check(a, &item.answer));
+                let correct = verdict.is_some_and(math::Verdict::is_equal);
                 Score {
                     correct,
                     base_reward: f64::from(u8::from(correct)),
                     format_ok: boxed.is_some(),
+                    fault: verdict
+                        .and_then(math::Verdict::unverifiable)
+                        .map(ScoreFault::from),
                 }
             }
         }
@@ -330,6 +369,18 @@ impl Task {
         Ok(dropped)
     }
 
+    /// How this task's completions end with an answer, for forcing one at a token budget
+    /// (eval_budget.rs); None for research code's verifier, whose answer form terse cannot know.
+    pub fn answer_form(&self) -> Option<crate::eval_budget::AnswerForm> {
+        use crate::eval_budget::AnswerForm;
+        match self.scorer {
+            Scorer::Testbed => Some(AnswerForm::Testbed),
+            Scorer::Kk | Scorer::MathShortRl => Some(AnswerForm::AnswerTag),
+            Scorer::MathEasyR1 | Scorer::MathBoxed => Some(AnswerForm::Boxed),
+            Scorer::Custom(_) => None,
+        }
+    }
+
     /// Rows of the training dataset (0 for generated tasks).
     pub fn train_rows(&self) -> usize {
         self.train.len()
@@ -350,11 +401,41 @@ fn fill(template: &str, question: &str) -> Result<String, String> {
     render_plain(template, &[("prompt", question), ("quiz", question)])
 }
 
+/// Loads a benchmark in its published layout (`data.layout`, terse_tasks::bench): the question
+/// rendered as a text row's, the reference answer and level the layout's.
+fn load_bench(
+    path: &Path,
+    layout: terse_tasks::bench::Layout,
+    data: &DataSection,
+    chat: Option<&ChatTemplate>,
+) -> Result<Vec<Item>> {
+    let rows = terse_tasks::bench::load(path, layout).map_err(anyhow::Error::msg)?;
+    rows.into_iter()
+        .map(|r| {
+            let prompt = match chat {
+                Some(t) => fill(&data.user_template, &r.question)
+                    .and_then(|u| t.render(&[Message::new("user", &u)], true, None)),
+                None => fill(text_template(&data.template), &r.question),
+            }
+            .map_err(|e| anyhow::anyhow!("{} row {}: {e}", path.display(), r.index))?;
+            Ok(Item {
+                prompt,
+                answer: r.answer,
+                level: r.level,
+                row: Some(r.index),
+            })
+        })
+        .collect()
+}
+
 /// Loads a dataset file into items: prompts rendered (chat template or `{prompt}` text
 /// template), the level from `data.level_column` when set.
 fn load(path: &Path, data: &DataSection, chat: Option<&ChatTemplate>) -> Result<Vec<Item>> {
     if !path.is_file() {
         bail!("dataset {} does not exist", path.display());
+    }
+    if let Some(layout) = data.layout {
+        return load_bench(path, layout, data, chat);
     }
     let mut cols = data.columns.clone();
     if let Some(l) = &data.level_column {

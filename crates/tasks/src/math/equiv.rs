@@ -5,9 +5,15 @@
 //! truth written as a decimal (`0.33`, `3.14159`) accepts an answer whose exact value has no
 //! finite decimal expansion (`1/3`, `\pi`) when it rounds to it at the written places — the only
 //! tolerance. Lists and sets compare unordered, tuples and intervals in order, `x = 3` as 3,
-//! one-variable inequalities as intervals, ± as its two values.
+//! one-variable inequalities as intervals, ± as its two values. Everything runs under the
+//! comparison's budget (budget.rs): an exact value over its size and a float that overflows
+//! are refused, so neither ever compares equal by rounding (`0.1^{99999999}` is not 0,
+//! `\pi^{1000}` is not `\pi^{1001}`). The floor in `close` (closeness relative to at least
+//! 1e-2: near 0, values within 1e-14, or 1e-11 at variable points, are equal) is for float
+//! noise such as `\sin\pi` against 0; it never applies when both values are exact.
 
-use super::expr::{terminates, Expr};
+use super::budget::{terminates, Budget, COMPARE, ROUND};
+use super::expr::Expr;
 use super::parse::{Answer, Item};
 use std::collections::BTreeMap;
 
@@ -34,7 +40,10 @@ fn rounds_to(x: f64, y: f64, d: usize) -> bool {
 }
 
 /// Answer `a` against ground truth `g`.
-pub(crate) fn expr_eq(a: &Expr, g: &Expr) -> bool {
+pub(crate) fn expr_eq(a: &Expr, g: &Expr, b: &Budget) -> bool {
+    if b.spend(COMPARE).is_none() {
+        return false;
+    }
     let mut vars = vec![];
     a.vars(&mut vars);
     g.vars(&mut vars);
@@ -42,31 +51,36 @@ pub(crate) fn expr_eq(a: &Expr, g: &Expr) -> bool {
     if vars.is_empty() {
         let none = BTreeMap::new();
         let approx_gt = g.written_decimals().filter(|d| *d > 0);
-        if let (Some(x), Some(y)) = (a.exact(), g.exact()) {
+        if let (Some(x), Some(y)) = (a.exact(b), g.exact(b)) {
             if x == y {
                 return true;
             }
             return approx_gt.is_some_and(|d| {
-                !terminates(&x) && rounds_to(f(&x), f(&y), d) && a.written_decimals().is_none()
+                terminates(&x, b) == Some(false)
+                    && rounds_to(f(&x), f(&y), d)
+                    && a.written_decimals().is_none()
             });
         }
-        let (Some(x), Some(y)) = (a.approx(&none), g.approx(&none)) else {
+        let (Some(x), Some(y)) = (a.approx(&none, b), g.approx(&none, b)) else {
             return false;
         };
         if close(x, y, 1e-12) {
             return true;
         }
         // An irrational answer against a decimal ground truth: rounding at the written places.
-        return approx_gt.is_some_and(|d| a.exact().is_none() && rounds_to(x, y, d));
+        return approx_gt.is_some_and(|d| a.exact(b).is_none() && rounds_to(x, y, d));
     }
     let mut defined = 0;
     for k in 0..ROUNDS {
+        if b.spend(ROUND).is_none() {
+            return false;
+        }
         let env: BTreeMap<String, f64> = vars
             .iter()
             .enumerate()
             .map(|(j, v)| (v.clone(), POINTS[(k * 5 + j * 3) % POINTS.len()]))
             .collect();
-        match (a.approx(&env), g.approx(&env)) {
+        match (a.approx(&env, b), g.approx(&env, b)) {
             (Some(x), Some(y)) => {
                 if !close(x, y, 1e-9) {
                     return false;
@@ -157,14 +171,14 @@ fn flip(op: &str) -> &str {
     }
 }
 
-pub(crate) fn item_eq(a: &Item, g: &Item) -> bool {
+pub(crate) fn item_eq(a: &Item, g: &Item, b: &Budget) -> bool {
     match (a, g) {
-        (Item::Expr(x), Item::Expr(y)) => expr_eq(x, y),
+        (Item::Expr(x), Item::Expr(y)) => expr_eq(x, y, b),
         (Item::Text(x), Item::Text(y)) => x == y,
         (Item::Bracket(oa, xa, ca), Item::Bracket(og, xg, cg)) => {
-            oa == og && ca == cg && ordered_eq(xa, xg)
+            oa == og && ca == cg && ordered_eq(xa, xg, b)
         }
-        (Item::Set(xa), Item::Set(xg)) => unordered_eq(xa, xg),
+        (Item::Set(xa), Item::Set(xg)) => unordered_eq(xa, xg, b),
         (Item::Rel(ea, oa), Item::Rel(eg, og)) => {
             if ea.len() != eg.len() {
                 return false;
@@ -173,36 +187,42 @@ pub(crate) fn item_eq(a: &Item, g: &Item) -> bool {
                 // Equations: the same zero set, written either way round.
                 let d = |e: &[Expr]| Expr::Sub(Box::new(e[0].clone()), Box::new(e[1].clone()));
                 let (da, dg) = (d(ea), d(eg));
-                return expr_eq(&da, &dg) || expr_eq(&Expr::Neg(Box::new(da)), &dg);
+                return expr_eq(&da, &dg, b) || expr_eq(&Expr::Neg(Box::new(da)), &dg, b);
             }
-            let same = oa == og && ea.iter().zip(eg).all(|(x, y)| expr_eq(x, y));
+            let same = oa == og && ea.iter().zip(eg).all(|(x, y)| expr_eq(x, y, b));
             let reversed = oa.iter().rev().map(|o| flip(o)).eq(og.iter().copied())
-                && ea.iter().rev().zip(eg).all(|(x, y)| expr_eq(x, y));
+                && ea.iter().rev().zip(eg).all(|(x, y)| expr_eq(x, y, b));
             same || reversed
         }
         _ => false,
     }
 }
 
-fn ordered_eq(a: &[Item], g: &[Item]) -> bool {
-    a.len() == g.len() && a.iter().zip(g).all(|(x, y)| item_eq(x, y))
+fn ordered_eq(a: &[Item], g: &[Item], b: &Budget) -> bool {
+    a.len() == g.len() && a.iter().zip(g).all(|(x, y)| item_eq(x, y, b))
 }
 
 /// Equal as sets: every item of one side matches an item of the other.
-fn unordered_eq(a: &[Item], g: &[Item]) -> bool {
-    a.iter().all(|x| g.iter().any(|y| item_eq(x, y)))
-        && g.iter().all(|y| a.iter().any(|x| item_eq(x, y)))
+fn unordered_eq(a: &[Item], g: &[Item], b: &Budget) -> bool {
+    a.iter().all(|x| g.iter().any(|y| item_eq(x, y, b)))
+        && g.iter().all(|y| a.iter().any(|x| item_eq(x, y, b)))
 }
 
 /// The items of an answer ready to compare: ± expanded, `x = 3` read as 3, inequalities as
-/// intervals, duplicates removed.
-fn prepare(a: &Answer) -> Vec<Item> {
+/// intervals, duplicates removed. None once the budget is spent (a long list's
+/// deduplication is quadratic in its length).
+fn prepare(a: &Answer, b: &Budget) -> Option<Vec<Item>> {
     let mut out: Vec<Item> = vec![];
     for item in &a.items {
         let expanded: Vec<Item> = match item {
-            Item::Expr(e) => e.expand_pm().into_iter().map(Item::Expr).collect(),
+            Item::Expr(e) => e
+                .clone()
+                .expand_pm(b)?
+                .into_iter()
+                .map(Item::Expr)
+                .collect(),
             Item::Rel(es, ops) if es.len() == 2 => {
-                let rhs = es[1].expand_pm();
+                let rhs = es[1].clone().expand_pm(b)?;
                 rhs.into_iter()
                     .map(|r| Item::Rel(vec![es[0].clone(), r], ops.clone()))
                     .collect()
@@ -211,30 +231,35 @@ fn prepare(a: &Answer) -> Vec<Item> {
         };
         for it in expanded {
             let it = as_interval(&as_value(&it));
-            if !out.iter().any(|x| item_eq(x, &it)) {
+            if !out.iter().any(|x| item_eq(x, &it, b)) {
                 out.push(it);
+            }
+            if b.exceeded() {
+                return None;
             }
         }
     }
-    out
+    Some(out)
 }
 
 /// Answer `a` against ground truth `g`.
-pub(crate) fn answers_eq(a: &Answer, g: &Answer) -> bool {
-    let (pa, pg) = (prepare(a), prepare(g));
+pub(crate) fn answers_eq(a: &Answer, g: &Answer, b: &Budget) -> bool {
+    let (Some(pa), Some(pg)) = (prepare(a, b), prepare(g, b)) else {
+        return false;
+    };
     let singleton =
-        |s: &Item, y: &Item| matches!(s, Item::Set(xs) if xs.len() == 1 && item_eq(&xs[0], y));
+        |s: &Item, y: &Item| matches!(s, Item::Set(xs) if xs.len() == 1 && item_eq(&xs[0], y, b));
     match (pa.as_slice(), pg.as_slice()) {
         // A one-element set is its element: `\{3\}` against 3.
-        ([x], [y]) => item_eq(x, y) || singleton(x, y) || singleton(y, x),
+        ([x], [y]) => item_eq(x, y, b) || singleton(x, y) || singleton(y, x),
         // A bare list against a set (unordered) or a tuple (ordered).
-        (xs, [Item::Set(ys)]) | ([Item::Set(ys)], xs) if xs.len() > 1 => unordered_eq(xs, ys),
+        (xs, [Item::Set(ys)]) | ([Item::Set(ys)], xs) if xs.len() > 1 => unordered_eq(xs, ys, b),
         (xs, [Item::Bracket('(' | '[', ys, ')' | ']')])
         | ([Item::Bracket('(' | '[', ys, ')' | ']')], xs)
             if xs.len() > 1 =>
         {
-            ordered_eq(xs, ys)
+            ordered_eq(xs, ys, b)
         }
-        (xs, ys) => xs.len() > 1 && ys.len() > 1 && unordered_eq(xs, ys),
+        (xs, ys) => xs.len() > 1 && ys.len() > 1 && unordered_eq(xs, ys, b),
     }
 }

@@ -3,18 +3,21 @@
 //! `1000000001` is not `1000000000`), and floating-point evaluation (π, radicals, functions,
 //! variables at fixed pseudo-random points) where it does not.
 
+use super::budget::{exact_root, factorial, pow, Budget, STEP};
 use num_bigint::BigInt;
 use num_rational::BigRational;
-use num_traits::{One, Signed, ToPrimitive, Zero};
+use num_traits::{ToPrimitive, Zero};
 use std::collections::BTreeMap;
 
 /// A real-valued expression.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Expr {
     /// An exact number; `decimals` is how many digits after the point the source wrote
-    /// (None for integers, fractions and results of arithmetic).
+    /// (None for integers, fractions and results of arithmetic). Boxed: it is the largest
+    /// variant, and every expression on the parser's recursion is one (a smaller `Expr` is a
+    /// smaller stack frame per nesting level).
     Num {
-        value: BigRational,
+        value: Box<BigRational>,
         decimals: Option<usize>,
     },
     Pi,
@@ -39,88 +42,118 @@ pub(crate) enum Expr {
 
 pub(crate) fn int(n: i64) -> Expr {
     Expr::Num {
-        value: BigRational::from_integer(BigInt::from(n)),
+        value: Box::new(BigRational::from_integer(BigInt::from(n))),
         decimals: None,
     }
 }
 
-/// Above this many bits an exact power is not worth computing (and a hostile `9^{9^9}` would
-/// not finish): the float path takes over.
-const MAX_BITS: u64 = 4096;
-
 impl Expr {
-    /// The exact rational value, when every operation on the way is rational.
-    pub(crate) fn exact(&self) -> Option<BigRational> {
+    /// The exact rational value, when every operation on the way is rational. A value over
+    /// [`MAX_BITS`](super::budget::MAX_BITS) is refused (budget.rs), not approximated.
+    pub(crate) fn exact(&self, b: &Budget) -> Option<BigRational> {
         use Expr::*;
+        b.spend(STEP)?;
+        // Integers add, subtract and multiply as integers: a rational's operators reduce
+        // every result by a gcd, which for a big integer over 1 still walks all its bits.
+        let ints = |x: &Expr,
+                    y: &Expr,
+                    f: fn(&BigInt, &BigInt) -> BigInt,
+                    g: fn(BigRational, BigRational) -> BigRational| {
+            let (x, y) = (x.exact(b)?, y.exact(b)?);
+            let integers = x.is_integer() && y.is_integer();
+            b.charge(&x, &y, integers)?;
+            b.fits(if integers {
+                BigRational::from_integer(f(x.numer(), y.numer()))
+            } else {
+                g(x, y)
+            })
+        };
         Some(match self {
-            Num { value, .. } => value.clone(),
-            Neg(a) => -a.exact()?,
-            Add(a, b) => a.exact()? + b.exact()?,
-            Sub(a, b) => a.exact()? - b.exact()?,
-            Mul(a, b) => a.exact()? * b.exact()?,
-            Div(a, b) => {
-                let d = b.exact()?;
+            Num { value, .. } => BigRational::clone(value),
+            Neg(a) => -a.exact(b)?,
+            Add(x, y) => ints(x, y, |p, q| p + q, |p, q| p + q)?,
+            Sub(x, y) => ints(x, y, |p, q| p - q, |p, q| p - q)?,
+            Mul(x, y) => ints(x, y, |p, q| p * q, |p, q| p * q)?,
+            Div(x, y) => {
+                let d = y.exact(b)?;
                 if d.is_zero() {
                     return None;
                 }
-                a.exact()? / d
+                let n = x.exact(b)?;
+                b.charge(&n, &d, false)?;
+                b.fits(n / d)?
             }
-            Pow(a, b) => {
-                let (base, e) = (a.exact()?, b.exact()?);
+            Pow(x, y) => {
+                let (base, e) = (x.exact(b)?, y.exact(b)?);
                 if !e.is_integer() {
                     // 8^{1/3}: a root in disguise.
-                    let (n, d) = (e.numer().to_i64()?, e.denom().to_u32()?);
-                    let r = exact_root(&base, d)?;
-                    return pow_int(&r, n);
+                    let (n, d) = (e.numer(), e.denom().to_u32()?);
+                    let r = exact_root(&base, d, b)?;
+                    return pow(&r, n, b);
                 }
-                pow_int(&base, e.to_integer().to_i64()?)?
+                pow(&base, &e.to_integer(), b)?
             }
-            Root(n, x) => exact_root(&x.exact()?, n.exact()?.to_integer().to_u32()?)?,
-            Fact(a) => {
-                let n = a.exact()?;
-                if !n.is_integer() || n.is_negative() || n > BigRational::from_integer(500.into()) {
-                    return None;
-                }
-                let n = n.to_integer().to_u64()?;
-                BigRational::from_integer((1..=n).fold(BigInt::one(), |p, k| p * k))
-            }
+            Root(n, x) => exact_root(&x.exact(b)?, n.exact(b)?.to_integer().to_u32()?, b)?,
+            Fact(a) => factorial(&a.exact(b)?, b)?,
             Pi | Inf | Var(_) | Func(..) | Log(..) | PlusMinus(..) => return None,
         })
     }
 
     /// The value with `vars` substituted; None where it is undefined (0 division, a negative
-    /// radicand, a log of a non-positive number) or not finite.
-    pub(crate) fn approx(&self, vars: &BTreeMap<String, f64>) -> Option<f64> {
+    /// radicand, a log of a non-positive number, a pole) or not finite. A finite computation
+    /// that overflows is refused, not compared as ∞ (`\pi^{1000}` is not `\pi^{1001}`); ∞
+    /// itself (an interval's end) is a value.
+    pub(crate) fn approx(&self, vars: &BTreeMap<String, f64>, b: &Budget) -> Option<f64> {
         use Expr::*;
+        b.spend(STEP)?;
+        let over = |v: f64, from: &[f64]| -> Option<f64> {
+            if v.is_infinite() && from.iter().all(|x| x.is_finite()) {
+                return b.refuse();
+            }
+            Some(v)
+        };
         let v = match self {
-            Num { value, .. } => value.to_f64()?,
+            Num { value, .. } => match value.to_f64() {
+                Some(v) => over(v, &[])?,
+                None => return b.refuse(),
+            },
             Pi => std::f64::consts::PI,
             Inf => f64::INFINITY,
             Var(name) => *vars.get(name)?,
-            Neg(a) => -a.approx(vars)?,
-            Add(a, b) => a.approx(vars)? + b.approx(vars)?,
-            Sub(a, b) => a.approx(vars)? - b.approx(vars)?,
-            Mul(a, b) => a.approx(vars)? * b.approx(vars)?,
-            Div(a, b) => {
-                let d = b.approx(vars)?;
+            Neg(a) => -a.approx(vars, b)?,
+            Add(x, y) => {
+                let (x, y) = (x.approx(vars, b)?, y.approx(vars, b)?);
+                over(x + y, &[x, y])?
+            }
+            Sub(x, y) => {
+                let (x, y) = (x.approx(vars, b)?, y.approx(vars, b)?);
+                over(x - y, &[x, y])?
+            }
+            Mul(x, y) => {
+                let (x, y) = (x.approx(vars, b)?, y.approx(vars, b)?);
+                over(x * y, &[x, y])?
+            }
+            Div(x, y) => {
+                let d = y.approx(vars, b)?;
                 if d == 0.0 {
                     return None;
                 }
-                a.approx(vars)? / d
+                let n = x.approx(vars, b)?;
+                over(n / d, &[n, d])?
             }
-            Pow(a, b) => {
-                let (x, e) = (a.approx(vars)?, b.approx(vars)?);
+            Pow(x, y) => {
+                let (x, e) = (x.approx(vars, b)?, y.approx(vars, b)?);
                 if x < 0.0 && e.fract() != 0.0 {
                     return None;
                 }
-                x.powf(e)
+                over(x.powf(e), &[x, e])?
             }
             Root(n, x) => {
-                let (n, x) = (n.approx(vars)?, x.approx(vars)?);
+                let (n, x) = (n.approx(vars, b)?, x.approx(vars, b)?);
                 if n == 0.0 {
                     return None;
                 }
-                if x < 0.0 {
+                let v = if x < 0.0 {
                     // Odd roots of negatives are real.
                     if n.fract() == 0.0 && (n as i64) % 2 != 0 {
                         -(-x).powf(1.0 / n)
@@ -129,11 +162,12 @@ impl Expr {
                     }
                 } else {
                     x.powf(1.0 / n)
-                }
+                };
+                over(v, &[n, x])?
             }
             Func(f, a) => {
-                let x = a.approx(vars)?;
-                match f.as_str() {
+                let x = a.approx(vars, b)?;
+                let v = match f.as_str() {
                     "sin" => x.sin(),
                     "cos" => x.cos(),
                     "tan" => x.tan(),
@@ -145,20 +179,25 @@ impl Expr {
                     "arctan" => x.atan(),
                     "ln" if x > 0.0 => x.ln(),
                     "log" if x > 0.0 => x.log10(),
-                    "exp" => x.exp(),
+                    "exp" => over(x.exp(), &[x])?,
                     "abs" => x.abs(),
                     _ => return None,
-                }
-            }
-            Log(b, a) => {
-                let (b, x) = (b.approx(vars)?, a.approx(vars)?);
-                if b <= 0.0 || b == 1.0 || x <= 0.0 {
+                };
+                // cot 0 and csc 0: a pole, undefined.
+                if v.is_infinite() && x.is_finite() {
                     return None;
                 }
-                x.ln() / b.ln()
+                v
+            }
+            Log(base, a) => {
+                let (base, x) = (base.approx(vars, b)?, a.approx(vars, b)?);
+                if base <= 0.0 || base == 1.0 || x <= 0.0 {
+                    return None;
+                }
+                x.ln() / base.ln()
             }
             Fact(a) => {
-                let n = a.approx(vars)?;
+                let n = a.approx(vars, b)?;
                 if n < 0.0 || n.fract() != 0.0 || n > 170.0 {
                     return None;
                 }
@@ -191,52 +230,93 @@ impl Expr {
         }
     }
 
-    /// The expression with every ± resolved both ways (at most 16 values).
-    pub(crate) fn expand_pm(&self) -> Vec<Expr> {
+    /// The expression with every ± resolved both ways: at most 16 values, the first in the
+    /// order plus before minus, left operand before right. It takes the expression, so a
+    /// subtree without ± moves into its one value: a copy is made only where a ± multiplies
+    /// the values (copying at every level made long chains quadratic).
+    pub(crate) fn expand_pm(self, b: &Budget) -> Option<Vec<Expr>> {
         use Expr::*;
-        let bin = |a: &Expr, b: &Expr, f: &dyn Fn(Box<Expr>, Box<Expr>) -> Expr| -> Vec<Expr> {
-            let (xa, xb) = (a.expand_pm(), b.expand_pm());
+        const MAX_VALUES: usize = 16;
+        type Join = fn(Box<Expr>, Box<Expr>) -> Expr;
+        // Every pairing of the operands' values, the first MAX_VALUES of them.
+        let cross = |xa: &[Expr], xb: &[Expr], f: Join| -> Option<Vec<Expr>> {
             let mut out = vec![];
-            for x in &xa {
-                for y in &xb {
-                    if out.len() < 16 {
-                        out.push(f(Box::new(x.clone()), Box::new(y.clone())));
-                    }
+            for x in xa {
+                for y in xb.iter().take(MAX_VALUES - out.len()) {
+                    b.spend(STEP)?;
+                    out.push(f(Box::new(x.clone()), Box::new(y.clone())));
                 }
             }
-            out
+            Some(out)
         };
-        match self {
-            PlusMinus(a, b, mp) => {
-                let plus = bin(a, b, &|x, y| Add(x, y));
-                let minus = bin(a, b, &|x, y| Sub(x, y));
-                let (first, second) = if *mp { (minus, plus) } else { (plus, minus) };
-                first.into_iter().chain(second).take(16).collect()
+        let bin = |x: Box<Expr>, y: Box<Expr>, f: Join| -> Option<Vec<Expr>> {
+            let (mut xa, mut xb) = (x.expand_pm(b)?, y.expand_pm(b)?);
+            if let ([_], [_]) = (xa.as_slice(), xb.as_slice()) {
+                let (x, y) = (xa.pop()?, xb.pop()?);
+                return Some(vec![f(Box::new(x), Box::new(y))]);
             }
-            Neg(a) => a
-                .expand_pm()
-                .into_iter()
-                .map(|x| Neg(Box::new(x)))
-                .collect(),
-            Func(f, a) => a
-                .expand_pm()
-                .into_iter()
-                .map(|x| Func(f.clone(), Box::new(x)))
-                .collect(),
-            Fact(a) => a
-                .expand_pm()
-                .into_iter()
-                .map(|x| Fact(Box::new(x)))
-                .collect(),
-            Add(a, b) => bin(a, b, &|x, y| Add(x, y)),
-            Sub(a, b) => bin(a, b, &|x, y| Sub(x, y)),
-            Mul(a, b) => bin(a, b, &|x, y| Mul(x, y)),
-            Div(a, b) => bin(a, b, &|x, y| Div(x, y)),
-            Pow(a, b) => bin(a, b, &|x, y| Pow(x, y)),
-            Root(a, b) => bin(a, b, &|x, y| Root(x, y)),
-            Log(a, b) => bin(a, b, &|x, y| Log(x, y)),
-            Num { .. } | Pi | Inf | Var(_) => vec![self.clone()],
+            cross(&xa, &xb, f)
+        };
+        let one = |x: Box<Expr>, f: &dyn Fn(Box<Expr>) -> Expr| -> Option<Vec<Expr>> {
+            Some(
+                x.expand_pm(b)?
+                    .into_iter()
+                    .map(|v| f(Box::new(v)))
+                    .collect(),
+            )
+        };
+        b.spend(STEP)?;
+        match self {
+            PlusMinus(x, y, mp) => {
+                let (xa, xb) = (x.expand_pm(b)?, y.expand_pm(b)?);
+                let plus = cross(&xa, &xb, Add)?;
+                let minus = cross(&xa, &xb, Sub)?;
+                let (first, second) = if mp { (minus, plus) } else { (plus, minus) };
+                Some(first.into_iter().chain(second).take(MAX_VALUES).collect())
+            }
+            Neg(a) => one(a, &Neg),
+            Func(f, a) => one(a, &|v| Func(f.clone(), v)),
+            Fact(a) => one(a, &Fact),
+            Add(x, y) => bin(x, y, Add),
+            Sub(x, y) => bin(x, y, Sub),
+            Mul(x, y) => bin(x, y, Mul),
+            Div(x, y) => bin(x, y, Div),
+            Pow(x, y) => bin(x, y, Pow),
+            Root(x, y) => bin(x, y, Root),
+            Log(x, y) => bin(x, y, Log),
+            leaf @ (Num { .. } | Pi | Inf | Var(_)) => Some(vec![leaf]),
         }
+    }
+
+    /// The depth of the tree (a leaf is 1), walked without recursion, stopping once it is
+    /// over `max`: what the parser checks before it lets a chain grow (parse_expr.rs).
+    pub(crate) fn depth_over(&self, max: usize, b: &Budget) -> Option<usize> {
+        use Expr::*;
+        let mut deepest = 0;
+        let mut stack = vec![(self, 1usize)];
+        while let Some((e, d)) = stack.pop() {
+            b.spend(1)?;
+            deepest = deepest.max(d);
+            if deepest > max {
+                break;
+            }
+            match e {
+                Neg(a) | Func(_, a) | Fact(a) => stack.push((a, d + 1)),
+                Add(x, y)
+                | Sub(x, y)
+                | Mul(x, y)
+                | Div(x, y)
+                | Pow(x, y)
+                | Root(x, y)
+                | Log(x, y)
+                | PlusMinus(x, y, _) => {
+                    stack.push((x, d + 1));
+                    stack.push((y, d + 1));
+                }
+                Num { .. } | Pi | Inf | Var(_) => {}
+            }
+        }
+        Some(deepest)
     }
 
     /// The decimals a literal number was written with (`-0.25` counts too).
@@ -247,60 +327,4 @@ impl Expr {
             _ => None,
         }
     }
-}
-
-/// base^e for an integer e, bounded in size.
-fn pow_int(base: &BigRational, e: i64) -> Option<BigRational> {
-    let bits = base.numer().bits().max(base.denom().bits()).max(1);
-    if bits.saturating_mul(e.unsigned_abs()) > MAX_BITS {
-        return None;
-    }
-    if e < 0 && base.is_zero() {
-        return None;
-    }
-    let p = num_traits::pow(base.clone(), e.unsigned_abs() as usize);
-    Some(if e < 0 { p.recip() } else { p })
-}
-
-/// The exact n-th root of a rational when numerator and denominator are perfect n-th powers.
-fn exact_root(x: &BigRational, n: u32) -> Option<BigRational> {
-    if n == 0 {
-        return None;
-    }
-    if x.is_negative() {
-        return (n % 2 == 1).then(|| exact_root(&-x, n).map(|r| -r))?;
-    }
-    let root = |v: &BigInt| -> Option<BigInt> {
-        let r = v.nth_root(n);
-        (num_traits::pow(r.clone(), n as usize) == *v).then_some(r)
-    };
-    Some(BigRational::new(root(x.numer())?, root(x.denom())?))
-}
-
-/// Whether a rational has a finite decimal expansion (its reduced denominator is 2^a·5^b).
-pub(crate) fn terminates(x: &BigRational) -> bool {
-    let mut d = x.denom().clone();
-    for p in [2u32, 5] {
-        let p = BigInt::from(p);
-        while (&d % &p).is_zero() {
-            d /= &p;
-        }
-    }
-    d.is_one()
-}
-
-/// The rational a literal's digits stand for: digits · 10^(exp − decimals).
-pub(crate) fn literal(digits: &str, decimals: Option<usize>, exp: i32) -> Option<BigRational> {
-    let m: BigInt = digits.parse().ok()?;
-    let shift = i64::from(exp) - decimals.unwrap_or(0) as i64;
-    if shift.unsigned_abs() > 1000 {
-        return None;
-    }
-    let ten = BigInt::from(10);
-    let scale = num_traits::pow(ten, shift.unsigned_abs() as usize);
-    Some(if shift >= 0 {
-        BigRational::from_integer(m * scale)
-    } else {
-        BigRational::new(m, scale)
-    })
 }

@@ -4,6 +4,8 @@
 //! (thousands separators `1,234` / `10{,}000` / `1\,000` joined, scientific `2.5E-2` read).
 //! The parser (parse.rs) turns the tokens into an expression form.
 
+use super::budget::Budget;
+
 /// One lexical unit of an answer.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Tok {
@@ -102,9 +104,14 @@ fn unicode_to_latex(s: &str) -> String {
     out
 }
 
+/// `\text{\text{…}}` nested deeper than this is refused (a budget refusal): the lexer
+/// recurses once per wrapper, and each level scans its body for the closing brace.
+const MAX_WRAPPERS: usize = 16;
+
 /// The tokens of `src`, or None when it holds something no answer holds (an unbalanced
-/// wrapper, a stray backslash).
-pub(crate) fn lex(src: &str) -> Option<Vec<Tok>> {
+/// wrapper, a stray backslash) or wrappers nested past [`MAX_WRAPPERS`] (then `budget` is
+/// marked exceeded).
+pub(crate) fn lex(src: &str, budget: &Budget) -> Option<Vec<Tok>> {
     let s = unicode_to_latex(src);
     let s = s
         .replace("^{\\circ}", "")
@@ -112,11 +119,17 @@ pub(crate) fn lex(src: &str) -> Option<Vec<Tok>> {
         .replace("{,}", ",");
     let b: Vec<char> = s.chars().collect();
     let mut out = vec![];
-    lex_into(&b, false, &mut out)?;
+    lex_into(&b, false, &mut out, MAX_WRAPPERS, budget)?;
     Some(join_numbers(out))
 }
 
-fn lex_into(b: &[char], text: bool, out: &mut Vec<Tok>) -> Option<()> {
+fn lex_into(
+    b: &[char],
+    text: bool,
+    out: &mut Vec<Tok>,
+    wrappers_left: usize,
+    budget: &Budget,
+) -> Option<()> {
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
@@ -167,8 +180,11 @@ fn lex_into(b: &[char], text: bool, out: &mut Vec<Tok>) -> Option<()> {
                 continue;
             }
             if TEXT_WRAPPERS.contains(&name.as_str()) {
+                if wrappers_left == 0 {
+                    return budget.refuse();
+                }
                 let (body, end) = braced(b, i)?;
-                lex_into(body, true, out)?;
+                lex_into(body, true, out, wrappers_left - 1, budget)?;
                 i = end;
                 continue;
             }

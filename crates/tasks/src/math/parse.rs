@@ -5,6 +5,7 @@
 //! (`3 million`) multiply, mixed numbers (`1\frac{1}{2}`) add, and any other trailing word is a
 //! parse failure, so `5 \text{ squared}` is never 5. Expressions are parse_expr.rs.
 
+use super::budget::{Budget, STEP};
 use super::expr::Expr;
 use super::lex::Tok;
 use super::words::{is_word, noun, TEXT_UNITS, UNITS};
@@ -29,15 +30,20 @@ pub(crate) struct Answer {
     pub items: Vec<Item>,
 }
 
-pub(super) struct P {
+pub(super) struct P<'b> {
     pub(super) t: Vec<Tok>,
     pub(super) i: usize,
     pub(super) depth: usize,
+    pub(super) b: &'b Budget,
 }
+
+/// Brackets, groups and arguments nested deeper than this are refused (a budget refusal:
+/// the verdict is unverifiable): the parser recurses once per level.
+const MAX_NEST: usize = 48;
 
 pub(super) type R<T> = Option<T>;
 
-impl P {
+impl P<'_> {
     pub(super) fn peek(&self) -> Option<&Tok> {
         self.t.get(self.i)
     }
@@ -64,9 +70,13 @@ impl P {
         }
     }
 
+    /// One level deeper, and one step of work; the caller undoes the depth on return.
     pub(super) fn enter(&mut self) -> R<()> {
         self.depth += 1;
-        (self.depth < 48).then_some(())
+        if self.depth >= MAX_NEST {
+            return self.b.refuse();
+        }
+        self.b.spend(STEP)
     }
 
     /// Separators between the items of a top-level list.
@@ -255,6 +265,9 @@ impl P {
         let mut depth = 0usize;
         let mut k = 1;
         while let Some(t) = self.peek_at(k) {
+            if self.b.spend(1).is_none() {
+                return;
+            }
             match t {
                 Tok::Op('(') => depth += 1,
                 Tok::Op(')') => {
@@ -322,7 +335,7 @@ impl P {
 }
 
 /// Parses the tokens of one answer; None when they are not an answer this grammar reads.
-pub(crate) fn parse(t: Vec<Tok>) -> Option<Answer> {
+pub(crate) fn parse(t: Vec<Tok>, b: &Budget) -> Option<Answer> {
     if t.is_empty() {
         return None;
     }
@@ -331,6 +344,11 @@ pub(crate) fn parse(t: Vec<Tok>) -> Option<Answer> {
     if t.last() == Some(&Tok::Op('.')) {
         t.pop();
     }
-    let mut p = P { t, i: 0, depth: 0 };
+    let mut p = P {
+        t,
+        i: 0,
+        depth: 0,
+        b,
+    };
     p.answer()
 }

@@ -3,12 +3,16 @@
 //! `3 million`), variables, `\\frac`/`\\sqrt[n]` with TeX's one-token arguments, π, ∞,
 //! functions, `|x|`. The item half (lists, sets, brackets, relations, units) is parse.rs.
 
-use super::expr::{int, literal, Expr};
+use super::budget::{binomial, literal, MAX_DEPTH};
+use super::expr::{int, Expr};
 use super::lex::Tok;
 use super::parse::{P, R};
 use super::words::{noun, FUNCS, GREEK, MULTIPLIERS, TEXT_UNITS, UNITS};
 
-impl P {
+/// A binary node's constructor (`Expr::Add`, ...): what a chain's next link is built with.
+type Join = fn(Box<Expr>, Box<Expr>) -> Expr;
+
+impl P<'_> {
     pub(super) fn expr(&mut self) -> R<Expr> {
         self.enter()?;
         let e = self.sum();
@@ -17,26 +21,58 @@ impl P {
     }
 
     fn sum(&mut self) -> R<Expr> {
-        let mut v = if self.eat_cmd("pm") {
-            Expr::PlusMinus(Box::new(int(0)), Box::new(self.term()?), false)
+        // A leading ± or ∓: 0 ± the first term.
+        let lead = if self.eat_cmd("pm") {
+            Some(false)
         } else if self.eat_cmd("mp") {
-            Expr::PlusMinus(Box::new(int(0)), Box::new(self.term()?), true)
+            Some(true)
         } else {
-            self.term()?
+            None
         };
+        let first = self.term()?;
+        let mut v = match lead {
+            Some(mp) => Expr::PlusMinus(Box::new(int(0)), Box::new(first), mp),
+            None => first,
+        };
+        let mut depth = None;
         loop {
-            if self.eat_op('+') {
-                v = Expr::Add(Box::new(v), Box::new(self.term()?));
+            let op: Join = if self.eat_op('+') {
+                Expr::Add
             } else if self.eat_op('-') {
-                v = Expr::Sub(Box::new(v), Box::new(self.term()?));
+                Expr::Sub
             } else if self.eat_cmd("pm") {
-                v = Expr::PlusMinus(Box::new(v), Box::new(self.term()?), false);
+                |a, b| Expr::PlusMinus(a, b, false)
             } else if self.eat_cmd("mp") {
-                v = Expr::PlusMinus(Box::new(v), Box::new(self.term()?), true);
+                |a, b| Expr::PlusMinus(a, b, true)
             } else {
                 return Some(v);
-            }
+            };
+            let t = self.term()?;
+            self.chain(&mut depth, &v, Some(&t))?;
+            v = op(Box::new(v), Box::new(t));
         }
+    }
+
+    /// Checks a chain before it grows by one node over `v` (and `operand`): the tree a loop
+    /// builds is as deep as its operands plus its length, and a tree over [`MAX_DEPTH`] is
+    /// refused before it exists (evaluating or dropping it would recurse that deep). `depth`
+    /// is the chain's depth so far, walked from `v` on its first growth only: a lone term
+    /// costs nothing.
+    fn chain(&mut self, depth: &mut Option<usize>, v: &Expr, operand: Option<&Expr>) -> R<()> {
+        let d = match *depth {
+            Some(d) => d,
+            None => v.depth_over(MAX_DEPTH, self.b)?,
+        };
+        let o = match operand {
+            Some(e) => e.depth_over(MAX_DEPTH, self.b)?,
+            None => 0,
+        };
+        let grown = 1 + d.max(o);
+        if grown > MAX_DEPTH {
+            return self.b.refuse();
+        }
+        *depth = Some(grown);
+        Some(())
     }
 
     /// Whether the next token can start a factor of an implicit product (`2x`, `2\pi`, `(2)(3)`).
@@ -60,16 +96,19 @@ impl P {
 
     fn term(&mut self) -> R<Expr> {
         let mut v = self.unary()?;
+        let mut depth = None;
         loop {
-            if self.eat_op('*') {
-                v = Expr::Mul(Box::new(v), Box::new(self.unary()?));
+            let (op, f): (Join, _) = if self.eat_op('*') {
+                (Expr::Mul, self.unary()?)
             } else if self.eat_op('/') {
-                v = Expr::Div(Box::new(v), Box::new(self.unary()?));
+                (Expr::Div, self.unary()?)
             } else if self.starts_factor() {
-                v = Expr::Mul(Box::new(v), Box::new(self.power()?));
+                (Expr::Mul, self.power()?)
             } else {
                 return Some(v);
-            }
+            };
+            self.chain(&mut depth, &v, Some(&f))?;
+            v = op(Box::new(v), Box::new(f));
         }
     }
 
@@ -91,15 +130,17 @@ impl P {
         if self.eat_op('^') {
             self.enter()?;
             let e = if self.peek() == Some(&Tok::Op('{')) {
-                self.group()?
+                self.group()
             } else if self.eat_op('-') {
-                Expr::Neg(Box::new(self.single()?))
+                self.single().map(|s| Expr::Neg(Box::new(s)))
             } else {
-                self.single()?
+                self.single()
             };
             self.depth -= 1;
-            base = euler(Expr::Pow(Box::new(base), Box::new(e)));
+            base = euler(Expr::Pow(Box::new(base), Box::new(e?)));
+            let mut depth = None;
             while self.eat_op('!') {
+                self.chain(&mut depth, &base, None)?;
                 base = Expr::Fact(Box::new(base));
             }
         }
@@ -108,8 +149,10 @@ impl P {
 
     fn postfix(&mut self) -> R<Expr> {
         let mut v = self.atom()?;
+        let mut depth = None;
         while self.peek() == Some(&Tok::Op('!')) && self.peek_at(1) != Some(&Tok::Op('=')) {
             self.i += 1;
+            self.chain(&mut depth, &v, None)?;
             v = Expr::Fact(Box::new(v));
         }
         Some(v)
@@ -139,7 +182,7 @@ impl P {
                     decimals: None,
                     exp: 0,
                 };
-                Some(num(&d, None, 0)?)
+                self.num(&d, None, 0)
             }
             _ => self.single(),
         }
@@ -154,7 +197,7 @@ impl P {
                 exp,
             } => {
                 self.i += 1;
-                num(&digits, decimals, exp)
+                self.num(&digits, decimals, exp)
             }
             Tok::Word { w, .. } if w.chars().count() == 1 => {
                 self.i += 1;
@@ -172,11 +215,13 @@ impl P {
         v
     }
 
+    /// One atom. Each kind of token has its own function, so a nested atom costs the stack
+    /// only its own kind's frame (a debug build's frame holds every arm's temporaries: one
+    /// function for all kinds took 8 KiB a level).
     fn atom_inner(&mut self) -> R<Expr> {
-        let tok = self.peek()?.clone();
-        match tok {
-            Tok::Op('(') | Tok::Op('[') => {
-                let close = if tok == Tok::Op('(') { ')' } else { ']' };
+        match self.peek()? {
+            Tok::Op(c @ ('(' | '[')) => {
+                let close = if *c == '(' { ')' } else { ']' };
                 self.i += 1;
                 let v = self.expr()?;
                 self.eat_op(close).then_some(v)
@@ -188,89 +233,105 @@ impl P {
                 self.eat_op('|')
                     .then(|| Expr::Func("abs".into(), Box::new(v)))
             }
-            Tok::Num {
-                digits,
-                decimals,
-                exp,
-            } => {
-                self.i += 1;
-                let mut v = num(&digits, decimals, exp)?;
-                // A mixed number: an integer directly followed by a fraction of integers.
-                if decimals.is_none()
-                    && exp == 0
-                    && matches!(self.peek(), Some(Tok::Cmd(c)) if c == "frac")
-                {
-                    let save = self.i;
-                    self.i += 1;
-                    match (self.arg(), self.arg()) {
-                        (
-                            Some(a @ Expr::Num { decimals: None, .. }),
-                            Some(b @ Expr::Num { decimals: None, .. }),
-                        ) => {
-                            v = Expr::Add(
-                                Box::new(v),
-                                Box::new(Expr::Div(Box::new(a), Box::new(b))),
-                            );
-                        }
-                        _ => self.i = save,
-                    }
+            Tok::Num { .. } => self.number(),
+            Tok::Word { .. } => self.word(),
+            Tok::Cmd(_) => self.command(),
+            _ => None,
+        }
+    }
+
+    /// A number, a mixed number (`1\frac{1}{2}`) or a number of millions (`3 million`).
+    fn number(&mut self) -> R<Expr> {
+        let Some(Tok::Num {
+            digits,
+            decimals,
+            exp,
+        }) = self.peek().cloned()
+        else {
+            return None;
+        };
+        self.i += 1;
+        let mut v = self.num(&digits, decimals, exp)?;
+        // A mixed number: an integer directly followed by a fraction of integers.
+        if decimals.is_none() && exp == 0 && matches!(self.peek(), Some(Tok::Cmd(c)) if c == "frac")
+        {
+            let save = self.i;
+            self.i += 1;
+            match (self.arg(), self.arg()) {
+                (
+                    Some(a @ Expr::Num { decimals: None, .. }),
+                    Some(b @ Expr::Num { decimals: None, .. }),
+                ) => {
+                    v = Expr::Add(Box::new(v), Box::new(Expr::Div(Box::new(a), Box::new(b))));
                 }
-                // "3 million".
-                if let Some(Tok::Word { w, .. }) = self.peek() {
-                    if let Some((_, d, p)) = MULTIPLIERS.iter().find(|(m, ..)| m == w) {
-                        self.i += 1;
-                        v = Expr::Mul(Box::new(v), Box::new(num(d, None, *p)?));
-                    }
-                }
-                Some(v)
+                _ => self.i = save,
             }
-            Tok::Word { w, .. } => {
+        }
+        // "3 million".
+        if let Some(Tok::Word { w, .. }) = self.peek() {
+            if let Some((_, d, p)) = MULTIPLIERS.iter().find(|(m, ..)| m == w) {
                 self.i += 1;
-                match w.as_str() {
-                    "pi" => Some(Expr::Pi),
-                    "infinity" | "inf" => Some(Expr::Inf),
-                    "sqrt" => Some(Expr::Root(Box::new(int(2)), Box::new(self.arg()?))),
-                    f if FUNCS.contains(&f) => self.func(f),
-                    _ if w.chars().count() == 1 => Some(self.subscript(w)),
-                    // Several letters in an expression: a product of variables ("xy").
-                    _ if w.len() <= 3 && !UNITS.contains(&w.as_str()) => {
-                        let mut it = w.chars().map(|c| Expr::Var(c.to_string()));
-                        let first = it.next()?;
-                        Some(it.fold(first, |a, b| Expr::Mul(Box::new(a), Box::new(b))))
-                    }
-                    _ => None,
-                }
+                let (d, p) = (*d, *p);
+                v = Expr::Mul(Box::new(v), Box::new(self.num(d, None, p)?));
             }
-            Tok::Cmd(c) => {
+        }
+        Some(v)
+    }
+
+    /// A word in an expression: π, ∞, a function, a variable, a product of letters.
+    fn word(&mut self) -> R<Expr> {
+        let Some(Tok::Word { w, .. }) = self.peek().cloned() else {
+            return None;
+        };
+        self.i += 1;
+        match w.as_str() {
+            "pi" => Some(Expr::Pi),
+            "infinity" | "inf" => Some(Expr::Inf),
+            "sqrt" => Some(Expr::Root(Box::new(int(2)), Box::new(self.arg()?))),
+            f if FUNCS.contains(&f) => self.func(f),
+            _ if w.chars().count() == 1 => Some(self.subscript(w)),
+            // Several letters in an expression: a product of variables ("xy").
+            _ if w.len() <= 3 && !UNITS.contains(&w.as_str()) => {
+                let mut it = w.chars().map(|c| Expr::Var(c.to_string()));
+                let first = it.next()?;
+                Some(it.fold(first, |a, b| Expr::Mul(Box::new(a), Box::new(b))))
+            }
+            _ => None,
+        }
+    }
+
+    /// A command's value: `\frac`, `\sqrt[n]`, `\binom`, `\log_b`, functions, π, ∞, Greek.
+    fn command(&mut self) -> R<Expr> {
+        let Some(Tok::Cmd(c)) = self.peek().cloned() else {
+            return None;
+        };
+        self.i += 1;
+        match c.as_str() {
+            "frac" | "over" => {
+                let a = self.arg()?;
+                let b = self.arg()?;
+                Some(Expr::Div(Box::new(a), Box::new(b)))
+            }
+            "sqrt" => {
+                let index = if self.eat_op('[') {
+                    let n = self.expr()?;
+                    self.eat_op(']').then_some(n)?
+                } else {
+                    int(2)
+                };
+                Some(Expr::Root(Box::new(index), Box::new(self.arg()?)))
+            }
+            "pi" => Some(Expr::Pi),
+            "binom" | "dbinom" | "tbinom" => self.binom(),
+            "infty" => Some(Expr::Inf),
+            "log" if self.peek() == Some(&Tok::Op('_')) => {
                 self.i += 1;
-                match c.as_str() {
-                    "frac" | "over" => {
-                        let (a, b) = (self.arg()?, self.arg()?);
-                        Some(Expr::Div(Box::new(a), Box::new(b)))
-                    }
-                    "sqrt" => {
-                        let index = if self.eat_op('[') {
-                            let n = self.expr()?;
-                            self.eat_op(']').then_some(n)?
-                        } else {
-                            int(2)
-                        };
-                        Some(Expr::Root(Box::new(index), Box::new(self.arg()?)))
-                    }
-                    "pi" => Some(Expr::Pi),
-                    "binom" | "dbinom" | "tbinom" => self.binom(),
-                    "infty" => Some(Expr::Inf),
-                    "log" if self.peek() == Some(&Tok::Op('_')) => {
-                        self.i += 1;
-                        let base = self.arg()?;
-                        let x = self.func_arg()?;
-                        Some(Expr::Log(Box::new(base), Box::new(x)))
-                    }
-                    f if FUNCS.contains(&f) => self.func(f),
-                    g if GREEK.contains(&g) => Some(Expr::Var(format!("\\{g}"))),
-                    _ => None,
-                }
+                let base = self.arg()?;
+                let x = self.func_arg()?;
+                Some(Expr::Log(Box::new(base), Box::new(x)))
             }
+            f if FUNCS.contains(&f) => self.func(f),
+            g if GREEK.contains(&g) => Some(Expr::Var(format!("\\{g}"))),
             _ => None,
         }
     }
@@ -324,38 +385,24 @@ impl P {
         }
     }
 
-    /// `\binom{n}{k}` of two integers, exactly (n below 10 000; anything else is unread).
+    /// `\binom{n}{k}` of two natural numbers, exactly (budget.rs refuses a huge one); any
+    /// other arguments are unread.
     fn binom(&mut self) -> R<Expr> {
-        let (n, k) = (self.arg()?.exact()?, self.arg()?.exact()?);
-        if !n.is_integer() || !k.is_integer() {
-            return None;
-        }
-        let (n, k) = (n.to_integer(), k.to_integer());
-        let (n, k): (i64, i64) = (i64::try_from(n).ok()?, i64::try_from(k).ok()?);
-        if !(0..10_000).contains(&n) || k < 0 {
-            return None;
-        }
-        let mut c = num_bigint::BigInt::from(1);
-        if k <= n {
-            for j in 0..k.min(n - k) {
-                c = c * (n - j) / (j + 1);
-            }
-        } else {
-            c = num_bigint::BigInt::from(0);
-        }
+        let (n, k) = (self.arg()?.exact(self.b)?, self.arg()?.exact(self.b)?);
         Some(Expr::Num {
-            value: num_rational::BigRational::from_integer(c),
+            value: Box::new(binomial(&n, &k, self.b)?),
             decimals: None,
         })
     }
-}
 
-/// A number literal as an expression; the written decimals are kept only without an exponent.
-fn num(digits: &str, decimals: Option<usize>, exp: i32) -> R<Expr> {
-    Some(Expr::Num {
-        value: literal(digits, decimals, exp)?,
-        decimals: if exp == 0 { decimals } else { None },
-    })
+    /// A number literal as an expression; the written decimals are kept only without an
+    /// exponent.
+    fn num(&mut self, digits: &str, decimals: Option<usize>, exp: i32) -> R<Expr> {
+        Some(Expr::Num {
+            value: Box::new(literal(digits, decimals, exp, self.b)?),
+            decimals: if exp == 0 { decimals } else { None },
+        })
+    }
 }
 
 /// Euler's identity: e^{iπ} (or e^{πi}) is −1. `e` and `i` are otherwise variables, so it is

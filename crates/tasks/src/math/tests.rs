@@ -147,3 +147,40 @@ fn easyr1_math_scorer() {
     assert!((o - 0.9).abs() < 1e-12);
     assert_eq!(score_easyr1("<think></think> 12", "12", 0.1).0, 0.0);
 }
+
+/// The verdict behind `equivalent`: normal answers are equal or not, as before; what the
+/// budget refuses is unverifiable, never equal (issue 42).
+#[test]
+fn verdicts_and_the_budget() {
+    assert_eq!(check("\\boxed{\\frac{1}{2}}", "0.5"), Verdict::Equal);
+    assert_eq!(check("x^2 + 2x + 1", "(x+1)^2"), Verdict::Equal);
+    assert_eq!(check("3", "4"), Verdict::NotEqual);
+    assert_eq!(check("", "4"), Verdict::NotEqual);
+    let over = Verdict::Unverifiable(Unverifiable::BudgetExceeded);
+    // 0.1^99999999 is a positive rational too large to compute exactly, not 0: refused, and
+    // the float path does not round it to 0 instead.
+    assert_eq!(check("0.1^{99999999}", "0"), over);
+    assert_eq!(check("0", "0.1^{99999999}"), over);
+    assert!(!equivalent("0.1^{99999999}", "0"));
+    assert_eq!(check("0.1^{3}", "0.001"), Verdict::Equal);
+    assert_eq!(check("1^{99999999}", "1"), Verdict::Equal);
+    // Exact values stop at MAX_BITS; a float that overflows is refused, not ∞ = ∞.
+    assert_eq!(check("2^{2048}", "2^{2048} + 1"), Verdict::NotEqual);
+    assert_eq!(check("2^{5000}", "3^{5000}"), over);
+    assert_eq!(check("\\pi^{1000}", "\\pi^{1001}"), over);
+    // The size budget reads the extracted answer, not the completion around it.
+    let long = format!("{} \\boxed{{12}}", "reasoning ".repeat(5000));
+    assert_eq!(check(&long, "12"), Verdict::Equal);
+    assert_eq!(check(&"1".repeat(MAX_ANSWER_CHARS + 1), "1"), over);
+    assert_eq!(
+        score_short_rl_checked(
+            "Assistant: <think></think><answer>0.1^{99999999}</answer>",
+            "0"
+        ),
+        (-0.5, false, Some(Unverifiable::BudgetExceeded))
+    );
+    assert_eq!(
+        score_easyr1_checked("<think></think>\\boxed{0.1^{99999999}}", "0", 0.1),
+        (0.1, 0.0, 1.0, Some(Unverifiable::BudgetExceeded))
+    );
+}

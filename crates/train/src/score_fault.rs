@@ -1,0 +1,171 @@
+//! How scoring a completion can fail without failing the step: [`ScoreFault`] (the math
+//! verifier's budget refused the answer, or the scorer panicked) and `quiet_catch`, which
+//! runs every scorer (built-in or research code's) so that a panic becomes an error value:
+//! task.rs scores it as wrong with one warning naming the item, and the panic hook's own
+//! report (several lines, a backtrace with RUST_BACKTRACE) stays quiet for the panics caught
+//! here only. collect.rs counts the faults per step (`verify_budget_exceeded`,
+//! `verify_panics`).
+
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+use terse_tasks::math;
+
+/// Why a completion was scored without a verdict; either way it is not correct and the step
+/// goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreFault {
+    /// The math verifier's budget refused the answer (`terse_tasks::math::Unverifiable`): it
+    /// scores as a wrong answer (0 for the boxed rule, Short-RL's −0.5, EasyR1's accuracy 0).
+    BudgetExceeded,
+    /// The scorer panicked: correct = false, base reward 0, format_ok = false.
+    Panicked,
+}
+
+impl From<math::Unverifiable> for ScoreFault {
+    fn from(u: math::Unverifiable) -> Self {
+        match u {
+            math::Unverifiable::BudgetExceeded => ScoreFault::BudgetExceeded,
+        }
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs a scorer under `quiet_catch`; the location of a panic there.
+    static SCORING: Cell<bool> = const { Cell::new(false) };
+    static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Runs `f`, turning a panic into its message and location. The panic hook stays silent for a
+/// panic caught here (the caller logs one line per panic instead of the hook's several, a
+/// backtrace with RUST_BACKTRACE, for every sample of a step); every other panic goes to the
+/// hook that was installed before, unchanged. The wrapping hook is installed once, on first use.
+pub(crate) fn quiet_catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if SCORING.with(Cell::get) {
+                let at = info
+                    .location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()));
+                PANIC_AT.with(|p| *p.borrow_mut() = at);
+            } else {
+                previous(info);
+            }
+        }));
+    });
+    let outer = SCORING.with(|s| s.replace(true));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    SCORING.with(|s| s.set(outer));
+    result.map_err(|payload| {
+        let msg = terse_tasks::panic_message(&*payload);
+        match PANIC_AT.with(|p| p.borrow_mut().take()) {
+            Some(at) => format!("{msg} (at {at})"),
+            None => msg,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DataSection, MathScorer, TaskKind};
+    use crate::task::{Item, Task};
+    use terse_reward::Outcome;
+
+    #[test]
+    fn a_panic_is_caught_with_its_message_and_place() {
+        assert_eq!(quiet_catch(|| 3), Ok(3));
+        let err = quiet_catch(|| -> u8 { panic!("bad {}", 7) }).expect_err("a panic");
+        assert!(err.starts_with("bad 7 (at "), "{err}");
+        assert!(err.contains("score_fault.rs"), "{err}");
+        let err = quiet_catch(|| -> u8 { std::panic::panic_any(5u32) }).expect_err("a panic");
+        assert!(err.starts_with("a non-text panic (at "), "{err}");
+        // Nested: the inner catch does not end the outer one's quiet.
+        let outer = quiet_catch(|| {
+            let inner = quiet_catch(|| -> u8 { panic!("inner") });
+            assert!(inner.is_err());
+            SCORING.with(Cell::get)
+        });
+        assert_eq!(outer, Ok(true));
+        assert!(!SCORING.with(Cell::get));
+    }
+
+    /// A math task of the flat fixture (answers 0, 2, 4, ...) with `scorer`.
+    fn math_task(scorer: MathScorer) -> Task {
+        let data = DataSection {
+            task: TaskKind::Math,
+            math_scorer: scorer,
+            train: Some(
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../tests/fixtures/datasets/flat.jsonl"
+                )
+                .into(),
+            ),
+            columns: terse_tasks::dataset::Columns {
+                prompt: "question".into(),
+                answer: "answer".into(),
+                extra: vec![],
+            },
+            template: "User: {prompt}\nAssistant: <think>".into(),
+            ..Default::default()
+        };
+        Task::new(&data, std::path::Path::new("."), 0).expect("math task")
+    }
+
+    /// An answer over the verifier's budget scores as a wrong one, with the reason; a normal
+    /// one is unchanged.
+    #[test]
+    fn an_unverifiable_answer_scores_wrong_with_its_reason() {
+        let over = format!("1{}", "+1".repeat(5000));
+        let cases = [
+            (MathScorer::Boxed, 0.0, 1.0),
+            (MathScorer::ShortRl, -0.5, 3.0),
+            (MathScorer::EasyR1, 0.1, 1.0),
+        ];
+        for (scorer, wrong, right) in cases {
+            let task = math_task(scorer);
+            let it = task.train_item(2).expect("item");
+            let text = |a: &str| format!(" w </think> <answer>{a}</answer> \\boxed{{{a}}}");
+            let s = task.score(&it, &text(&over));
+            assert_eq!(
+                (s.correct, s.base_reward, s.fault),
+                (false, wrong, Some(ScoreFault::BudgetExceeded)),
+                "{scorer:?}"
+            );
+            let s = task.score(&it, &text("4"));
+            assert_eq!((s.correct, s.base_reward, s.fault), (true, right, None));
+        }
+    }
+
+    #[test]
+    fn a_panicking_scorer_scores_wrong_and_the_step_goes_on() {
+        let item = |row| Item {
+            prompt: "q".into(),
+            answer: "4".into(),
+            level: 2,
+            row,
+        };
+        let task = Task::custom(vec![item(Some(3))], vec![], |c: &str, a: &str| {
+            assert!(c != "boom", "the verifier cannot read {c}");
+            Outcome {
+                correct: c == a,
+                base_reward: 1.0,
+                format_ok: true,
+                reason: None,
+            }
+        })
+        .expect("task");
+        let s = task.score(&item(Some(3)), "boom");
+        assert_eq!(
+            (s.correct, s.base_reward, s.format_ok, s.fault),
+            (false, 0.0, false, Some(ScoreFault::Panicked))
+        );
+        let s = task.score(&item(None), "4");
+        assert_eq!((s.correct, s.fault), (true, None));
+    }
+}
