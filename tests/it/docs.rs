@@ -60,6 +60,8 @@ fn item6_the_method_reference_covers_every_shaper() {
         "alp",
         "dast",
         "l1",
+        "laser_d",
+        "grpo_lead",
     ] {
         let tag = format!("method = \"{m}\"");
         assert!(text.contains(&tag), "docs/methods.md lacks {tag}");

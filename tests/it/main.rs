@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod docs;
+mod eval_protocol;
 mod examples;
 mod faults;
 mod golden;
@@ -18,6 +19,7 @@ mod plugins;
 mod ranks;
 mod rollout;
 mod run_faults;
+mod run_lock;
 mod step_exit;
 mod tasks;
 mod train;

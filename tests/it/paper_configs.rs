@@ -3,8 +3,8 @@
 //! docs/methods.md, CARE, Step-GRPO). Model and data paths point into models/ and data/.
 
 use std::path::PathBuf;
-use terse_reward::{Advantage, Method};
-use terse_train::config::{Init, KlEstimator, LossAgg, MathScorer, TaskKind};
+use terse_reward::{Advantage, Method, Norm};
+use terse_train::config::{Init, KlEstimator, LossAgg, MathScorer, TaskKind, TruncatedReward};
 use terse_train::RunConfig;
 
 fn load(name: &str) -> RunConfig {
@@ -146,6 +146,50 @@ fn step_grpo_config_matches_section_4_1() {
     }
 }
 
+#[test]
+fn dler_config_matches_the_released_script() {
+    // DLER (arXiv 2510.15110), NVlabs/DLER dler_slurm.sh: R1-Distill-Qwen-1.5B, DeepScaleR,
+    // 512 prompts x 16, mini-batch 64, max response 4000 (the truncation length), temperature
+    // 1.0, lr 1e-6, KL loss 0.0005 (low_var_kl), clip 0.2 / 0.28, clip_ratio_c 10, token-mean,
+    // weight decay 0.01, filter_groups on, reinforce_plus_plus_baseline (batch normalisation).
+    let c = load("dler_r1_distill_qwen_1p5b.toml");
+    check_grpo("dler", &c, (512, 16, 4000, 1.0, 1e-6, 0.0005));
+    let g = &c.grpo;
+    assert_eq!(g.mini_batch_prompts, Some(64));
+    assert_eq!(
+        (g.clip_low, g.clip_high, g.dual_clip),
+        (0.2, 0.28, Some(10.0))
+    );
+    assert_eq!(
+        (g.kl_estimator, g.loss_agg),
+        (KlEstimator::K3, LossAgg::TokenMean)
+    );
+    assert_eq!(g.sampling.top_p, 1.0);
+    assert!(g.dynamic_sampling.is_some(), "dynamic sampling");
+    assert_eq!(
+        g.truncated_reward,
+        TruncatedReward::Zero,
+        "truncation scores 0"
+    );
+    assert_eq!(c.optim.weight_decay, 0.01);
+    assert!(c.model.path.ends_with("DeepSeek-R1-Distill-Qwen-1.5B"));
+    assert_eq!(c.data.math_scorer, MathScorer::Boxed);
+    assert_eq!(
+        c.reward.shaper,
+        Method::None,
+        "no length term but truncation"
+    );
+    assert!(matches!(
+        c.advantage,
+        Advantage::Grpo {
+            std: true,
+            norm: Norm::Batch,
+            difficulty: None,
+            ..
+        }
+    ));
+}
+
 /// A tiny random Qwen2 in the layout of the paper's base model (its config.json keys as HF
 /// ships them, bf16 storage, untied head, the real vocabulary) with the Qwen tokenizer, in
 /// `dir`.
@@ -192,8 +236,9 @@ fn tiny_qwen2(dir: &std::path::Path, vocab: usize, rope_theta: f64, sliding_wind
 }
 
 /// Issue 35: both Short-RL paper configs (Qwen2.5-7B and DeepSeek-R1-Distill-Qwen-1.5B, both
-/// Qwen2-architecture) get past model loading and take a GRPO step, on a tiny Qwen2 of the same
-/// layout and a two-row dataset in the paper's columns; only sizes, paths and the device change.
+/// Qwen2-architecture) and DLER's (R1-Distill-Qwen-1.5B) get past model loading and take a GRPO
+/// step, on a tiny Qwen2 of the same layout and a two-row dataset in the paper's columns; only
+/// sizes, paths and the device change.
 #[test]
 fn short_rl_configs_take_a_step_on_a_tiny_qwen2_of_the_paper_layout() {
     let root = crate::scratch("paper-qwen2");
@@ -207,6 +252,13 @@ fn short_rl_configs_take_a_step_on_a_tiny_qwen2_of_the_paper_layout() {
         ),
         (
             "short_rl_deepscaler.toml",
+            151_936,
+            1e4,
+            4096,
+            r#"{"problem": "What is 2 + 3?", "answer": "5"}"#,
+        ),
+        (
+            "dler_r1_distill_qwen_1p5b.toml",
             151_936,
             1e4,
             4096,

@@ -2,7 +2,8 @@
 //! the study's runner (repro.rs) and its report (summary.rs).
 
 /// One row of the study: a name, what the papers call it, and its config overrides (TOML;
-/// `{l_max}` stands for the base config's `grpo.max_new_tokens`, the testbed's length limit).
+/// `{l_max}` stands for the base config's `grpo.max_new_tokens`, the testbed's length limit,
+/// and `{l_max*N/D}` / `{l_max/D}` for that fraction of it, rounded down).
 pub struct Method {
     pub name: &'static str,
     pub label: &'static str,
@@ -34,13 +35,48 @@ pub const METHODS: &[Method] = &[
 impl Method {
     /// The overrides for a base config that samples at most `l_max` tokens.
     pub fn resolved(&self, l_max: usize) -> String {
-        self.overrides.replace("{l_max}", &l_max.to_string())
+        let (mut out, mut rest) = (String::new(), self.overrides);
+        while let Some(i) = rest.find("{l_max") {
+            let after = &rest[i + "{l_max".len()..];
+            let Some(end) = after.find('}') else { break };
+            let value = fraction(&after[..end]).map(|(n, d)| l_max * n / d);
+            out.push_str(&rest[..i]);
+            match value {
+                Some(v) => out.push_str(&v.to_string()),
+                None => out.push_str(&rest[i..i + "{l_max".len() + end + 1]),
+            }
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        out
     }
 }
 
+/// The (N, D) of a placeholder's suffix: "" is 1/1, "*N/D" and "/D" are fractions.
+fn fraction(suffix: &str) -> Option<(usize, usize)> {
+    if suffix.is_empty() {
+        return Some((1, 1));
+    }
+    let (n, d) = match suffix.strip_prefix('*') {
+        Some(r) => r.split_once('/')?,
+        None => ("1", suffix.strip_prefix('/')?),
+    };
+    let (n, d) = (n.parse().ok()?, d.parse::<usize>().ok()?);
+    (d > 0).then_some((n, d))
+}
+
 /// Variants studied only when named (`--methods`), so the default study keeps its 30 minutes.
+/// The five methods of issue 46 are here (docs/methods.md has each): DLER trains at 3/4 of the
+/// limit (its truncation is the length penalty; through a one-round `think_prune`, so the
+/// evaluation keeps the full limit as every other method's), ThinkPrune prunes in three rounds
+/// of 20 steps to 1/2 of it, GFPO samples 12 and keeps the 6 shortest.
 pub const VARIANTS: &[Method] = &[
     Method { name: "step_grpo_kept", label: "Step-GRPO (δ = 0.95, trigger kept)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = true\nprobe_without_trigger = true\n" },
+    Method { name: "dler", label: "DLER (batch norm, truncation at 3/4)", overrides: "[reward.shaper]\nmethod = \"none\"\n[advantage]\nnorm = \"batch\"\n[grpo]\ntruncated_reward = \"zero\"\ndynamic_sampling = { max_rounds = 2 }\n[grpo.think_prune]\nlimits = [{l_max*3/4}]\nsteps_per_round = 1\n" },
+    Method { name: "laser_d", label: "LASER-D (α = 0.5)", overrides: "[reward.shaper]\nmethod = \"laser_d\"\nl_max = {l_max}\nlower = 16\ninterval = 8\nupdate_every = 5\n" },
+    Method { name: "gfpo", label: "GFPO (shortest 6 of 12)", overrides: "[reward.shaper]\nmethod = \"none\"\n[grpo]\ngroup_size = 12\n[grpo.gfpo]\nkeep = 6\nmetric = \"length\"\n" },
+    Method { name: "think_prune", label: "ThinkPrune (3/4, 5/8, 1/2)", overrides: "[reward.shaper]\nmethod = \"none\"\n[grpo.think_prune]\nlimits = [{l_max*3/4}, {l_max*5/8}, {l_max/2}]\nsteps_per_round = 20\n" },
+    Method { name: "grpo_lead", label: "GRPO-LEAD (α = 0.05, difficulty weights)", overrides: "[reward.shaper]\nmethod = \"grpo_lead\"\n[advantage]\ndifficulty = {}\n" },
 ];
 
 /// The testbed a study runs on (`repro --testbed`): its base config, the SFT config that makes
@@ -178,10 +214,19 @@ mod tests {
     fn overrides_resolve_the_length_limit() {
         for m in METHODS.iter().chain(VARIANTS) {
             let o = m.resolved(160);
-            assert!(!o.contains("{l_max}"), "{}: {o}", m.name);
+            assert!(!o.contains("{l_max"), "{}: {o}", m.name);
             toml::from_str::<toml::Table>(&o).unwrap_or_else(|e| panic!("{}: {e}", m.name));
         }
         let care = select(&["care".into()], Testbed::V2).expect("care")[0].resolved(160);
         assert!(care.contains("l_max = 160"), "{care}");
+        let tp = select(&["think_prune".into()], Testbed::V2).expect("tp")[0].resolved(112);
+        assert!(tp.contains("limits = [84, 70, 56]"), "{tp}");
+        // A malformed placeholder is left as written (the TOML parse then names it).
+        let odd = Method {
+            name: "x",
+            label: "x",
+            overrides: "a = {l_max*3}\nb = {l_max/0}\nc = {l_max",
+        };
+        assert_eq!(odd.resolved(8), "a = {l_max*3}\nb = {l_max/0}\nc = {l_max");
     }
 }

@@ -257,6 +257,22 @@ fn run_children(jobs: &[(String, PathBuf)], max: usize, root: &Path) -> Result<(
 mod tests {
     use super::*;
 
+    /// Every method and variant, on either testbed's base config, is a valid run config (the
+    /// overrides name real keys, and `{l_max…}` fractions fit the limits they are checked
+    /// against, as ThinkPrune's rounds are).
+    #[test]
+    fn every_method_config_validates_on_both_testbeds() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for testbed in [Testbed::V2, Testbed::V3] {
+            let base = std::fs::read_to_string(root.join(testbed.config())).expect("base config");
+            for m in crate::methods::known() {
+                let text = method_config(&base, m, 0, false).expect("merged");
+                terse_train::RunConfig::from_toml(&text, Path::new(m.name))
+                    .unwrap_or_else(|e| panic!("{} on {testbed:?}: {e:#}", m.name));
+            }
+        }
+    }
+
     #[test]
     fn keep_takes_only_a_finished_run_of_the_same_config() {
         let dir = std::env::temp_dir().join(format!("terse-repro-keep-{}", std::process::id()));

@@ -1,10 +1,14 @@
 //! Advantage estimators over shaped rewards (docs/methods.md, Advantage estimators): GRPO (group mean/std), Dr.GRPO (mean
 //! only), RLOO (leave-one-out mean) and REINFORCE++ (token-weighted whitening over the batch).
+//! GRPO's std can be the step's (DLER, `norm = "batch"`, batch_norm.rs) and its advantages
+//! reweighted by the group's difficulty (GRPO-LEAD, `difficulty`, lead.rs).
 //! Unscorable samples get advantage 0 and do not enter any statistic. A group (or, for
 //! REINFORCE++, a batch) whose scorable rewards are all equal gets exactly 0 whatever `eps` is
 //! (docs/methods.md, Advantage estimators): with `eps = 0` the float noise of the mean would otherwise be divided by the
 //! float noise of the std. A zero denominator gives 0, never NaN.
 
+use crate::batch_norm::{batch_std, Norm};
+use crate::lead::{accuracy_of_scorable, DifficultyWeight};
 use crate::types::{mean, std, Group, RewardError, Shaped};
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +17,18 @@ use serde::{Deserialize, Serialize};
 pub enum Advantage {
     /// (r − mean) / (std + ε); `std = false` skips the division. Singleton groups: mean 0 and
     /// std 1 (verl), so r / (1 + ε), or r itself when `std = false`.
-    Grpo { std: bool, ddof: usize, eps: f64 },
+    Grpo {
+        std: bool,
+        ddof: usize,
+        eps: f64,
+        /// Whose std divides: "group" (GRPO) or "batch" (DLER: the std of every sample's
+        /// group-centred reward over the step; a singleton group's r is divided by it too).
+        #[serde(default)]
+        norm: Norm,
+        /// GRPO-LEAD's difficulty weights `{ a, b, rho0, k }` on the advantages; absent = off.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        difficulty: Option<DifficultyWeight>,
+    },
     /// r − mean (no std normalisation, Liu et al.).
     DrGrpo,
     /// r_i − mean_{j≠i} r_j.
@@ -28,6 +43,8 @@ impl Default for Advantage {
             std: true,
             ddof: 1,
             eps: 1e-6,
+            norm: Norm::Group,
+            difficulty: None,
         }
     }
 }
@@ -43,7 +60,13 @@ pub struct Advantages {
 impl Advantage {
     pub fn validate(&self) -> Result<(), String> {
         match *self {
-            Advantage::Grpo { ddof, eps, .. } => {
+            Advantage::Grpo {
+                std: use_std,
+                ddof,
+                eps,
+                norm,
+                difficulty,
+            } => {
                 if ddof > 1 {
                     return Err(format!("advantage.ddof must be 0 or 1, got {ddof}"));
                 }
@@ -51,6 +74,14 @@ impl Advantage {
                     return Err(format!(
                         "advantage.eps must be a finite number >= 0, got {eps}"
                     ));
+                }
+                if norm == Norm::Batch && !use_std {
+                    return Err(
+                        "advantage.norm = \"batch\" needs advantage.std = true (it replaces the group's std by the step's), got std = false".into(),
+                    );
+                }
+                if let Some(w) = difficulty {
+                    w.validate()?;
                 }
             }
             Advantage::ReinforcePp { eps } if !(eps >= 0.0 && eps.is_finite()) => {
@@ -67,6 +98,16 @@ impl Advantage {
     /// sample of every group (a custom shaper's output is checked here, not trusted).
     pub fn compute(&self, groups: &[Group], shaped: &Shaped) -> Result<Advantages, RewardError> {
         check_shape(groups, shaped)?;
+        // DLER: one std for the whole step, computed before any group's advantages.
+        let step_std = match *self {
+            Advantage::Grpo {
+                std: true,
+                ddof,
+                norm: Norm::Batch,
+                ..
+            } => Some(batch_std(groups, shaped, ddof)),
+            _ => None,
+        };
         let mut zero_std_groups = 0;
         let mut values: Vec<Vec<f64>> = groups.iter().map(|g| vec![0.0; g.samples.len()]).collect();
         let scorable = |g: &Group, r: &[f64]| -> (Vec<usize>, Vec<f64>) {
@@ -92,15 +133,27 @@ impl Advantage {
                     std: use_std,
                     ddof,
                     eps,
+                    difficulty,
+                    ..
                 } => {
-                    if rs.len() == 1 {
+                    let adv: Vec<f64> = if let (1, Some(sd)) = (rs.len(), step_std) {
+                        // verl's singleton mean 0, over the step's std.
+                        vec![safe_div(rs[0], sd + eps)]
+                    } else if rs.len() == 1 {
                         // verl: a singleton group has mean 0 and std 1; no std, no division.
                         vec![if use_std { rs[0] / (1.0 + eps) } else { rs[0] }]
                     } else if use_std {
-                        let sd = std(&rs, ddof);
+                        let sd = step_std.unwrap_or_else(|| std(&rs, ddof));
                         rs.iter().map(|x| safe_div(x - m, sd + eps)).collect()
                     } else {
                         rs.iter().map(|x| x - m).collect()
+                    };
+                    match difficulty {
+                        Some(w) => {
+                            let rho = accuracy_of_scorable(g);
+                            adv.into_iter().map(|a| w.apply(a, rho)).collect()
+                        }
+                        None => adv,
                     }
                 }
                 Advantage::DrGrpo => rs.iter().map(|x| x - m).collect(),

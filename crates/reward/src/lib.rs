@@ -2,7 +2,7 @@
 //! tensors, no IO: every formula, default and edge case is written down, with its paper, in docs/methods.md.
 //!
 //! Data flow: `Group`s (one per prompt, G `SampleStat`s) -> [`RewardConfig::shape`] (with
-//! [`ShaperState`] for Short-RL's acc_max) -> [`Shaped`] -> [`Advantage::compute`].
+//! [`ShaperState`] for Short-RL's acc_max and LASER-D's targets) -> [`Shaped`] -> [`Advantage::compute`].
 //!
 //! Research code plugs in its own shaper through [`LengthShaper`] (a closure works) and its own
 //! verifier through [`RewardFn`]:
@@ -34,8 +34,12 @@
 
 pub mod advantage;
 pub mod baselines;
+pub mod batch_norm;
 pub mod care;
+pub mod gfpo;
 pub mod grpo_lambda;
+pub mod laser;
+pub mod lead;
 pub mod metrics;
 pub mod shaper;
 pub mod short_rl;
@@ -43,6 +47,7 @@ pub mod step_grpo;
 pub mod types;
 
 pub use advantage::{Advantage, AdvantageEstimator, Advantages};
+pub use batch_norm::Norm;
 pub use shaper::{
     shape_scorable, BuiltinShaper, LengthShaper, Method, Outcome, RewardConfig, RewardError,
     RewardFn, ShaperState,

@@ -23,6 +23,8 @@ fn grpo(eps: f64) -> Advantage {
         std: true,
         ddof: 1,
         eps,
+        norm: Norm::Group,
+        difficulty: None,
     }
 }
 
@@ -78,6 +80,8 @@ fn item3_grpo_without_std_does_not_divide_a_singleton() {
         std: false,
         ddof: 1,
         eps: 0.5,
+        norm: Norm::Group,
+        difficulty: None,
     }
     .compute(&[group(&[5], &[true])], &one(vec![3.0]))
     .expect("valid batch");
@@ -250,7 +254,7 @@ proptest! {
     #[test]
     fn equal_groups_get_zero_for_any_eps(gs in batch(), eps in prop::sample::select(vec![0.0, 1e-12, 1e-6, 0.5])) {
         let shaped = Shaped::base(&gs);
-        for est in [grpo(eps), Advantage::Grpo { std: true, ddof: 0, eps }, Advantage::Grpo { std: false, ddof: 1, eps }, Advantage::DrGrpo, Advantage::Rloo] {
+        for est in [grpo(eps), Advantage::Grpo { std: true, ddof: 0, eps, norm: Norm::Group, difficulty: None }, Advantage::Grpo { std: false, ddof: 1, eps, norm: Norm::Group, difficulty: None }, Advantage::DrGrpo, Advantage::Rloo] {
             let a = est.compute(&gs, &shaped).expect("valid batch");
             for (g, v) in gs.iter().zip(&a.values) {
                 prop_assert!(v.iter().all(|x| x.is_finite()));

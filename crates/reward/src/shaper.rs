@@ -6,6 +6,8 @@
 use crate::baselines::{Alp, CosFn, DapoOverlong, Dast, Efficient, Kimi, L1};
 use crate::care::Care;
 use crate::grpo_lambda::GrpoLambda;
+use crate::laser::{LaserD, LaserState};
+use crate::lead::GrpoLead;
 use crate::short_rl::{ShortRl, ShortRlState};
 use crate::step_grpo::StepGrpo;
 use crate::types::{Group, Shaped, StepCtx};
@@ -30,6 +32,11 @@ pub enum Method {
     Alp(Alp),
     Dast(Dast),
     L1(L1),
+    /// LASER-D: a bonus for right completions within a target length that adapts per
+    /// difficulty bucket (its state is checkpointed).
+    LaserD(LaserD),
+    /// GRPO-LEAD's length-dependent accuracy reward with the explicit penalty.
+    GrpoLead(GrpoLead),
 }
 
 /// The reward section of a run config: one method, optionally plus DAPO's soft overlong
@@ -41,10 +48,15 @@ pub struct RewardConfig {
     pub overlong: Option<DapoOverlong>,
 }
 
-/// State a shaper carries across steps; saved in checkpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+/// State a shaper carries across steps; saved in checkpoints. Every field defaults, so a
+/// checkpoint written before a field existed still loads; a field a run never used is not
+/// written, so such a run's state.json is what it always was.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ShaperState {
     pub short_rl: ShortRlState,
+    /// LASER-D's targets and the statistics since their last update.
+    #[serde(default, skip_serializing_if = "LaserState::is_empty")]
+    pub laser_d: LaserState,
 }
 
 fn positive(name: &str, v: f64) -> Result<(), String> {
@@ -96,6 +108,8 @@ impl RewardConfig {
                 }
             }
             Method::L1(_) => {}
+            Method::LaserD(l) => l.validate()?,
+            Method::GrpoLead(g) => g.validate()?,
         }
         if let Some(o) = &self.overlong {
             o.validate()?;
@@ -157,6 +171,8 @@ impl RewardConfig {
                         .collect()
                 })
             }
+            Method::LaserD(l) => l.shape(groups, &mut state.laser_d),
+            Method::GrpoLead(g) => per_group(&|grp| g.rewards(grp)),
         };
         if let Some(o) = &self.overlong {
             for (g, r) in groups.iter().zip(out.rewards.iter_mut()) {

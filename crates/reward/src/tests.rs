@@ -205,6 +205,8 @@ fn advantages() {
         std: true,
         ddof: 0,
         eps: 0.0,
+        norm: Norm::Group,
+        difficulty: None,
     }
     .compute(std::slice::from_ref(&g3), &shaped(vec![1.0, 2.0, 3.0]))
     .expect("valid batch");
@@ -299,6 +301,8 @@ fn config_from_toml_with_tag_defaults_and_errors() {
         std: true,
         ddof: 2,
         eps: 1e-6,
+        norm: Norm::Group,
+        difficulty: None,
     }
     .validate()
     .expect_err("ddof");

@@ -21,7 +21,7 @@ impl<F: FnMut(&[Group], &StepCtx) -> Shaped> ShaperWithState for F {}
 
 impl ShaperWithState for BuiltinShaper {
     fn state(&self) -> serde_json::Value {
-        serde_json::to_value(self.state).unwrap_or_default()
+        serde_json::to_value(&self.state).unwrap_or_default()
     }
     fn restore(&mut self, state: &serde_json::Value) -> Result<()> {
         self.state = serde_json::from_value(state.clone())
