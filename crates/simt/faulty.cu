@@ -67,3 +67,16 @@ extern "C" __global__ void fault_wmma_misaligned(float* out) {
     nvcuda::wmma::load_matrix_sync(a, tile + 8, 24);
     out[threadIdx.x] = 0.f;
 }
+
+// A WMMA load with a leading dimension of 20 bf16 (40 bytes, not a multiple of 16): undefined
+// on the device.
+extern "C" __global__ void fault_wmma_bad_ldm(float* out) {
+    __shared__ __align__(32) __nv_bfloat16 tile[16 * 20];
+    for (int i = threadIdx.x; i < 16 * 20; i += 32) tile[i] = __float2bfloat16(1.f);
+    __syncwarp();
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+                           nvcuda::wmma::row_major>
+        a;
+    nvcuda::wmma::load_matrix_sync(a, tile, 20);
+    out[threadIdx.x] = 0.f;
+}

@@ -26,6 +26,13 @@ inline void aligned(const void* p) {
     if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
         terse_shim::fail("a wmma load or store at a pointer that is not 32-byte aligned");
 }
+// WMMA's leading dimension must be a multiple of 16 bytes (8 bf16/f16 elements, 4 floats);
+// the device's behaviour with another is undefined, so here it ends the launch.
+template <typename T>
+inline void ldm_ok(unsigned ldm) {
+    if ((ldm * sizeof(T)) % 16 != 0)
+        terse_shim::fail("a wmma load or store with a leading dimension that is not a multiple of 16 bytes");
+}
 // Where element (r, c) of a rows x cols fragment lives in x[]: a fixed permutation (7 is
 // coprime with every power of two).
 constexpr int slot(int r, int c, int cols, int n) { return ((r * cols + c) * 7 + 3) % n; }
@@ -74,6 +81,7 @@ inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, T v) {
 template <typename Use, int M, int N, int K, typename T, typename L>
 inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
     detail::aligned(p);
+    detail::ldm_ok<T>(ldm);
     constexpr bool row = !std::is_same<L, col_major>::value;
     for (int r = 0; r < f.rows; r++)
         for (int c = 0; c < f.cols; c++) f.at(r, c) = row ? p[r * ldm + c] : p[c * ldm + r];
@@ -84,6 +92,7 @@ template <int M, int N, int K>
 inline void load_matrix_sync(fragment<accumulator, M, N, K, float, void>& f, const float* p,
                              unsigned ldm, layout_t layout) {
     detail::aligned(p);
+    detail::ldm_ok<float>(ldm);
     for (int r = 0; r < M; r++)
         for (int c = 0; c < N; c++)
             f.at(r, c) = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
@@ -94,6 +103,7 @@ template <int M, int N, int K>
 inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float, void>& f,
                               unsigned ldm, layout_t layout) {
     detail::aligned(p);
+    detail::ldm_ok<float>(ldm);
     int lane = terse_shim::thread_idx.x % 32;
     for (int e = 0; e < M * N; e++) {
         // Element e is written by lane (5e + 1) mod 32: not the lane a kernel's own loop over

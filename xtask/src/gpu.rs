@@ -121,13 +121,13 @@ pub fn list_groups() -> Result<ExitCode> {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn gpu_check(_out: &Path) -> Result<ExitCode> {
+pub fn gpu_check(_out: &Path, _skip: Vec<String>, _limit_s: f64) -> Result<ExitCode> {
     bail!("gpu-check needs a build with `--features cuda` (cargo xtask build-gpu)")
 }
 
 #[cfg(feature = "cuda")]
-pub fn gpu_check(out: &Path) -> Result<ExitCode> {
-    use crate::gpu_plan::{parity_rows, run, Step};
+pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode> {
+    use crate::gpu_plan::{parity_rows, run, Options, Step, BENCH_STEPS, PARITY_EXPECT_S};
     use serde_json::Value;
     let (dev, _) = terse_model::device::select("cuda")?;
     // The random Qwen3-0.6B the benchmarks share, built once (and only when a step needs it).
@@ -150,38 +150,44 @@ pub fn gpu_check(out: &Path) -> Result<ExitCode> {
     // Parity first, the path a training run executes before the rest (parity.rs's order).
     for (group, f) in terse_model::testing::parity::groups() {
         let dev = &dev;
-        steps.push(Step::new(&format!("parity {group}"), 4.0, move || {
-            Ok(parity_rows(group, &f(dev)?))
-        }));
+        steps.push(Step::new(
+            &format!("parity {group}"),
+            PARITY_EXPECT_S,
+            move || Ok(parity_rows(group, &f(dev)?)),
+        ));
     }
     let d = &dev;
-    steps.push(Step::new("decode", 45.0, || {
-        with_model(&|m| crate::gpu_bench::decode(d, m))
-    }));
-    steps.push(Step::new("fwd_bwd", 15.0, || {
-        with_model(&|m| crate::gpu_bench::fwd_bwd(d, m))
-    }));
-    steps.push(Step::new("flash_kernel", 10.0, || {
-        crate::gpu_long::flash_kernel(d)
-    }));
-    steps.push(Step::new("attention_paths", 30.0, || {
-        crate::gpu_long::attention_paths(d)
-    }));
-    steps.push(Step::new("long_context", 60.0, || {
-        with_model(&|m| crate::gpu_long::long_context(d, m))
-    }));
-    steps.push(Step::new("logprob", 10.0, || crate::gpu_bench::logprob(d)));
-    // NCCL at world size 1: its first initialisation may hang, so after terse's own rows.
-    steps.push(Step::new("nccl", 30.0, || crate::gpu_nccl::nccl(d)));
-    // HF generate (the torch on the machine) last: it may take two minutes.
-    steps.push(Step::new("hf_generate", 120.0, || {
-        Ok(crate::gpu_bench::hf_generate())
-    }));
+    for (key, expect_s) in BENCH_STEPS {
+        steps.push(Step::new(key, expect_s, move || match key {
+            "decode" => with_model(&|m| crate::gpu_bench::decode(d, m)),
+            "fwd_bwd" => with_model(&|m| crate::gpu_bench::fwd_bwd(d, m)),
+            "flash_kernel" => crate::gpu_long::flash_kernel(d),
+            "attention_paths" => crate::gpu_long::attention_paths(d),
+            "long_context" => with_model(&|m| crate::gpu_long::long_context(d, m)),
+            "logprob" => crate::gpu_bench::logprob(d),
+            "nccl" => crate::gpu_nccl::nccl(d),
+            "hf_generate" => Ok(crate::gpu_bench::hf_generate()),
+            other => anyhow::bail!("gpu-check: no step named {other}"),
+        }));
+    }
+    // After a step's error: can the context still allocate, copy and synchronise?
+    let probe = move || -> Result<()> {
+        let t = candle_core::Tensor::arange(0f32, 256f32, d)?;
+        let back = (t + 1.0)?.to_vec1::<f32>()?;
+        d.synchronize()?;
+        anyhow::ensure!(back[255] == 256.0, "the probe read back {}", back[255]);
+        Ok(())
+    };
+    let opts = Options {
+        skip,
+        limit_s,
+        probe: Box::new(probe),
+    };
     let write = |report: &serde_json::Map<String, Value>| -> Result<()> {
         let text = serde_json::to_string_pretty(&Value::Object(report.clone()))?;
         std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
     };
-    let report = run(steps, write)?;
+    let report = run(steps, opts, write)?;
     let misses: Vec<&str> = report
         .values()
         .filter_map(Value::as_array)
@@ -192,7 +198,7 @@ pub fn gpu_check(out: &Path) -> Result<ExitCode> {
     println!("{}", serde_json::to_string(&Value::Object(report.clone()))?);
     if let Some(at) = report.get("stopped_at") {
         bail!(
-            "gpu-check: a device fault at {at} ended the check; the rows so far are in {}",
+            "gpu-check: the context was unusable after {at} (the probe failed); the rows so far are in {}",
             out.display()
         );
     }

@@ -49,7 +49,9 @@ pub fn flash_kernel(dev: &Device) -> Result<Value> {
     for (name, tc) in [("tensor_cores", true), ("scalar", false)] {
         terse_model::flash::set_tensor_cores(tc);
         let secs = timed(&|| attention(&q, &k, &v, &ranges));
-        terse_model::flash::set_tensor_cores(true);
+        terse_model::flash::set_tensor_cores(terse_model::flash::tensor_cores_by_default(
+            std::env::var("TERSE_FLASH_TC").ok().as_deref(),
+        ));
         let secs = secs?;
         let frac = flops / secs / BF16_PEAK;
         println!(

@@ -23,20 +23,50 @@ use crate::fused::cpu::f32s;
 use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor};
 use std::sync::Arc;
 
-/// Whether bf16 calls at head sizes 64 and 128 take the tensor-core kernels (the default) or
-/// the scalar ones: for benchmarks that compare the two (gpu-check's `flash_kernel`).
-static TENSOR_CORES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Routes CUDA bf16 flash attention to the tensor-core kernels (`true`, the default) or to
-/// the scalar ones; for benchmarks only.
-pub fn set_tensor_cores(on: bool) {
-    TENSOR_CORES.store(on, std::sync::atomic::Ordering::Relaxed);
+/// Whether bf16 calls at head sizes 64 and 128 take the tensor-core kernels or the scalar
+/// ones. The default comes from `TERSE_FLASH_TC` (`0` turns them off for the whole process: a
+/// run or a gpu-check that faults in them goes on with the scalar kernels); gpu-check's
+/// `flash_kernel` benchmark switches it to compare the two.
+fn tensor_core_flag() -> &'static std::sync::atomic::AtomicBool {
+    static FLAG: std::sync::OnceLock<std::sync::atomic::AtomicBool> = std::sync::OnceLock::new();
+    FLAG.get_or_init(|| {
+        std::sync::atomic::AtomicBool::new(tensor_cores_by_default(
+            std::env::var("TERSE_FLASH_TC").ok().as_deref(),
+        ))
+    })
 }
 
-/// Whether the tensor-core kernels are selected (`set_tensor_cores`).
+/// `TERSE_FLASH_TC`'s reading: unset or anything but `0` keeps the tensor-core kernels on.
+pub fn tensor_cores_by_default(var: Option<&str>) -> bool {
+    var.is_none_or(|v| v.trim() != "0")
+}
+
+/// Routes CUDA bf16 flash attention to the tensor-core kernels (`true`) or to the scalar
+/// ones; for benchmarks, which put back `tensor_cores_by_default` after.
+pub fn set_tensor_cores(on: bool) {
+    tensor_core_flag().store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the tensor-core kernels are selected (`set_tensor_cores`, `TERSE_FLASH_TC`).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn tensor_cores() -> bool {
-    TENSOR_CORES.load(std::sync::atomic::Ordering::Relaxed)
+    tensor_core_flag().load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tensor_core_switch {
+    /// TERSE_FLASH_TC=0 (with or without spaces) turns the kernels off; unset or 1 keeps them.
+    #[test]
+    fn only_zero_turns_the_tensor_cores_off() {
+        for (v, on) in [
+            (None, true),
+            (Some("1"), true),
+            (Some("0"), false),
+            (Some(" 0\n"), false),
+        ] {
+            assert_eq!(super::tensor_cores_by_default(v), on, "{v:?}");
+        }
+    }
 }
 
 /// The shape of one attention call (the launch descriptions' `FlashDims`, one type for both).

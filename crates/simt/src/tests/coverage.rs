@@ -224,6 +224,8 @@ fn broken_synchronisation_is_an_error_naming_the_kernel_the_block_and_the_line()
     assert!(e.contains("partial-warp"), "{e}");
     let e = fault("fault_wmma_misaligned", 32, 20_000);
     assert!(e.contains("not 32-byte aligned"), "{e}");
+    let e = fault("fault_wmma_bad_ldm", 32, 20_000);
+    assert!(e.contains("not a multiple of 16 bytes"), "{e}");
     let t0 = std::time::Instant::now();
     let e = fault("fault_deadline", 64, 300);
     assert!(

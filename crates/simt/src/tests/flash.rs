@@ -228,3 +228,17 @@ fn packed_boundaries_inside_and_on_a_64_key_tile_edge_and_a_length_1_sequence() 
 fn one_token_gqa_2_head_size_128() {
     check("t = 1", (1, 1, 2, 1, 128), &causal(1, 1));
 }
+
+#[test]
+fn causal_several_row_blocks_and_key_tiles_gqa_2_head_size_128() {
+    // T = 130: three 64-row blocks and five 32-key tiles, so later tiles bring new row maxima
+    // and the whole of O (all 8 fragments at D = 128) must be rescaled.
+    check("causal d128", (1, 130, 2, 1, 128), &causal(1, 130));
+}
+
+#[test]
+fn packed_rows_starting_at_a_tile_s_and_a_block_s_last_key_head_size_128() {
+    // Sequences start at keys 0, 31 (the last key of the first 32-key tile) and 63 (the last
+    // key of the first 64-row block).
+    check("packed d128", (1, 103, 2, 1, 128), &packed(&[31, 32, 40]));
+}
