@@ -6,6 +6,7 @@ mod bench_collective;
 mod bench_memory;
 mod bench_rollout;
 mod bench_step;
+mod bench_verify;
 mod check_model;
 mod eval;
 mod gpu;
@@ -82,18 +83,27 @@ enum Cmd {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
         /// The wall-clock limit to plan for; gpu-check's own limit is 60 s less.
-        #[arg(long, default_value_t = 420)]
+        #[arg(long, default_value_t = 480)]
         timeout_s: u64,
     },
     /// On a GPU machine: parity of every CUDA kernel against its CPU reference (f32, bf16, a
-    /// whole model), stopping at the first failing row, then decode, training and log-prob
-    /// benchmarks and HF generate; writes one JSON report, rewritten after each part.
+    /// whole model), then decode, training and log-prob benchmarks, NCCL and HF generate; a
+    /// row out of tolerance is recorded, a step that errs or panics is recorded and a probe of
+    /// the context (alloc, copy, sync) decides: only an unusable context stops the check;
+    /// writes one JSON report, rewritten after each step.
     GpuCheck {
         #[arg(long, default_value = "gpu-check.json")]
         out: std::path::PathBuf,
         /// Print the parity groups in the order they run, and stop (needs no GPU).
         #[arg(long)]
         list: bool,
+        /// Leave out a step: its key or a prefix (`parity`, `parity flash`, `hf_generate`);
+        /// repeatable. TERSE_FLASH_TC=0 keeps the tensor-core flash kernels out of every step.
+        #[arg(long)]
+        skip: Vec<String>,
+        /// Seconds the plan may take: a step whose estimate would pass it is skipped.
+        #[arg(long, default_value_t = gpu_plan::DEFAULT_LIMIT_S)]
+        limit_s: f64,
     },
     /// Compare a checkpoint in HF layout against a reference file written by transformers.
     CheckModel(check_model::Args),
@@ -166,7 +176,9 @@ fn main() -> ExitCode {
         Cmd::CudaToolchain { dir } => gpu::cuda_toolchain(dir),
         Cmd::BuildGpu { dir } => gpu::build_gpu(dir),
         Cmd::GpuCheck { list: true, .. } => gpu::list_groups(),
-        Cmd::GpuCheck { out, .. } => gpu::gpu_check(&out),
+        Cmd::GpuCheck {
+            out, skip, limit_s, ..
+        } => gpu::gpu_check(&out, skip, limit_s),
         Cmd::GpuSession { dir, timeout_s } => gpu::gpu_session(dir, timeout_s),
         Cmd::ConfigDocs => config_docs(),
         Cmd::Eval(args) => eval::run(&args),
@@ -240,7 +252,7 @@ fn train(config: &str, ranks: &launch::RankArgs) -> anyhow::Result<ExitCode> {
     if topo.world() > 1 {
         return launch::launch(config, ranks, &topo);
     }
-    let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
+    let cfg = launch::load_config(config, ranks)?;
     print_summary(&terse_train::train(&cfg)?)
 }
 

@@ -11,7 +11,7 @@
 
 use crate::config::RunConfig;
 use crate::load::encode;
-use crate::task::{Item, Task};
+use crate::task::{Item, ScoreFault, Task};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use terse_dist::Collective;
@@ -45,6 +45,31 @@ pub struct Collected {
     /// (all rounds, all ranks).
     pub kv_peak_bytes: usize,
     pub preemptions: usize,
+    /// Completions scored without a verdict (all rounds, all ranks, dropped groups too): the
+    /// math verifier's budget refused the answer, or the scorer panicked.
+    pub faults: Faults,
+}
+
+/// Scoring faults of a step, by kind (`Score::fault`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Faults {
+    pub budget_exceeded: usize,
+    pub panics: usize,
+}
+
+impl Faults {
+    fn count(&mut self, fault: Option<ScoreFault>) {
+        match fault {
+            Some(ScoreFault::BudgetExceeded) => self.budget_exceeded += 1,
+            Some(ScoreFault::Panicked) => self.panics += 1,
+            None => {}
+        }
+    }
+
+    fn add(&mut self, other: Faults) {
+        self.budget_exceeded += other.budget_exceeded;
+        self.panics += other.panics;
+    }
 }
 
 /// One sample's figures beyond its [`SampleStat`]: its loss tokens (for the global aggregation
@@ -87,6 +112,9 @@ struct Share {
     generated_tokens: usize,
     kv_peak_bytes: usize,
     preemptions: usize,
+    /// This rank's scoring faults in the round.
+    #[serde(default)]
+    faults: Faults,
 }
 
 /// The sampling settings of training rollouts: evaluation's plus Step-GRPO's early exit, its
@@ -135,6 +163,7 @@ pub fn collect(
         generated_tokens: 0,
         kv_peak_bytes: 0,
         preemptions: 0,
+        faults: Faults::default(),
     };
     let mut last_round = vec![];
     while out.rounds < max_rounds && out.groups.len() < g.prompts_per_step {
@@ -170,6 +199,7 @@ pub fn collect(
             generated_tokens: samples.iter().map(|s| s.tokens.len()).sum(),
             kv_peak_bytes: used.peak_bytes(),
             preemptions: used.preemptions,
+            faults: Faults::default(),
         };
         let mut my_samples: Vec<Vec<Sample>> = vec![];
         let mut samples = samples.into_iter();
@@ -180,6 +210,7 @@ pub fn collect(
                 .map(|s| {
                     let text = detok(&s.tokens);
                     let v = task.score(&items[j], &text);
+                    share.faults.count(v.fault);
                     SampleStat {
                         len: s.len(),
                         correct: v.correct,
@@ -193,7 +224,7 @@ pub fn collect(
                 .collect();
             let extras = group
                 .iter()
-                .map(|s| SampleExtra::of(s, g.max_new_tokens))
+                .map(|s| SampleExtra::of(s, gen.max_new_tokens))
                 .collect();
             share.groups.push((j, Group::new(p.id, stats), extras));
             my_samples.push(group);
@@ -209,6 +240,7 @@ pub fn collect(
             out.generated_tokens += sh.generated_tokens;
             out.kv_peak_bytes = out.kv_peak_bytes.max(sh.kv_peak_bytes);
             out.preemptions += sh.preemptions;
+            out.faults.add(sh.faults);
             for (j, group, extras) in sh.groups {
                 let held = (r == rank).then(|| my_samples.next()).flatten();
                 match round.get_mut(j) {
@@ -224,8 +256,12 @@ pub fn collect(
         // Only the last round's dropped groups can be needed again (see below).
         last_round.clear();
         for (j, (slot, p)) in round.into_iter().zip(prompts).enumerate() {
-            let (group, extras, held) =
+            let (mut group, extras, held) =
                 slot.with_context(|| format!("no rank sent group {j} of the round"))?;
+            // DLER's and ThinkPrune's truncation rule, before dynamic sampling judges the group.
+            if crate::length_control::zero_truncated(g) {
+                crate::length_control::score_truncated_zero(&mut group);
+            }
             let informative = group
                 .samples
                 .iter()
@@ -273,4 +309,42 @@ fn gather_shares(c: &mut dyn Collective, mine: &Share) -> Result<Vec<Share>> {
             serde_json::from_slice(b).with_context(|| format!("rank {r}'s rollout statistics"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fault counts travel with a rank's share of a round (so every rank's metrics count the
+    /// whole step's), and a share from a rank without them reads as none.
+    #[test]
+    fn fault_counts_survive_the_gather() {
+        let mut faults = Faults::default();
+        for f in [
+            Some(ScoreFault::BudgetExceeded),
+            None,
+            Some(ScoreFault::Panicked),
+        ] {
+            faults.count(f);
+        }
+        faults.count(Some(ScoreFault::BudgetExceeded));
+        let share = Share {
+            groups: vec![],
+            generated_tokens: 3,
+            kv_peak_bytes: 0,
+            preemptions: 0,
+            faults,
+        };
+        let back: Share =
+            serde_json::from_slice(&serde_json::to_vec(&share).expect("json")).expect("back");
+        let mut sum = Faults::default();
+        sum.add(back.faults);
+        sum.add(back.faults);
+        assert_eq!((sum.budget_exceeded, sum.panics), (4, 2));
+        let old: Share = serde_json::from_str(
+            r#"{"groups": [], "generated_tokens": 1, "kv_peak_bytes": 0, "preemptions": 0}"#,
+        )
+        .expect("a share without faults");
+        assert_eq!(old.faults, Faults::default());
+    }
 }

@@ -88,6 +88,16 @@ pub struct StepReport {
     /// `max_new_tokens`; written only when some were.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub context_cut: usize,
+    /// GFPO: samples its filter kept out of the advantages and the loss (`grpo.gfpo`); written
+    /// only when some were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gfpo_dropped: usize,
+    /// Completions the math verifier could not check within its budget (scored as wrong
+    /// answers), and scorer panics (scored 0, format not ok); written only when some were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify_budget_exceeded: usize,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify_panics: usize,
     /// Rollout correction (written only when `grpo.rollout_correction` is on): the mean
     /// |trainer − sampler| log-prob per loss token, the share of loss tokens whose ratio
     /// exceeded the cap, and the largest ratio.
@@ -211,5 +221,29 @@ mod tests {
         let back: MetricsLine = serde_json::from_value(v).expect("back");
         assert_eq!(back, line);
         assert_eq!(s.diagnostic("gamma_l"), Some(0.25));
+    }
+
+    /// The verifier's fault counts are written only when some were: a run without them keeps
+    /// its metrics.jsonl byte for byte.
+    #[test]
+    fn fault_counts_are_written_only_when_nonzero() {
+        let s = StepReport::default();
+        let text = serde_json::to_string(&s).expect("json");
+        assert!(!text.contains("verify_"), "{text}");
+        let s = StepReport {
+            verify_budget_exceeded: 2,
+            verify_panics: 1,
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&s).expect("json");
+        assert_eq!(
+            (
+                v["verify_budget_exceeded"].as_u64(),
+                v["verify_panics"].as_u64()
+            ),
+            (Some(2), Some(1))
+        );
+        let back: StepReport = serde_json::from_value(v).expect("back");
+        assert_eq!(back, s);
     }
 }

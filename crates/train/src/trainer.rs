@@ -6,17 +6,18 @@
 
 use crate::collect::{collect, rollout_params, Collected};
 use crate::config::RunConfig;
+use crate::failure::SampleFault;
 use crate::loss::PolicyLoss;
 use crate::report::{StepReport, Timing};
 pub use crate::shaper::ShaperWithState;
 use crate::task::Task;
 use crate::update::{policy_update, sequences, Learner, UpdateBatch, UpdateStats};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
 use terse_model::Qwen3;
 use terse_optim::AdamW;
-use terse_reward::{metrics::length_stats, AdvantageEstimator, Advantages, Shaped, StepCtx};
+use terse_reward::{metrics::length_stats, AdvantageEstimator, Advantages, Group, Shaped, StepCtx};
 use terse_rollout::GenParams;
 
 /// Everything one GRPO step needs, the shaper included. The fields are the crate's: research
@@ -211,19 +212,32 @@ impl GrpoTrainer {
     /// cursor; `step` does. Data parallel: this rank generates its share of the groups and
     /// receives the others' statistics (collect.rs).
     pub fn rollout(&mut self) -> Result<Collected> {
+        // ThinkPrune: this step's token limit, a function of the step (resuming samples alike).
+        let gen = match self.cfg.grpo.think_prune {
+            Some(_) => std::borrow::Cow::Owned(GenParams {
+                max_new_tokens: crate::length_control::step_limit(&self.cfg.grpo, self.step),
+                ..self.gen.clone()
+            }),
+            None => std::borrow::Cow::Borrowed(&self.gen),
+        };
         // With LoRA the rollout decodes a merged copy, made once for the step.
-        self.policy.with_decoding_weights(|policy| {
+        let mut c = self.policy.with_decoding_weights(|policy| {
             collect(
                 &self.cfg,
                 &self.task,
                 policy,
                 &self.tok,
-                &self.gen,
+                &gen,
                 self.step,
                 self.cursor,
                 terse_dist::lend(&mut self.collective),
             )
-        })
+        })?;
+        // GFPO: train on the kept samples of each group alone (length_control.rs).
+        if let Some(f) = &self.cfg.grpo.gfpo {
+            crate::length_control::gfpo_filter(f, &mut c, self.cfg.grpo.group_size)?;
+        }
+        Ok(c)
     }
 
     /// Shaped rewards (the trainer's shaper; unscorable samples are invisible to it) and
@@ -236,40 +250,40 @@ impl GrpoTrainer {
         };
         let groups = &c.groups;
         let shaped = terse_reward::shape_scorable(groups, |gs| shaper.shape(gs, &ctx))?;
-        if let Some((k, i)) = shaped
-            .rewards
-            .iter()
-            .enumerate()
-            .find_map(|(k, r)| r.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
-        {
-            bail!(
-                "step {}: non-finite shaped reward {} (group {k}, prompt {}, sample {i}); stopped before updating; {}",
-                self.step,
-                shaped.rewards[k][i],
-                groups[k].prompt_id,
-                self.last_good()
-            );
-        }
+        self.check_finite("shaped reward", groups, &shaped.rewards)?;
         let advantages = match &self.estimator {
             Some(e) => e.estimate(groups, &shaped)?,
             None => self.cfg.advantage.compute(groups, &shaped)?,
         };
         // A research estimator can return inf or NaN where the built-in ones cannot.
-        if let Some((k, i)) = advantages
-            .values
+        self.check_finite("advantage", groups, &advantages.values)?;
+        Ok(Scored { shaped, advantages })
+    }
+
+    /// The first non-finite value of a per-sample table (`what`: "shaped reward",
+    /// "advantage") stops the step before the update, naming the group, the prompt and the
+    /// sample (a `SampleFault`, so a failure repeated on resume names it too).
+    fn check_finite(&self, what: &str, groups: &[Group], values: &[Vec<f64>]) -> Result<()> {
+        let Some((k, i)) = values
             .iter()
             .enumerate()
-            .find_map(|(k, a)| a.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
-        {
-            bail!(
-                "step {}: non-finite advantage {} (group {k}, prompt {}, sample {i}); stopped before updating; {}",
+            .find_map(|(k, r)| r.iter().position(|x| !x.is_finite()).map(|i| (k, i)))
+        else {
+            return Ok(());
+        };
+        Err(SampleFault {
+            step: self.step,
+            prompt_id: groups[k].prompt_id,
+            sample: i,
+            message: format!(
+                "step {}: non-finite {what} {} (group {k}, prompt {}, sample {i}); stopped before updating; {}",
                 self.step,
-                advantages.values[k][i],
+                values[k][i],
                 groups[k].prompt_id,
                 self.last_good()
-            );
+            ),
         }
-        Ok(Scored { shaped, advantages })
+        .into())
     }
 
     /// The policy update: PPO epochs x mini-batches, each micro-batched with its global
@@ -342,9 +356,21 @@ impl GrpoTrainer {
             .filter(|(_, e)| e.early_exit)
             .fold((0, 0), |(n, r), (s, _)| (n + 1, r + usize::from(s.correct)));
         let exit_accuracy = (exited > 0).then(|| exits_right as f64 / exited as f64);
+        // The mean shaped reward of the samples trained on: GFPO's dropped samples (unscorable,
+        // reward 0) are left out; with every sample scorable this is the plain mean.
+        let scored: Vec<f64> = groups
+            .iter()
+            .zip(&s.shaped.rewards)
+            .flat_map(|(g, r)| g.samples.iter().zip(r).filter(|(x, _)| x.scorable))
+            .map(|(_, r)| *r)
+            .collect();
+        let gfpo_dropped = match self.cfg.grpo.gfpo {
+            Some(_) => all().filter(|s| !s.scorable).count(),
+            None => 0,
+        };
         StepReport {
             step: self.step,
-            reward: s.shaped.rewards.iter().flatten().sum::<f64>() / n,
+            reward: scored.iter().sum::<f64>() / scored.len() as f64,
             accuracy: all().filter(|s| s.correct).count() as f64 / n,
             format_ok: all().filter(|s| s.format_ok).count() as f64 / n,
             len_mean: ls.mean,
@@ -369,6 +395,9 @@ impl GrpoTrainer {
             early_exit: exited as f64 / n,
             exit_accuracy,
             context_cut: extras.iter().filter(|e| e.context_cut).count(),
+            gfpo_dropped,
+            verify_budget_exceeded: c.faults.budget_exceeded,
+            verify_panics: c.faults.panics,
             rc_logp_gap: up.correction.map(|c| c.gap_sum / c.tokens.max(1) as f64),
             rc_capped: up
                 .correction

@@ -83,9 +83,18 @@ fn inline(v: &toml::Value) -> String {
 /// The defaults of an optional table's keys, where the type has them (a key without one is
 /// required once the table is given).
 fn sub_defaults(ty: &str) -> Option<toml::Value> {
-    use crate::config::{CorrectionLevel, CorrectionMethod, LoraSection, RolloutCorrection};
+    use crate::config::{CorrectionLevel, CorrectionMethod, Gfpo, LoraSection, RolloutCorrection};
     match ty {
         "LoraSection" => toml::Value::try_from(LoraSection::default()).ok(),
+        "Gfpo" => {
+            let mut t = toml::Value::try_from(Gfpo {
+                keep: 2,
+                metric: Default::default(),
+            })
+            .ok()?;
+            t.as_table_mut()?.remove("keep");
+            Some(t)
+        }
         "RolloutCorrection" => {
             let mut t = toml::Value::try_from(RolloutCorrection {
                 method: CorrectionMethod::Tis,

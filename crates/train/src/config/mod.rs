@@ -75,6 +75,9 @@ impl RunConfig {
         if let Some((key, v)) = non_finite(&tree, "") {
             bail!("{key} must be a finite number, got {v}");
         }
+        if self.run.lock_wait_s < 0.0 {
+            bail!("run.lock_wait_s must be >= 0, got {}", self.run.lock_wait_s);
+        }
         let g = &self.grpo;
         if g.group_size < 2 {
             bail!("grpo.group_size must be >= 2, got {}", g.group_size);
@@ -135,6 +138,7 @@ impl RunConfig {
         if let Some(se) = &g.step_exit {
             se.validate().map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
         }
+        crate::length_control::validate(g)?;
         g.schedule
             .validate()
             .map_err(|e| anyhow::anyhow!("grpo.{e}"))?;

@@ -71,6 +71,9 @@ pub struct RunSection {
     /// "auto": continue from the newest complete checkpoint of the run directory, if any;
     /// "never": start fresh (refusing to overwrite an existing run's metrics).
     pub resume: Resume,
+    /// Seconds a start waits for the run directory's lock when another process holds it
+    /// (`xtask train --lock-wait` overrides it); then it refuses, naming the holder.
+    pub lock_wait_s: f64,
 }
 
 impl Default for RunSection {
@@ -81,7 +84,17 @@ impl Default for RunSection {
             seed: 0,
             device: "cpu".into(),
             resume: Resume::Auto,
+            lock_wait_s: 30.0,
         }
+    }
+}
+
+impl RunSection {
+    /// `lock_wait_s` as a duration (validated >= 0 and finite; a wait too long to represent
+    /// is forever).
+    pub fn lock_wait(&self) -> std::time::Duration {
+        std::time::Duration::try_from_secs_f64(self.lock_wait_s.max(0.0))
+            .unwrap_or(std::time::Duration::MAX)
     }
 }
 
@@ -265,6 +278,10 @@ pub struct DataSection {
     pub columns: terse_tasks::dataset::Columns,
     /// Column with a difficulty level, for the by-level evaluation table.
     pub level_column: Option<String>,
+    /// A math benchmark's published layout, in place of `columns` and `level_column`:
+    /// "aime2024", "aime2025", "amc23", "math500", "minerva", "olympiadbench" or "gsm8k"
+    /// (their columns and answer formats: terse_tasks::bench; configs/eval/).
+    pub layout: Option<terse_tasks::bench::Layout>,
     /// Skip malformed rows (reported) instead of failing with the file and line.
     pub skip_bad_rows: bool,
     /// How a question becomes the prompt: "chat" (the model's chat template), a preset
@@ -318,6 +335,7 @@ impl Default for DataSection {
                 extra: vec![],
             },
             level_column: None,
+            layout: None,
             skip_bad_rows: false,
             template: "{prompt}".into(),
             user_template: "{prompt}".into(),
@@ -497,6 +515,51 @@ pub struct GrpoSection {
     /// DAPO's dynamic sampling: drop groups whose rewards are all equal and refill the step
     /// with new prompts, at most `max_rounds` extra rollouts; absent = off.
     pub dynamic_sampling: Option<DynamicSampling>,
+    /// How a truncated completion (cut at the token limit, no end token) is scored:
+    /// "verifier" (its verdict, like any other) or "zero" (reward 0 and wrong whatever the
+    /// verifier says: DLER's and ThinkPrune's truncation penalty; `think_prune` implies it).
+    pub truncated_reward: TruncatedReward,
+    /// ThinkPrune (docs/methods.md, ThinkPrune): the rollout's token limit by round, a truncated
+    /// completion scored 0; absent = `max_new_tokens` at every step.
+    pub think_prune: Option<ThinkPrune>,
+    /// GFPO (docs/methods.md, GFPO): of each prompt's `group_size` samples keep the `keep` best
+    /// by `metric` and train on them alone; absent = off.
+    pub gfpo: Option<Gfpo>,
+}
+
+/// `grpo.truncated_reward`: the verdict of a completion the token limit cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TruncatedReward {
+    /// The verifier's verdict, like any other completion.
+    #[default]
+    Verifier,
+    /// Base reward 0 and wrong: its answer was cut off with the rest.
+    Zero,
+}
+
+/// `[grpo.think_prune]`: round r (from 0) of `steps_per_round` steps samples at most
+/// `limits[r]` tokens; the last limit holds after the last round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThinkPrune {
+    /// The token limit of each round, each at most the previous and `grpo.max_new_tokens`
+    /// (the paper's 4096, 3072, 2048 for DeepSeek-R1-Distill-Qwen-1.5B).
+    pub limits: Vec<usize>,
+    /// GRPO steps per round (> 0).
+    pub steps_per_round: u64,
+}
+
+/// `[grpo.gfpo]`: GFPO's group filter; `grpo.group_size` is the G' sampled per prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gfpo {
+    /// k, the samples kept per prompt (2 <= k < group_size).
+    pub keep: usize,
+    /// What ranks them: "length" (shortest first) or "reward_per_token" (reward / length,
+    /// highest first).
+    #[serde(default)]
+    pub metric: terse_reward::gfpo::GfpoMetric,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -541,6 +604,9 @@ impl Default for GrpoSection {
             step_exit: None,
             step_triggers: vec!["Wait".into(), "Alternatively".into()],
             dynamic_sampling: None,
+            truncated_reward: TruncatedReward::Verifier,
+            think_prune: None,
+            gfpo: None,
         }
     }
 }
