@@ -55,6 +55,8 @@ pub use shaper::{
 pub use types::{Group, SampleStat, Shaped, StepCtx};
 
 #[cfg(test)]
+mod batch_norm_tests;
+#[cfg(test)]
 mod edge_cases;
 #[cfg(test)]
 mod proptests;

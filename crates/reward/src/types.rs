@@ -53,6 +53,15 @@ pub struct Group {
 }
 
 impl Group {
+    /// The truncation rule of DLER and ThinkPrune: a truncated completion is wrong with base
+    /// reward 0, whatever the verifier said (its answer was cut off with the rest of it).
+    pub fn score_truncated_as_zero(&mut self) {
+        for s in self.samples.iter_mut().filter(|s| s.truncated) {
+            s.correct = false;
+            s.base_reward = 0.0;
+        }
+    }
+
     pub fn new(prompt_id: u64, samples: Vec<SampleStat>) -> Self {
         Self {
             prompt_id,

@@ -259,8 +259,8 @@ pub fn collect(
             let (mut group, extras, held) =
                 slot.with_context(|| format!("no rank sent group {j} of the round"))?;
             // DLER's and ThinkPrune's truncation rule, before dynamic sampling judges the group.
-            if crate::length_control::zero_truncated(g) {
-                crate::length_control::score_truncated_zero(&mut group);
+            if g.zero_truncated() {
+                group.score_truncated_as_zero();
             }
             let informative = group
                 .samples

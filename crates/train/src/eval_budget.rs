@@ -6,24 +6,12 @@
 
 use crate::eval::LevelSamples;
 use crate::load::encode;
+use crate::task::AnswerForm;
 use crate::task::Task;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use terse_model::Qwen3;
 use terse_rollout::{generate, Finish, GenParams, Prompt, Sample, SamplingParams};
-
-/// How a task's completion ends with its answer, which decides the text that forces one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AnswerForm {
-    /// The testbed: `</think> <answer> d </answer>` (testbed::verify reads nothing else, so
-    /// v3's inline `= r ;` is not an answer there).
-    Testbed,
-    /// `</think>` then `<answer> ... </answer>`: Knights & Knaves and Short-RL's math rule.
-    AnswerTag,
-    /// `</think>` then a final `\boxed{...}`: EasyR1's and the plain boxed math scorers.
-    Boxed,
-}
 
 /// The text that forces an answer after a cut completion, and how many tokens the answer may
 /// take after it.

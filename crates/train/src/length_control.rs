@@ -1,47 +1,19 @@
-//! The rollout-side length methods, between generation and shaping: ThinkPrune's token limit
-//! per step (what the rollout samples with), the truncation rule of DLER and ThinkPrune (a
-//! completion the limit cut scores 0), and GFPO's group filter (the samples it drops become
-//! unscorable and leave the loss). Each is a function of the config, the step and the step's
-//! groups, so a resumed run does exactly what an unbroken one does.
+//! The rollout-side length methods, between generation and shaping: GFPO's group filter (the
+//! samples it drops become unscorable and leave the loss), here with the tests of ThinkPrune's limit and the truncation
+//! rule (config/length.rs reads them from `[grpo]`, `Group::score_truncated_as_zero` applies
+//! the rule). Each is a function of the config, the step and the step's groups, so a resumed
+//! run does exactly what an unbroken one does.
 //!
 //! Data flow: `collect` (the truncation rule on every round's groups, before dynamic sampling
 //! judges them) -> `gfpo_filter` (in `GrpoTrainer::rollout`) -> shaping and advantages, which
 //! skip unscorable samples (terse_reward::shape_scorable, `Advantage::compute`).
 
 use crate::collect::{Collected, SampleExtra};
-use crate::config::{Gfpo, GrpoSection, TruncatedReward};
+use crate::config::Gfpo;
 use anyhow::{bail, Result};
 use terse_reward::gfpo::keep_mask;
 use terse_reward::Group;
 use terse_rollout::Sample;
-
-/// The rollout's token limit at `step`: ThinkPrune's limit of the step's round, else
-/// `max_new_tokens`. A function of the step alone, so a resumed run samples as an unbroken one.
-pub fn step_limit(g: &GrpoSection, step: u64) -> usize {
-    match &g.think_prune {
-        Some(tp) if !tp.limits.is_empty() => {
-            let round = step / tp.steps_per_round.max(1);
-            let r = usize::try_from(round).unwrap_or(usize::MAX);
-            tp.limits[r.min(tp.limits.len() - 1)]
-        }
-        _ => g.max_new_tokens,
-    }
-}
-
-/// Whether a truncated completion scores 0: `truncated_reward = "zero"`, or ThinkPrune (whose
-/// method is the limit together with that rule).
-pub fn zero_truncated(g: &GrpoSection) -> bool {
-    g.truncated_reward == TruncatedReward::Zero || g.think_prune.is_some()
-}
-
-/// The truncation rule on one group: a truncated completion is wrong with base reward 0,
-/// whatever the verifier said (its answer was cut off with the rest of it).
-pub fn score_truncated_zero(group: &mut Group) {
-    for s in group.samples.iter_mut().filter(|s| s.truncated) {
-        s.correct = false;
-        s.base_reward = 0.0;
-    }
-}
 
 /// GFPO's filter on a collected step: in every group the samples `keep_mask` does not keep
 /// become unscorable (the shaper never sees them, their reward and advantage are 0 and they
@@ -95,46 +67,10 @@ fn filter(f: &Gfpo, c: Step<'_>, group_size: usize) -> Result<usize> {
     Ok(dropped)
 }
 
-/// Checks `[grpo.think_prune]` and `[grpo.gfpo]`; the error names the key and its value.
-pub fn validate(g: &GrpoSection) -> Result<()> {
-    if let Some(tp) = &g.think_prune {
-        if tp.limits.is_empty() {
-            bail!("grpo.think_prune.limits must not be empty");
-        }
-        if tp.steps_per_round == 0 {
-            bail!("grpo.think_prune.steps_per_round must be > 0, got 0");
-        }
-        for (i, &l) in tp.limits.iter().enumerate() {
-            if l == 0 || l > g.max_new_tokens {
-                bail!(
-                    "grpo.think_prune.limits[{i}] = {l} must be in 1..=grpo.max_new_tokens ({})",
-                    g.max_new_tokens
-                );
-            }
-            if i > 0 && l > tp.limits[i - 1] {
-                bail!(
-                    "grpo.think_prune.limits[{i}] = {l} exceeds the round before ({}): each round's limit is at most the previous one's",
-                    tp.limits[i - 1]
-                );
-            }
-        }
-    }
-    if let Some(f) = &g.gfpo {
-        if f.keep < 2 || f.keep >= g.group_size {
-            bail!(
-                "grpo.gfpo.keep = {} must be in 2..grpo.group_size ({}): GFPO samples more than it keeps, and a group of one has no baseline",
-                f.keep,
-                g.group_size
-            );
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ThinkPrune;
+    use crate::config::{GrpoSection, ThinkPrune};
     use terse_reward::gfpo::GfpoMetric;
     use terse_reward::SampleStat;
     use terse_rollout::Finish;
@@ -150,16 +86,16 @@ mod tests {
     #[test]
     fn think_prune_limits_follow_the_rounds_and_hold_after_the_last() {
         let mut g = grpo();
-        assert_eq!(step_limit(&g, 7), 4096, "off: max_new_tokens");
+        assert_eq!(g.step_limit(7), 4096, "off: max_new_tokens");
         g.think_prune = Some(ThinkPrune {
             limits: vec![4096, 3072, 2048],
             steps_per_round: 10,
         });
         // Steps 0..9 round 0, 10..19 round 1, from 20 the last limit.
-        let got: Vec<usize> = [0, 9, 10, 19, 20, 1000].map(|s| step_limit(&g, s)).to_vec();
+        let got: Vec<usize> = [0, 9, 10, 19, 20, 1000].map(|s| g.step_limit(s)).to_vec();
         assert_eq!(got, [4096, 4096, 3072, 3072, 2048, 2048]);
-        assert!(zero_truncated(&g), "ThinkPrune scores truncation 0");
-        assert!(!zero_truncated(&grpo()));
+        assert!(g.zero_truncated(), "ThinkPrune scores truncation 0");
+        assert!(!grpo().zero_truncated());
     }
 
     #[test]
@@ -174,7 +110,7 @@ mod tests {
         );
         g.samples[1].truncated = true;
         g.samples[2].truncated = true;
-        score_truncated_zero(&mut g);
+        g.score_truncated_as_zero();
         let got: Vec<(bool, f64)> = g
             .samples
             .iter()
@@ -290,7 +226,10 @@ mod tests {
             keep: 4,
             metric: GfpoMetric::Length,
         });
-        let e = validate(&g).expect_err("invalid").to_string();
+        let e = g
+            .validate_length_methods()
+            .expect_err("invalid")
+            .to_string();
         assert!(
             e.starts_with("grpo.gfpo.keep = 4 must be in 2..grpo.group_size (4)"),
             "{e}"
@@ -318,7 +257,10 @@ mod tests {
                 limits,
                 steps_per_round: steps,
             });
-            let e = validate(&g).expect_err("invalid").to_string();
+            let e = g
+                .validate_length_methods()
+                .expect_err("invalid")
+                .to_string();
             assert!(e.starts_with(want), "{e}");
         }
     }

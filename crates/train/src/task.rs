@@ -7,6 +7,7 @@ use crate::data;
 use crate::score_fault::quiet_catch;
 pub use crate::score_fault::ScoreFault;
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 use terse_reward::RewardFn;
@@ -23,6 +24,19 @@ pub struct Item {
     pub level: usize,
     /// The dataset row it came from (None for generated items), for error messages.
     pub row: Option<usize>,
+}
+
+/// How a task's completion ends with its answer, which decides the text that forces one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerForm {
+    /// The testbed: `</think> <answer> d </answer>` (testbed::verify reads nothing else, so
+    /// v3's inline `= r ;` is not an answer there).
+    Testbed,
+    /// `</think>` then `<answer> ... </answer>`: Knights & Knaves and Short-RL's math rule.
+    AnswerTag,
+    /// `</think>` then a final `\boxed{...}`: EasyR1's and the plain boxed math scorers.
+    Boxed,
 }
 
 /// A completion's verdict, in the reward crate's terms.
@@ -371,8 +385,7 @@ impl Task {
 
     /// How this task's completions end with an answer, for forcing one at a token budget
     /// (eval_budget.rs); None for research code's verifier, whose answer form terse cannot know.
-    pub fn answer_form(&self) -> Option<crate::eval_budget::AnswerForm> {
-        use crate::eval_budget::AnswerForm;
+    pub fn answer_form(&self) -> Option<AnswerForm> {
         match self.scorer {
             Scorer::Testbed => Some(AnswerForm::Testbed),
             Scorer::Kk | Scorer::MathShortRl => Some(AnswerForm::AnswerTag),
@@ -484,3 +497,6 @@ fn load(path: &Path, data: &DataSection, chat: Option<&ChatTemplate>) -> Result<
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -215,7 +215,7 @@ impl GrpoTrainer {
         // ThinkPrune: this step's token limit, a function of the step (resuming samples alike).
         let gen = match self.cfg.grpo.think_prune {
             Some(_) => std::borrow::Cow::Owned(GenParams {
-                max_new_tokens: crate::length_control::step_limit(&self.cfg.grpo, self.step),
+                max_new_tokens: self.cfg.grpo.step_limit(self.step),
                 ..self.gen.clone()
             }),
             None => std::borrow::Cow::Borrowed(&self.gen),

@@ -3,6 +3,7 @@
 //! their closed enums (the TOML face) live in sections.rs.
 
 pub mod docs;
+mod length;
 mod sections;
 
 pub use sections::*;
@@ -138,7 +139,7 @@ impl RunConfig {
         if let Some(se) = &g.step_exit {
             se.validate().map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
         }
-        crate::length_control::validate(g)?;
+        g.validate_length_methods()?;
         g.schedule
             .validate()
             .map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
