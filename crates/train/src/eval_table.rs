@@ -63,16 +63,18 @@ fn by_level(o: &EvalOutcome, out: &mut String) {
         "|---|---|---|---|{}",
         if base.is_some() { "---|---|---|" } else { "" }
     );
+    // The base's pass@1 and tokens, and the compression rate of the model's tokens to them.
+    let vs_base = |pass1: f64, base_len: f64, len: f64| {
+        format!(
+            " {pass1:.3} | {base_len:.1} | {:.1}% |",
+            100.0 * terse_reward::metrics::compression_rate(len, base_len)
+        )
+    };
     for (i, l) in r.by_level.iter().enumerate() {
         let extra = base
             .and_then(|b| b.by_level.get(i))
             .map_or(String::new(), |bl| {
-                format!(
-                    " {:.3} | {:.1} | {:.1}% |",
-                    bl.pass1,
-                    bl.len_mean,
-                    100.0 * terse_reward::metrics::compression_rate(l.len_mean, bl.len_mean)
-                )
+                vs_base(bl.pass1, bl.len_mean, l.len_mean)
             });
         let _ = writeln!(
             out,
@@ -81,12 +83,7 @@ fn by_level(o: &EvalOutcome, out: &mut String) {
         );
     }
     let extra = base.map_or(String::new(), |b| {
-        format!(
-            " {:.3} | {:.1} | {:.1}% |",
-            b.accuracy,
-            b.len_mean,
-            100.0 * terse_reward::metrics::compression_rate(r.len_mean, b.len_mean)
-        )
+        vs_base(b.accuracy, b.len_mean, r.len_mean)
     });
     let _ = writeln!(
         out,
