@@ -12,6 +12,10 @@
 // Only the portable subset the kernels use is provided (the rule crates/simt's tests enforce):
 // full-mask shuffles, __syncthreads/__syncwarp, static __shared__, atomicAdd on f32 and u32,
 // bf16 and f16 through conversions, and the math intrinsics below.
+//
+// The emulated CUDA device (fake_gpu/) compiles candle's kernels and these against the same
+// declarations: fake_gpu/fibers.cpp is its runtime for them (CUDA threads as fibers, any block
+// shape), fake_gpu/include/ adds what candle's kernels use beyond the portable subset.
 #pragma once
 #include <math.h>
 #include <cmath>
@@ -37,9 +41,18 @@ struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
 
+// The index variables: one per OS thread here (every CUDA thread is one); the emulated device
+// (fake_gpu/fibers.cpp) runs a launch's CUDA threads as fibers on the launching OS thread, one
+// launch at a time, and defines TERSE_SHIM_PLAIN_INDICES for plain globals.
+#ifdef TERSE_SHIM_PLAIN_INDICES
+#define TERSE_SHIM_INDEX_STORAGE
+#else
+#define TERSE_SHIM_INDEX_STORAGE thread_local
+#endif
+
 namespace terse_shim {
 // The calling thread's indices and the launch's shape.
-extern thread_local dim3 thread_idx, block_idx;
+extern TERSE_SHIM_INDEX_STORAGE dim3 thread_idx, block_idx;
 extern dim3 block_dim, grid_dim;
 // Barriers; `line` is the call site, reported on a deadline or a divergence.
 void sync_block(int line);
@@ -78,30 +91,46 @@ inline void full_mask(unsigned mask) {
         fail("a shuffle with a partial mask (only full-mask collectives are portable here)");
     }
 }
-template <typename T>
-inline T shfl_xor(unsigned mask, T v, int m, int line) {
-    full_mask(mask);
-    int lane = thread_idx.x % 32;
-    return unbits<T>(exchange(bits(v), (lane ^ m) & 31, line));
+// The calling thread's lane: its linear index in the block (x fastest) modulo 32.
+inline int lane_id() {
+    return (int)((thread_idx.x + block_dim.x * (thread_idx.y + block_dim.y * thread_idx.z)) % 32);
 }
+// The shuffles take CUDA's optional width (a power of two up to 32): the warp splits into
+// segments of `width` lanes, and a source outside the caller's segment reads its own value (xor
+// and down: a later segment; up: an earlier one).
 template <typename T>
-inline T shfl(unsigned mask, T v, int src, int line) {
+inline T shfl_xor(int line, unsigned mask, T v, int m, int width = 32) {
     full_mask(mask);
+    int lane = lane_id(), src = lane ^ m;
+    if (src >= (lane / width + 1) * width) src = lane;
     return unbits<T>(exchange(bits(v), src & 31, line));
 }
 template <typename T>
-inline T shfl_down(unsigned mask, T v, unsigned d, int line) {
+inline T shfl(int line, unsigned mask, T v, int src, int width = 32) {
     full_mask(mask);
-    int lane = thread_idx.x % 32;
+    int base = lane_id() / width * width;
+    return unbits<T>(exchange(bits(v), (base + ((src % width) + width) % width) & 31, line));
+}
+template <typename T>
+inline T shfl_down(int line, unsigned mask, T v, unsigned d, int width = 32) {
+    full_mask(mask);
+    int lane = lane_id();
     int src = lane + (int)d;
-    T got = unbits<T>(exchange(bits(v), src < 32 ? src : lane, line));
-    return got;
+    return unbits<T>(exchange(bits(v), src < (lane / width + 1) * width ? src : lane, line));
+}
+template <typename T>
+inline T shfl_up(int line, unsigned mask, T v, unsigned d, int width = 32) {
+    full_mask(mask);
+    int lane = lane_id();
+    int src = lane - (int)d;
+    return unbits<T>(exchange(bits(v), src >= lane / width * width ? src : lane, line));
 }
 }  // namespace terse_shim
 
-#define __shfl_xor_sync(mask, v, m) terse_shim::shfl_xor(mask, v, m, __LINE__)
-#define __shfl_sync(mask, v, src) terse_shim::shfl(mask, v, src, __LINE__)
-#define __shfl_down_sync(mask, v, d) terse_shim::shfl_down(mask, v, d, __LINE__)
+#define __shfl_xor_sync(mask, ...) terse_shim::shfl_xor(__LINE__, mask, __VA_ARGS__)
+#define __shfl_sync(mask, ...) terse_shim::shfl(__LINE__, mask, __VA_ARGS__)
+#define __shfl_down_sync(mask, ...) terse_shim::shfl_down(__LINE__, mask, __VA_ARGS__)
+#define __shfl_up_sync(mask, ...) terse_shim::shfl_up(__LINE__, mask, __VA_ARGS__)
 
 // Atomics: f32 by compare-and-swap on the bits, u32 and i32 by fetch-add.
 inline float atomicAdd(float* p, float v) {
@@ -133,28 +162,24 @@ inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
-// bf16 and f16: storage types with round-to-nearest-even conversions.
-struct __nv_bfloat16 {
-    uint16_t x;
-};
-inline float __bfloat162float(__nv_bfloat16 h) {
-    uint32_t u = (uint32_t)h.x << 16;
+// bf16 and f16: round-to-nearest-even conversions on the bits (NaN becomes the canonical 0x7fff,
+// as the device's cvt.rn does), shared with the emulated device's richer types (fake_gpu/include).
+namespace terse_shim {
+inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
     float f;
     std::memcpy(&f, &u, 4);
     return f;
 }
-inline __nv_bfloat16 __float2bfloat16(float f) {
+inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-    return {(uint16_t)(u >> 16)};
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                        // round to nearest, ties to even
+    return (uint16_t)(u >> 16);
 }
-struct __half {
-    uint16_t x;
-};
-inline float __half2float(__half h) {
-    uint32_t s = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu;
+inline float f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     uint32_t u;
     if (e == 0x1f) {
         u = s | 0x7f800000u | (m << 13);
@@ -174,23 +199,40 @@ inline float __half2float(__half h) {
     std::memcpy(&f, &u, 4);
     return f;
 }
-inline __half __float2half(float f) {
+inline uint16_t f32_to_f16(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
     uint32_t s = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return {(uint16_t)(s | 0x7e00u)};
-    if (a >= 0x47800000u) return {(uint16_t)(s | 0x7c00u)};  // overflow: inf
+    if (a > 0x7f800000u) return 0x7fff;                      // NaN
+    if (a >= 0x47800000u) return (uint16_t)(s | 0x7c00u);  // overflow: inf
     if (a < 0x38800000u) {                                   // subnormal or zero
-        if (a < 0x33000000u) return {(uint16_t)s};
+        if (a < 0x33000000u) return (uint16_t)s;
         uint32_t m = (a & 0x7fffffu) | 0x800000u;
         int shift = 126 - (int)(a >> 23);
         uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
         if (rem > half || (rem == half && (r & 1u))) r++;
-        return {(uint16_t)(s | r)};
+        return (uint16_t)(s | r);
     }
     uint32_t r = a - 0x38000000u;  // rebias 127 -> 15
     uint32_t q = r >> 13, rem = r & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
-    return {(uint16_t)(s | q)};
+    return (uint16_t)(s | q);
 }
+}  // namespace terse_shim
+
+// The storage types, through conversions only (the portable subset). The emulated device
+// defines TERSE_SHIM_RICH_16BIT_TYPES and CUDA's full __half / __nv_bfloat16 instead
+// (fake_gpu/include/terse_fake_cuda.h).
+#ifndef TERSE_SHIM_RICH_16BIT_TYPES
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+inline float __bfloat162float(__nv_bfloat16 h) { return terse_shim::bf16_to_f32(h.x); }
+inline __nv_bfloat16 __float2bfloat16(float f) { return {terse_shim::f32_to_bf16(f)}; }
+struct __half {
+    uint16_t x;
+};
+inline float __half2float(__half h) { return terse_shim::f16_to_f32(h.x); }
+inline __half __float2half(float f) { return {terse_shim::f32_to_f16(f)}; }
+#endif

@@ -104,7 +104,7 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, flo
                               unsigned ldm, layout_t layout) {
     detail::aligned(p);
     detail::ldm_ok<float>(ldm);
-    int lane = terse_shim::thread_idx.x % 32;
+    int lane = terse_shim::lane_id();
     for (int e = 0; e < M * N; e++) {
         // Element e is written by lane (5e + 1) mod 32: not the lane a kernel's own loop over
         // `e = lane; e += 32` would give it, so a missing __syncwarp after a store is a race.

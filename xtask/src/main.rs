@@ -9,6 +9,7 @@ mod bench_step;
 mod bench_verify;
 mod check_model;
 mod eval;
+mod fake_gpu;
 mod gpu;
 // Run by the CUDA build's gpu-check; its driver is tested on every build.
 #[cfg(feature = "cuda")]
@@ -75,6 +76,10 @@ enum Cmd {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
+    /// Run the unchanged `cuda` binary on the CPU: builds it and the emulated CUDA device
+    /// (fake_gpu/: driver, runtime, cuBLAS, cuRAND and NCCL libraries of the project's own, the
+    /// kernels' CPU builds), then runs `xtask <args after -->` on it (docs/gpu.md).
+    FakeGpu(fake_gpu::Args),
     /// Write docs/config.md from the config types (a test checks it is current).
     ConfigDocs,
     /// Build the GPU binary (as build-gpu) and print how to run the device check
@@ -180,6 +185,7 @@ fn main() -> ExitCode {
             out, skip, limit_s, ..
         } => gpu::gpu_check(&out, skip, limit_s),
         Cmd::GpuSession { dir, timeout_s } => gpu::gpu_session(dir, timeout_s),
+        Cmd::FakeGpu(args) => fake_gpu::run(args),
         Cmd::ConfigDocs => config_docs(),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),

@@ -66,6 +66,10 @@ pub fn token_logprobs(
     if !(hidden.track_op() || weight.track_op()) {
         return Ok(values);
     }
+    // The op hands over `values`' storage as an (N) tensor, so it must be laid out as one: the
+    // fused path's single chunk is a column of the (n, 3) stats (a strided view), whose
+    // storage read as (N) interleaves log Z and the entropy with the log-probs.
+    let values = values.contiguous()?;
     apply2(
         hidden,
         weight,
@@ -140,8 +144,12 @@ impl Kernel<2> for FusedLogProb {
         use candle_core::backend::BackendStorage;
         let (s, l) = self.values.storage_and_layout();
         match &*s {
-            Storage::Cuda(c) => Ok((c.try_clone(l)?, l.shape().clone())),
-            _ => crate::fail!("fused-token-logprob: precomputed values are not a cuda tensor"),
+            Storage::Cuda(c) if l.is_contiguous() && l.start_offset() == 0 => {
+                Ok((c.try_clone(l)?, l.shape().clone()))
+            }
+            _ => crate::fail!(
+                "fused-token-logprob: precomputed values are not a contiguous cuda tensor"
+            ),
         }
     }
 

@@ -240,7 +240,7 @@ fn evaluate_dir(cfg: &RunConfig, dir: &Path, budgets: &[usize]) -> Result<ModelE
     cfg.sft.steps = 0;
     cfg.validate()?;
     let task = Task::new(&cfg.data, dir, cfg.run.seed)?;
-    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let (dev, dtype) = cfg.run.device_and_dtype()?;
     let model = Qwen3::load(dir, &dev, dtype)
         .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
     let tok = crate::load::load_tokenizer(dir)?;

@@ -70,7 +70,7 @@ fn follow(
         // checked the run's, and every rank reads the same file).
         let mut cfg = mine.clone();
         weights_from_rank_0(&mut cfg);
-        let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+        let (dev, dtype) = cfg.run.device_and_dtype()?;
         let model = init_model(&cfg, &dev, dtype)?;
         receive_weights(&mut *c, model.vars(), "weights to warm up")?;
         let tok = load_tokenizer(&cfg.model.path)?;
@@ -81,7 +81,7 @@ fn follow(
     // each local rank its GPU).
     weights_from_rank_0(&mut cfg);
     cfg.run.device = mine.run.device.clone();
-    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let (dev, dtype) = cfg.run.device_and_dtype()?;
     let policy = init_model(&cfg, &dev, dtype)?;
     receive_weights(&mut *c, policy.vars(), "weights")?;
     let mut buf = vec![];

@@ -26,7 +26,7 @@ pub fn sft_only(cfg: &RunConfig) -> Result<PathBuf> {
     if cfg.sft.steps == 0 {
         bail!("sft.steps is 0: nothing to train");
     }
-    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let (dev, dtype) = cfg.run.device_and_dtype()?;
     let dir = cfg.run.dir.join(&cfg.run.name);
     let _lock = crate::lock::RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
     let tok = load_tokenizer(&cfg.model.path)?;

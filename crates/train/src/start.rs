@@ -45,7 +45,7 @@ pub fn start(
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
     // resolves into a step count saved with the run.
     let mut task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
-    let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+    let (dev, dtype) = cfg.run.device_and_dtype()?;
     let dir = cfg.run.dir.join(&cfg.run.name);
     let lock = RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
     let tok = load_tokenizer(&cfg.model.path)?;

@@ -189,7 +189,7 @@ impl GrpoTrainer {
         shaper: Option<Box<dyn ShaperWithState>>,
     ) -> Result<Self> {
         cfg.validate()?;
-        let (dev, dtype) = terse_model::device::select(&cfg.run.device)?;
+        let (dev, dtype) = cfg.run.device_and_dtype()?;
         let path = cfg.model.path.clone();
         let mut policy = Qwen3::load(&path, &dev, dtype)?;
         crate::load::add_configured_lora(&cfg, &mut policy)?;

@@ -2,6 +2,7 @@
 //! rejected, validated into the resolved config that is saved with the run. The sections and
 //! their closed enums (the TOML face) live in sections.rs.
 
+mod device;
 pub mod docs;
 mod length;
 mod sections;

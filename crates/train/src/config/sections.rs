@@ -68,6 +68,9 @@ pub struct RunSection {
     pub seed: u64,
     /// "cpu", "cuda" or "cuda:N".
     pub device: String,
+    /// The forward's dtype: "auto" (bf16 on CUDA with f32 master weights, f32 on the CPU),
+    /// "f32" or "bf16" (CUDA only).
+    pub compute: Compute,
     /// "auto": continue from the newest complete checkpoint of the run directory, if any;
     /// "never": start fresh (refusing to overwrite an existing run's metrics).
     pub resume: Resume,
@@ -83,6 +86,7 @@ impl Default for RunSection {
             dir: "runs".into(),
             seed: 0,
             device: "cpu".into(),
+            compute: Compute::Auto,
             resume: Resume::Auto,
             lock_wait_s: 30.0,
         }
@@ -226,6 +230,15 @@ pub enum AttentionKind {
 /// scores are small and cuBLAS at ~60 % of peak beats flash at ~30 %; past it the scores'
 /// memory traffic grows as T^2. gpu-check's `attention_paths` row measures the crossover.
 pub const FLASH_AUTO_MIN_TOKENS: usize = 1024;
+
+/// `run.compute`: the forward's dtype (config/device.rs reads it with `run.device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compute {
+    Auto,
+    F32,
+    Bf16,
+}
 
 /// A switch whose default depends on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,498 @@
+// The CUDA driver API of the emulated device (libcuda.so.1): one device, "an H200" in its
+// attributes, whose memory (memory.cpp), streams and events (streams.cpp) and modules
+// (modules.cpp) live on the host. What the `cuda` binary calls and the emulation does not model
+// ends the run naming the function (driver_rest.cpp), never a silent success.
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "fake_gpu.h"
+#include "modules.h"
+
+using namespace fake_gpu;
+
+namespace {
+// The one context's handle: a distinct address nobody dereferences.
+int context_tag;
+CUcontext const kContext = reinterpret_cast<CUcontext>(&context_tag);
+thread_local CUcontext current = nullptr;
+bool initialised = false;
+
+// Pinned host allocations (cuMemHostAlloc): copies from and to them stay asynchronous.
+std::mutex pinned_mu;
+std::set<uint64_t>& pinned() {
+    static auto* s = new std::set<uint64_t>;
+    return *s;
+}
+bool is_pinned(const void* p) {
+    std::lock_guard<std::mutex> g(pinned_mu);
+    auto& s = pinned();
+    auto it = s.upper_bound(reinterpret_cast<uint64_t>(p));
+    return it != s.begin();  // conservative: at or after some pinned block's start
+}
+
+CUresult trace(const char* f) {
+    if (settings().trace) std::fprintf(stderr, "terse fake-gpu: %s\n", f);
+    return CUDA_SUCCESS;
+}
+
+#define ENTER(name)                                                             \
+    trace(name);                                                                \
+    if (!initialised && std::strcmp(name, "cuInit") != 0) return CUDA_ERROR_NOT_INITIALIZED
+
+// The device's attributes: an H200 (sm_90) as far as a launch configuration cares.
+int attribute(CUdevice_attribute a) {
+    switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: return 64;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: return 2147483647;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: return 49152;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 232448;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: return 233472;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: return 65536;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: return 65536;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: return 65536;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: return 1980000;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 6144;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 52428800;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: return 32;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return 0;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: return CU_COMPUTEMODE_DEFAULT;
+    default: return 0;
+    }
+}
+
+size_t total_memory() {
+    const char* g = std::getenv("TERSE_FAKE_GPU_MEM_GIB");
+    double gib = g ? std::atof(g) : 16.0;
+    return (size_t)(gib * 1073741824.0);
+}
+
+CUresult copy_check(CUdeviceptr p, size_t n, const char* f) {
+    if (n) check_range(p, n, f);
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+namespace fake_gpu {
+int device_attribute(int a) { return attribute(static_cast<CUdevice_attribute>(a)); }
+}  // namespace fake_gpu
+
+extern "C" {
+
+CUresult cuInit(unsigned int flags) {
+    ENTER("cuInit");
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    initialised = true;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int* v) {
+    trace("cuDriverGetVersion");
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int* n) {
+    ENTER("cuDeviceGetCount");
+    const char* c = std::getenv("TERSE_FAKE_GPU_DEVICES");
+    *n = c ? std::atoi(c) : 8;  // an 8-GPU node: rank r of `--nproc` uses cuda:r
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+    ENTER("cuDeviceGet");
+    int n;
+    cuDeviceGetCount(&n);
+    if (ordinal < 0 || ordinal >= n) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char* name, int len, CUdevice) {
+    ENTER("cuDeviceGetName");
+    std::snprintf(name, (size_t)len, "terse fake-gpu (emulated H200 on the CPU)");
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid* u, CUdevice d) {
+    ENTER("cuDeviceGetUuid_v2");
+    std::memset(u->bytes, 0, sizeof u->bytes);
+    u->bytes[0] = 0x7e;
+    u->bytes[15] = (char)d;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
+    ENTER("cuDeviceGetAttribute");
+    *v = attribute(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice) {
+    ENTER("cuDeviceTotalMem_v2");
+    *bytes = total_memory();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) {
+    ENTER("cuDevicePrimaryCtxRetain");
+    *c = kContext;
+    return CUDA_SUCCESS;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) {
+    ENTER("cuDevicePrimaryCtxRelease_v2");
+    sync_all();
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxSetCurrent(CUcontext c) {
+    ENTER("cuCtxSetCurrent");
+    if (c && c != kContext) return CUDA_ERROR_INVALID_CONTEXT;
+    current = c;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxGetCurrent(CUcontext* c) {
+    ENTER("cuCtxGetCurrent");
+    *c = current;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxDestroy_v2(CUcontext c) {
+    ENTER("cuCtxDestroy_v2");
+    if (c != kContext) return CUDA_ERROR_INVALID_CONTEXT;
+    sync_all();
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxGetDevice(CUdevice* d) {
+    ENTER("cuCtxGetDevice");
+    *d = 0;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxSynchronize() {
+    ENTER("cuCtxSynchronize");
+    sync_all();
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxSetFlags(unsigned int) {
+    ENTER("cuCtxSetFlags");
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+    ENTER("cuCtxGetStreamPriorityRange");
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return CUDA_SUCCESS;
+}
+
+// ---- Memory
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+    ENTER("cuMemAlloc_v2");
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (used_bytes() + bytes > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = alloc(bytes);
+    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
+    ENTER("cuMemAllocAsync");
+    return cuMemAlloc_v2(p, bytes);
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    ENTER("cuMemFree_v2");
+    sync_all();  // cuMemFree waits for the device's work
+    if (p) release(p, "cuMemFree_v2");
+    return CUDA_SUCCESS;
+}
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    ENTER("cuMemFreeAsync");
+    if (p) enqueue(s, [p] { release(p, "cuMemFreeAsync"); });
+    return CUDA_SUCCESS;
+}
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+    ENTER("cuMemGetInfo_v2");
+    size_t t = total_memory(), u = used_bytes();
+    *total = t;
+    *free_bytes = u < t ? t - u : 0;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned int) {
+    ENTER("cuMemHostAlloc");
+    *p = std::malloc(bytes ? bytes : 1);
+    std::lock_guard<std::mutex> g(pinned_mu);
+    pinned().insert(reinterpret_cast<uint64_t>(*p));
+    return CUDA_SUCCESS;
+}
+CUresult cuMemFreeHost(void* p) {
+    ENTER("cuMemFreeHost");
+    sync_all();
+    {
+        std::lock_guard<std::mutex> g(pinned_mu);
+        pinned().erase(reinterpret_cast<uint64_t>(p));
+    }
+    std::free(p);
+    return CUDA_SUCCESS;
+}
+
+// Copies. Device-to-host into pageable memory returns once the copy is done, and host-to-device
+// from pageable memory reads the source before returning (the CUDA runtime's documented
+// behaviour); pinned memory stays asynchronous, so a missing sync reads stale data.
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+    ENTER("cuMemcpyHtoDAsync_v2");
+    copy_check(dst, n, "cuMemcpyHtoDAsync_v2");
+    if (is_pinned(src)) {
+        enqueue(s, [dst, src, n] { std::memcpy(reinterpret_cast<void*>(dst), src, n); });
+    } else {
+        std::string staged(static_cast<const char*>(src), n);
+        enqueue(s, [dst, staged] { std::memcpy(reinterpret_cast<void*>(dst), staged.data(), staged.size()); });
+    }
+    return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+    ENTER("cuMemcpyDtoHAsync_v2");
+    copy_check(src, n, "cuMemcpyDtoHAsync_v2");
+    enqueue(s, [dst, src, n] { std::memcpy(dst, reinterpret_cast<const void*>(src), n); });
+    if (!is_pinned(dst)) sync_stream(s);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    ENTER("cuMemcpyDtoDAsync_v2");
+    copy_check(dst, n, "cuMemcpyDtoDAsync_v2 (destination)");
+    copy_check(src, n, "cuMemcpyDtoDAsync_v2 (source)");
+    enqueue(s, [dst, src, n] {
+        std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    });
+    return CUDA_SUCCESS;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+    ENTER("cuMemcpyHtoD_v2");
+    sync_blocking();
+    copy_check(dst, n, "cuMemcpyHtoD_v2");
+    std::memcpy(reinterpret_cast<void*>(dst), src, n);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+    ENTER("cuMemcpyDtoH_v2");
+    sync_blocking();
+    copy_check(src, n, "cuMemcpyDtoH_v2");
+    std::memcpy(dst, reinterpret_cast<const void*>(src), n);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    ENTER("cuMemcpyDtoD_v2");
+    sync_blocking();
+    copy_check(dst, n, "cuMemcpyDtoD_v2 (destination)");
+    copy_check(src, n, "cuMemcpyDtoD_v2 (source)");
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    return CUDA_SUCCESS;
+}
+// One device: a peer copy is a device-to-device copy.
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext, CUdeviceptr src, CUcontext, size_t n,
+                           CUstream s) {
+    ENTER("cuMemcpyPeerAsync");
+    return cuMemcpyDtoDAsync_v2(dst, src, n, s);
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+    ENTER("cuMemsetD8Async");
+    copy_check(dst, n, "cuMemsetD8Async");
+    enqueue(s, [dst, v, n] { std::memset(reinterpret_cast<void*>(dst), v, n); });
+    return CUDA_SUCCESS;
+}
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
+    ENTER("cuMemsetD8_v2");
+    sync_blocking();
+    copy_check(dst, n, "cuMemsetD8_v2");
+    std::memset(reinterpret_cast<void*>(dst), v, n);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream s) {
+    ENTER("cuMemsetD32Async");
+    copy_check(dst, n * 4, "cuMemsetD32Async");
+    enqueue(s, [dst, v, n] {
+        auto* p = reinterpret_cast<unsigned*>(dst);
+        for (size_t i = 0; i < n; i++) p[i] = v;
+    });
+    return CUDA_SUCCESS;
+}
+
+// ---- Streams and events
+CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
+    ENTER("cuStreamCreate");
+    *s = static_cast<CUstream>(create_stream(flags & CU_STREAM_NON_BLOCKING));
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamCreateWithPriority(CUstream* s, unsigned int flags, int) {
+    ENTER("cuStreamCreateWithPriority");
+    return cuStreamCreate(s, flags);
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+    ENTER("cuStreamDestroy_v2");
+    destroy_stream(s);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+    ENTER("cuStreamSynchronize");
+    sync_stream(s);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamQuery(CUstream s) {
+    ENTER("cuStreamQuery");
+    return query_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int) {
+    ENTER("cuStreamWaitEvent");
+    wait_event(s, e);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventCreate(CUevent* e, unsigned int) {
+    ENTER("cuEventCreate");
+    *e = static_cast<CUevent>(create_event());
+    return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy_v2(CUevent e) {
+    ENTER("cuEventDestroy_v2");
+    destroy_event(e);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    ENTER("cuEventRecord");
+    record_event(e, s);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent e) {
+    ENTER("cuEventSynchronize");
+    sync_event(e);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventQuery(CUevent e) {
+    ENTER("cuEventQuery");
+    return query_event(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) {
+    ENTER("cuEventElapsedTime_v2");
+    *ms = elapsed_ms(a, b);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* status) {
+    ENTER("cuStreamIsCapturing");
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;  // graphs are not emulated
+    return CUDA_SUCCESS;
+}
+CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
+    ENTER("cuLaunchHostFunc");
+    enqueue(s, [fn, data] { fn(data); });
+    return CUDA_SUCCESS;
+}
+
+// ---- Modules and launches
+CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+    ENTER("cuModuleLoadData");
+    *m = reinterpret_cast<CUmodule>(load_module(image));
+    return CUDA_SUCCESS;
+}
+CUresult cuModuleLoad(CUmodule* m, const char* path) {
+    ENTER("cuModuleLoad");
+    FILE* f = std::fopen(path, "rb");
+    if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
+    std::string text;
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+    *m = reinterpret_cast<CUmodule>(load_module(text.c_str()));
+    return CUDA_SUCCESS;
+}
+CUresult cuModuleUnload(CUmodule) {
+    ENTER("cuModuleUnload");
+    return CUDA_SUCCESS;  // kept: a queued launch may still name its functions
+}
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+    ENTER("cuModuleGetFunction");
+    auto* mod = reinterpret_cast<Module*>(m);
+    auto it = mod->functions.find(name);
+    if (it == mod->functions.end()) return CUDA_ERROR_NOT_FOUND;
+    *f = reinterpret_cast<CUfunction>(&it->second);
+    return CUDA_SUCCESS;
+}
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+    ENTER("cuFuncSetAttribute");
+    auto* fn = reinterpret_cast<Function*>(f);
+    if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+        if (v < 0 || v > attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+            return CUDA_ERROR_INVALID_VALUE;
+        fn->max_dynamic_shared = (unsigned)v;
+    }
+    return CUDA_SUCCESS;
+}
+CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
+    ENTER("cuFuncGetAttribute");
+    auto* fn = reinterpret_cast<Function*>(f);
+    switch (a) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 32; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = (int)fn->max_dynamic_shared; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *v = 90; break;
+    default: *v = 0;
+    }
+    return CUDA_SUCCESS;
+}
+CUresult cuFuncSetCacheConfig(CUfunction, CUfunc_cache) {
+    ENTER("cuFuncSetCacheConfig");
+    return CUDA_SUCCESS;
+}
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, CUstream s, void** params,
+                        void** extra) {
+    ENTER("cuLaunchKernel");
+    if (extra) unimplemented("cuLaunchKernel with `extra` parameters");
+    if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned long long)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
+    if (gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
+    unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    launch(reinterpret_cast<Function*>(f), grid, block, shared, s, params);
+    return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction, int block, size_t) {
+    ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    *n = block > 0 ? std::max(1, 2048 / block) : 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorName(CUresult e, const char** s) {
+    switch (e) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN";
+    }
+    return CUDA_SUCCESS;
+}
+CUresult cuGetErrorString(CUresult e, const char** s) {
+    cuGetErrorName(e, s);
+    return CUDA_SUCCESS;
+}
+}  // extern "C"

@@ -1,0 +1,91 @@
+// terse's emulated CUDA device: the interface shared by the libraries of fake_gpu/ (the driver and
+// runtime in libcuda.so.1 / libcudart.so.13, cuBLAS, cuRAND, NCCL) that turn the CPU into a CUDA
+// device for the unchanged `cuda` binary (`cargo xtask fake-gpu`, docs/gpu.md).
+//
+// Device memory is host memory (memory.cpp): guard zones around each allocation, fresh blocks
+// filled with all-ones bytes (NaN in f32, bf16 and f16), freed blocks poisoned and quarantined.
+// Work on a stream runs in order (streams.cpp): at once by default, or, in the late mode, only at
+// the next synchronisation point, so a host read that lacks its sync sees stale memory.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace fake_gpu {
+
+// Ends the process with one line on stderr: "terse fake-gpu: <what>".
+[[noreturn]] void die(const std::string& what);
+// For a symbol the emulation defines but does not implement: dies naming it.
+[[noreturn]] void unimplemented(const char* function);
+// Once per process: the settings read from the environment.
+struct Settings {
+    bool late = false;       // TERSE_FAKE_GPU_LATE=1: streams complete only at sync points
+    bool zero_fill = false;  // TERSE_FAKE_GPU_FILL=zero: fresh allocations read as zeros
+    bool trace = false;      // TERSE_FAKE_GPU_TRACE=1: one line per API call and launch on stderr
+    std::string kernels;     // TERSE_FAKE_GPU_KERNELS: the directory of the kernels' CPU builds
+};
+const Settings& settings();
+
+// The device's attribute `a` (a CUdevice_attribute; the runtime's numbers are the same).
+int device_attribute(int a);
+
+// ---- Device memory (memory.cpp)
+// A device pointer is the host address of the block's first byte.
+uint64_t alloc(size_t bytes);
+// Frees `ptr` (which must be the start of a live block): poisons it and puts it in quarantine.
+void release(uint64_t ptr, const char* function);
+// Checks that [ptr, ptr + bytes) lies inside one live block; dies naming `function` otherwise.
+void check_range(uint64_t ptr, size_t bytes, const char* function);
+// True when `ptr` points into a live block (used to tell device pointers from host ones).
+bool is_device(uint64_t ptr);
+// Checks the guard zones of the live block holding `ptr` (after a launch that was given it).
+void check_guards_of(uint64_t ptr, const char* when);
+// Bytes in live blocks (cuMemGetInfo's "used").
+size_t used_bytes();
+
+// ---- Streams (streams.cpp). A null stream is the default stream.
+using Stream = void*;
+// Runs `work` on `stream`, in order with its earlier work: now, or at the next sync (late mode).
+void enqueue(Stream stream, std::function<void()> work);
+// Completes every piece of work queued on `stream` (and what it waits on).
+void sync_stream(Stream stream);
+// Completes every stream's work.
+void sync_all();
+// What a blocking copy waits for: the default stream and every stream not made non-blocking.
+void sync_blocking();
+// True when the stream had no pending work (its pending work is then completed).
+bool query_stream(Stream stream);
+Stream create_stream(bool non_blocking);
+void destroy_stream(Stream stream);
+// Events mark a point in a stream's work.
+using Event = void*;
+Event create_event();
+void destroy_event(Event e);
+void record_event(Event e, Stream stream);
+// `stream`'s later work waits for the work before `e`.
+void wait_event(Stream stream, Event e);
+void sync_event(Event e);
+bool query_event(Event e);
+// Host milliseconds between the completions of two events' work (not a device time).
+float elapsed_ms(Event start, Event end);
+
+}  // namespace fake_gpu
+
+// ---- Kernels' CPU builds (xtask/src/fake_gpu/kernels.rs writes them; modules.cpp loads them).
+// Each module's shared library (libterse_fake_<module>.so in TERSE_FAKE_GPU_KERNELS) exports
+// `terse_fake_kernels`: every `extern "C" __global__` entry of its .cu source with a trampoline
+// that unpacks cuLaunchKernel's kernelParams into the kernel's parameters.
+extern "C" {
+struct terse_fake_kernel {
+    const char* name;
+    void (*body)(void** params);
+};
+typedef const terse_fake_kernel* (*terse_fake_kernels_fn)(size_t* count);
+// The SIMT runtime (fibers.cpp, in libcuda.so.1): runs `body` over grid x block CUDA threads
+// (three-dimensional), with `shared_bytes` of dynamic shared memory; 0, or 1 with the error
+// (naming the kernel, block, thread and line) in `err`.
+int terse_fake_run(const char* name, const unsigned grid[3], const unsigned block[3],
+                   unsigned shared_bytes, void (*body)(void**), void** params, char* err,
+                   size_t err_len);
+}

@@ -1,0 +1,319 @@
+//! `cargo xtask fake-gpu`: builds the emulated CUDA device (fake_gpu/: libcuda.so.1,
+//! libcudart.so.13, libcublas.so.13, libcurand.so.10, libnccl.so.2 of the project's own) and the
+//! kernels' CPU builds, then runs the unchanged `cuda` binary on them with those libraries first
+//! on LD_LIBRARY_PATH (docs/gpu.md says what this checks and what it cannot).
+
+mod compare;
+mod kernels;
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// Where the libraries and the kernels' CPU builds go.
+const OUT: &str = "target/fake-gpu";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Streams complete their work only at a synchronisation point, so a host read that lacks
+    /// its sync sees stale memory.
+    #[arg(long)]
+    late: bool,
+    /// Fresh device allocations read as zeros instead of NaN.
+    #[arg(long)]
+    zero_fill: bool,
+    /// One line per driver call and launch on stderr.
+    #[arg(long)]
+    trace: bool,
+    /// Build and run the emulation's own tests (GEMM against a reference, cuRAND, NCCL across
+    /// processes, kernels through the SIMT runtime) instead of the binary.
+    #[arg(long)]
+    self_test: bool,
+    /// Run this training config on the CPU, then on the emulated `cuda:0` in f32 and in bf16
+    /// compute, and hold each device run's metrics to the CPU's (compare.rs's tolerances).
+    #[arg(long, value_name = "CONFIG")]
+    compare: Option<PathBuf>,
+    /// The CUDA toolchain directory (default ~/.cache/cuda-13.0, installed on first use).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// The `cuda` binary's arguments (after `--`).
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+/// One shared library of the emulation: its soname, sources and extra link flags.
+struct Lib {
+    soname: &'static str,
+    sources: &'static [&'static str],
+    links: &'static [&'static str],
+}
+
+const LIBS: &[Lib] = &[
+    Lib {
+        soname: "libcuda.so.1",
+        sources: &[
+            "diagnostics.cpp",
+            "memory.cpp",
+            "streams.cpp",
+            "modules.cpp",
+            "driver.cpp",
+            "fibers.cpp",
+        ],
+        links: &["-ldl", "-pthread"],
+    },
+    Lib {
+        soname: "libcudart.so.13",
+        sources: &["runtime.cpp"],
+        links: &["-l:libcuda.so.1"],
+    },
+    Lib {
+        soname: "libcublas.so.13",
+        sources: &["cublas.cpp"],
+        links: &["-l:libcuda.so.1", "-pthread"],
+    },
+    Lib {
+        soname: "libcurand.so.10",
+        sources: &["curand.cpp"],
+        links: &["-l:libcuda.so.1"],
+    },
+    Lib {
+        soname: "libnccl.so.2",
+        sources: &["nccl.cpp"],
+        links: &["-l:libcuda.so.1", "-lrt", "-pthread"],
+    },
+];
+
+/// The emulation's own test programs: source, and the libraries each links.
+const TESTS: &[(&str, &[&str])] = &[
+    ("gemm_test.cpp", &["-l:libcublas.so.13", "-l:libcuda.so.1"]),
+    (
+        "curand_test.cpp",
+        &["-l:libcurand.so.10", "-l:libcuda.so.1"],
+    ),
+    (
+        "nccl_test.cpp",
+        &["-l:libnccl.so.2", "-l:libcuda.so.1", "-lrt", "-pthread"],
+    ),
+    ("kernels_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
+];
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let env = crate::gpu::toolchain_env(&args.dir.clone().unwrap_or_else(crate::gpu::default_dir))?;
+    let cuda = env
+        .iter()
+        .find(|(k, _)| k == "CUDA_HOME")
+        .map(|(_, v)| PathBuf::from(v))
+        .unwrap_or_else(|| args.dir.clone().unwrap_or_else(crate::gpu::default_dir));
+    let include = cuda.join("include");
+    let out = PathBuf::from(OUT);
+    let lib_dir = out.join("lib");
+    build_libs(&lib_dir, &include)?;
+    let kernels_dir = out.join("kernels");
+    kernels::build(&kernels_dir)?;
+    if args.self_test {
+        return self_test(&out, &lib_dir, &kernels_dir, &include);
+    }
+    let bin = crate::gpu::build_cuda_binary(&env)?;
+    if let Some(config) = &args.compare {
+        return compare_runs(&bin, config, &lib_dir, &kernels_dir, &args);
+    }
+    let mut cmd = Command::new(&bin);
+    cmd.args(&args.args);
+    device_env(&mut cmd, &lib_dir, &kernels_dir, &args)?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(c.clamp(1, 255) as u8),
+        None => bail!("{} was killed by a signal ({status})", bin.display()),
+    })
+}
+
+/// `--compare`: the CPU run, then the device runs, each checked against it.
+fn compare_runs(
+    bin: &Path,
+    config: &Path,
+    lib_dir: &Path,
+    kernels_dir: &Path,
+    args: &Args,
+) -> Result<ExitCode> {
+    let dir = PathBuf::from(OUT).join("compare");
+    let train = |device: &str, compute: &str, ranks: usize| -> Result<Vec<serde_json::Value>> {
+        let (file, metrics) = compare::variant(config, &dir, device, compute, ranks)?;
+        println!(
+            "== fake-gpu --compare: {device}, {compute} compute, {ranks} rank(s) ({})",
+            file.display()
+        );
+        let mut cmd = Command::new(bin);
+        cmd.arg("train").arg("--config").arg(&file);
+        if ranks > 1 {
+            cmd.arg("--nproc").arg(ranks.to_string());
+        }
+        device_env(&mut cmd, lib_dir, kernels_dir, args)?;
+        let t0 = std::time::Instant::now();
+        let status = cmd
+            .status()
+            .with_context(|| format!("running {}", bin.display()))?;
+        if !status.success() {
+            bail!("training on {device} ({compute}) failed ({status})");
+        }
+        println!("   {:.0} s", t0.elapsed().as_secs_f64());
+        compare::read_metrics(&metrics)
+    };
+    let cpu = train("cpu", "auto", 1)?;
+    let mut bad = vec![];
+    let mut table = vec![
+        "| compute | loss (max rel) | grad_norm | entropy | rollouts | logp gap (max) |"
+            .to_string(),
+        "|---|---|---|---|---|---|".to_string(),
+    ];
+    let mut f32_run = vec![];
+    for tol in &compare::TOLERANCES {
+        let dev = train("cuda:0", tol.compute, 1)?;
+        table.push(compare::summary(&cpu, &dev, tol));
+        bad.extend(compare::violations(&cpu, &dev, tol));
+        if tol.compute == "f32" {
+            f32_run = dev;
+        }
+    }
+    // "cuda": rank r takes cuda:r, as on a GPU node.
+    let two = train("cuda", "f32", 2)?;
+    bad.extend(compare::rank_violations(&f32_run, &two));
+    println!("{}", table.join("\n"));
+    compare::check(&bad)?;
+    println!(
+        "fake-gpu --compare: f32 and bf16 agree with the CPU within the tolerances, 2 ranks with 1"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The environment that puts the emulated device under a process.
+fn device_env(cmd: &mut Command, lib_dir: &Path, kernels_dir: &Path, args: &Args) -> Result<()> {
+    let abs = |p: &Path| -> Result<PathBuf> {
+        p.canonicalize()
+            .with_context(|| format!("resolving {}", p.display()))
+    };
+    let mut path = abs(lib_dir)?.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    cmd.env("LD_LIBRARY_PATH", path)
+        .env("TERSE_FAKE_GPU_KERNELS", abs(kernels_dir)?);
+    if args.late {
+        cmd.env("TERSE_FAKE_GPU_LATE", "1");
+    }
+    if args.zero_fill {
+        cmd.env("TERSE_FAKE_GPU_FILL", "zero");
+    }
+    if args.trace {
+        cmd.env("TERSE_FAKE_GPU_TRACE", "1");
+    }
+    Ok(())
+}
+
+/// Compiles `sources` (under fake_gpu/) into `out` unless a stamp of their contents and the
+/// command line says it is current.
+fn compile(out: &Path, sources: &[PathBuf], flags: &[String]) -> Result<()> {
+    let mut key = flags.join(" ");
+    for s in sources {
+        key.push_str(
+            &std::fs::read_to_string(s).with_context(|| format!("reading {}", s.display()))?,
+        );
+    }
+    for h in ["fake_gpu/fake_gpu.h", "fake_gpu/modules.h"] {
+        key.push_str(&std::fs::read_to_string(h).with_context(|| format!("reading {h}"))?);
+    }
+    let stamp = out.with_extension("stamp");
+    let digest = format!("{:016x}", fnv(key.as_bytes()));
+    if out.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(digest.as_str()) {
+        return Ok(());
+    }
+    let status = Command::new("g++")
+        .args(["-std=c++17", "-O2", "-g1", "-Wall", "-fPIC"])
+        .args(sources)
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .context("running g++ (the emulated device is C++)")?;
+    if !status.success() {
+        bail!("g++ failed building {} ({status})", out.display());
+    }
+    std::fs::write(&stamp, digest).with_context(|| format!("writing {}", stamp.display()))
+}
+
+/// FNV-1a: a stable digest for the build stamps (no dependency for a cache key).
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn build_libs(lib_dir: &Path, include: &Path) -> Result<()> {
+    std::fs::create_dir_all(lib_dir).with_context(|| format!("creating {}", lib_dir.display()))?;
+    for lib in LIBS {
+        let sources: Vec<PathBuf> = lib
+            .sources
+            .iter()
+            .map(|s| Path::new("fake_gpu").join(s))
+            .collect();
+        let mut flags = vec![
+            "-shared".to_string(),
+            "-Ifake_gpu".to_string(),
+            format!("-I{}", include.display()),
+            format!("-Wl,-soname,{}", lib.soname),
+            format!("-L{}", lib_dir.display()),
+            "-Wl,-rpath,$ORIGIN".to_string(),
+        ];
+        let script = Path::new("fake_gpu/versions").join(format!("{}.map", lib.soname));
+        if script.exists() {
+            flags.push(format!("-Wl,--version-script={}", script.display()));
+        }
+        flags.extend(lib.links.iter().map(|l| l.to_string()));
+        compile(&lib_dir.join(lib.soname), &sources, &flags)?;
+    }
+    Ok(())
+}
+
+fn self_test(out: &Path, lib_dir: &Path, kernels_dir: &Path, include: &Path) -> Result<ExitCode> {
+    let bin_dir = out.join("tests");
+    std::fs::create_dir_all(&bin_dir).with_context(|| format!("creating {}", bin_dir.display()))?;
+    let mut failed = vec![];
+    for (src, links) in TESTS {
+        let exe = bin_dir.join(src.trim_end_matches(".cpp"));
+        let mut flags = vec![
+            "-Ifake_gpu".to_string(),
+            format!("-I{}", include.display()),
+            format!("-L{}", lib_dir.display()),
+        ];
+        flags.extend(links.iter().map(|l| l.to_string()));
+        compile(&exe, &[Path::new("fake_gpu/tests").join(src)], &flags)?;
+        let fake = Args {
+            late: false,
+            zero_fill: false,
+            trace: false,
+            self_test: true,
+            compare: None,
+            dir: None,
+            args: vec![],
+        };
+        let mut cmd = Command::new(&exe);
+        cmd.arg(kernels_dir);
+        device_env(&mut cmd, lib_dir, kernels_dir, &fake)?;
+        println!("== fake-gpu self-test: {src}");
+        let status = cmd
+            .status()
+            .with_context(|| format!("running {}", exe.display()))?;
+        if !status.success() {
+            failed.push(format!("{src} ({status})"));
+        }
+    }
+    if failed.is_empty() {
+        println!("fake-gpu self-test: {} programs passed", TESTS.len());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        bail!("fake-gpu self-test failed: {}", failed.join(", "))
+    }
+}
