@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <set>
+#include <map>
 #include <string>
 
 #include "fake_gpu.h"
@@ -24,15 +24,19 @@ bool initialised = false;
 
 // Pinned host allocations (cuMemHostAlloc): copies from and to them stay asynchronous.
 std::mutex pinned_mu;
-std::set<uint64_t>& pinned() {
-    static auto* s = new std::set<uint64_t>;
+// Pinned blocks: start -> size.
+std::map<uint64_t, size_t>& pinned() {
+    static auto* s = new std::map<uint64_t, size_t>;
     return *s;
 }
 bool is_pinned(const void* p) {
     std::lock_guard<std::mutex> g(pinned_mu);
     auto& s = pinned();
-    auto it = s.upper_bound(reinterpret_cast<uint64_t>(p));
-    return it != s.begin();  // conservative: at or after some pinned block's start
+    auto a = reinterpret_cast<uint64_t>(p);
+    auto it = s.upper_bound(a);
+    if (it == s.begin()) return false;
+    --it;
+    return a < it->first + it->second;
 }
 
 CUresult trace(const char* f) {
@@ -239,7 +243,7 @@ CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned int) {
     ENTER("cuMemHostAlloc");
     *p = std::malloc(bytes ? bytes : 1);
     std::lock_guard<std::mutex> g(pinned_mu);
-    pinned().insert(reinterpret_cast<uint64_t>(*p));
+    pinned()[reinterpret_cast<uint64_t>(*p)] = bytes ? bytes : 1;
     return CUDA_SUCCESS;
 }
 CUresult cuMemFreeHost(void* p) {

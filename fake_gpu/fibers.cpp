@@ -28,9 +28,13 @@
 // to the pool.
 //
 // The context switch is hand-written for x86-64 (callee-saved registers, MXCSR and the x87
-// control word, then the stack pointer; the control words are reloaded only when they differ
-// from the running fiber's): swapcontext's signal-mask system call would cost more than most
-// threads' work. Other architectures use ucontext.
+// control word, then the stack pointer; the control words are reloaded only when their control
+// bits differ from the running fiber's, so the exception flags, which calls do not preserve
+// either, are then left as they are): swapcontext's signal-mask system call would cost more
+// than most threads' work. Other architectures use ucontext. Every thread starts with the
+// launching thread's control words. Each stack's top is offset by a different multiple of 64
+// bytes, so the frames the fibers switch in (all at the same depth) do not compete for the
+// same L1 sets.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -172,10 +176,13 @@ enum State : uint8_t { Fresh, Running, Ready, Waiting, Done };
 enum At : uint8_t { AtBlock, AtWarp };
 enum Collective : uint8_t { SyncWarp = 1, Shuffle = 2 };
 
+struct Warp;
+
 struct alignas(64) Fiber {
     Context ctx;
     int stack = -1;  // index in the pool, while the fiber holds one
     unsigned tid = 0;  // linear index in the block
+    Warp* warp = nullptr;  // its warp (tid / 32)
     dim3 idx;
     State state = Fresh;
     At at = AtBlock;
@@ -184,12 +191,18 @@ struct alignas(64) Fiber {
     uint64_t value = 0, result = 0;
 };
 
+// A collective and its line, compared in one go.
+inline uint64_t collective_key(Collective kind, int line) {
+    return (uint64_t)(uint32_t)line | ((uint64_t)kind << 32);
+}
+
 struct Warp {
     unsigned size = 0;   // lanes the block gives it (32 but for a partial last warp)
     unsigned live = 0;   // lanes that have not returned
     unsigned count = 0;  // lanes waiting in its collective
-    Collective kind = SyncWarp;
-    int line = 0;
+    uint64_t key = 0;    // which collective they wait in, from which line (collective_key)
+    Collective kind() const { return (Collective)(key >> 32); }
+    int line() const { return (int)(uint32_t)key; }
 };
 
 const char* collective_name(Collective c) { return c == Shuffle ? "warp shuffle" : "__syncwarp"; }
@@ -237,9 +250,9 @@ struct Run {
     int bar_line = 0;
     Fiber* current = nullptr;
     Context sched;
-    // The stack of a fiber that returned and switched away from it, for the next one to run to
-    // give back to the pool (-1: none).
-    int zombie = -1;
+    // The launching thread's MXCSR and x87 control word (as the switch saves them): every
+    // thread starts with them.
+    uint64_t fp_control = 0;
     bool failed = false;
     std::string error;
     std::vector<unsigned char> shared;  // dynamic shared memory (128-byte aligned inside)
@@ -265,13 +278,36 @@ TERSE_COLD void record(const Fiber* f, const std::string& what) {
               (f ? " thread " + thread_name(*f) : std::string()) + ": " + what;
 }
 
-#if TERSE_FIBERS_ASM
-inline void ctx_switch(Context& from, Context& to) { terse_fiber_switch(&from.sp, to.sp); }
-void ctx_make(Context& c, char* top, Fiber* f) {
+// Every thread starts with the launching thread's MXCSR and x87 control word (as a fresh fiber
+// did before stacks were reused); a thread that changes them keeps its own across its switches.
+#if defined(__x86_64__)
+// The current MXCSR and x87 control word, laid out as the switch saves them.
+inline uint64_t fp_control() {
     uint32_t mxcsr;
     uint16_t fpucw;
     asm volatile("stmxcsr %0" : "=m"(mxcsr));
     asm volatile("fnstcw %0" : "=m"(fpucw));
+    return (uint64_t)mxcsr | ((uint64_t)fpucw << 32);
+}
+// Back to the launch's control words, where the thread that returned on this stack changed
+// their control bits.
+inline void restore_fp_control() {
+    uint64_t now = fp_control();
+    if (__builtin_expect(((now ^ R.fp_control) & 0xffff0000ffc0ull) != 0, 0)) {
+        uint32_t mxcsr = (uint32_t)R.fp_control;
+        uint16_t fpucw = (uint16_t)(R.fp_control >> 32);
+        asm volatile("ldmxcsr %0" : : "m"(mxcsr));
+        asm volatile("fldcw %0" : : "m"(fpucw));
+    }
+}
+#else
+inline uint64_t fp_control() { return 0; }
+inline void restore_fp_control() {}
+#endif
+
+#if TERSE_FIBERS_ASM
+inline void ctx_switch(Context& from, Context& to) { terse_fiber_switch(&from.sp, to.sp); }
+void ctx_make(Context& c, char* top, Fiber* f) {
     // After the switch's `ret` into terse_fiber_start the stack pointer is 16-byte aligned.
     uint64_t* sp = reinterpret_cast<uint64_t*>(((uintptr_t)top & ~(uintptr_t)15) - 16);
     *--sp = (uint64_t)(uintptr_t)&terse_fiber_start;  // return address
@@ -281,7 +317,7 @@ void ctx_make(Context& c, char* top, Fiber* f) {
     *--sp = 0;                                         // r13
     *--sp = 0;                                         // r14
     *--sp = 0;                                         // r15
-    *--sp = (uint64_t)mxcsr | ((uint64_t)fpucw << 32);
+    *--sp = R.fp_control;
     c.sp = sp;
 }
 #else
@@ -289,20 +325,16 @@ void fiber_entry();
 inline void ctx_switch(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
 void ctx_make(Context& c, char* top, Fiber*) {
     getcontext(&c.uc);
+#if defined(__x86_64__)
+    c.uc.uc_mcontext.fpregs->mxcsr = (uint32_t)R.fp_control;
+    c.uc.uc_mcontext.fpregs->cwd = (uint16_t)(R.fp_control >> 32);
+#endif
     c.uc.uc_stack.ss_sp = top - (kStackBytes - 4096);
     c.uc.uc_stack.ss_size = kStackBytes - 4096;
     c.uc.uc_link = nullptr;
     makecontext(&c.uc, fiber_entry, 0);
 }
 #endif
-
-// Gives back the stack a returned fiber left (on whatever runs after a switch).
-inline void reclaim() {
-    if (__builtin_expect(R.zombie >= 0, 0)) {
-        stacks.give(R.zombie);
-        R.zombie = -1;
-    }
-}
 
 // From a fiber whose launch has failed: back to the scheduler for good.
 [[noreturn]] void abandon(Fiber* f) {
@@ -330,21 +362,21 @@ inline void push_ready(Fiber& f) {
     R.ready[(R.head + R.queued++) & R.mask] = &f;
 }
 
-// The fiber to run next: the first released one, else the next thread to start (Fresh, without
-// a stack); null when neither is left.
-inline Fiber* pick_next() {
-    if (R.queued > 0) {
-        Fiber* f = R.ready[R.head];
-        R.head = (R.head + 1) & R.mask;
-        R.queued--;
-        return f;
-    }
-    if (R.next < R.n) {
-        Fiber* f = &R.fibers[R.next++];
-        f->state = Fresh;
-        return f;
-    }
-    return nullptr;
+// The first released fiber to resume, or null.
+inline Fiber* pop_ready() {
+    if (R.queued == 0) return nullptr;
+    Fiber* f = R.ready[R.head];
+    R.head = (R.head + 1) & R.mask;
+    R.queued--;
+    return f;
+}
+
+// The next thread to start (made Fresh, without a stack), or null.
+inline Fiber* next_fresh() {
+    if (R.next == R.n) return nullptr;
+    Fiber* f = &R.fibers[R.next++];
+    f->state = Fresh;
+    return f;
 }
 
 // Makes `f` the running fiber (its indices the kernel's).
@@ -360,23 +392,32 @@ void start_on_new_stack(Fiber* f) {
     ctx_make(f->ctx, stacks.top[(size_t)f->stack], f);
 }
 
-// From the fiber `f`, which now waits: on to the next fiber to run until `f` is resumed (if
-// ever), or to the scheduler when none can run.
+// From the fiber `f`, which now waits: on to the next fiber to run (the first released one,
+// else the next thread to start) until `f` is resumed (if ever), or to the scheduler when none
+// can run.
 inline void suspend(Fiber* f) {
-    Fiber* g = pick_next();
-    if (g == f) {  // its own barrier released it first
+    Fiber* g = pop_ready();
+    if (!g) {
+        g = next_fresh();
+        if (__builtin_expect(!g, 0)) {
+            R.current = nullptr;
+            ctx_switch(f->ctx, R.sched);
+            return;
+        }
+        start_on_new_stack(g);
+    }
+    enter(g);
+    ctx_switch(f->ctx, g->ctx);
+}
+
+// As suspend, for the fiber whose arrival released its barrier: it may be the first to resume.
+inline void suspend_released(Fiber* f) {
+    if (R.ready[R.head] == f) {
+        pop_ready();
         f->state = Running;
         return;
     }
-    if (__builtin_expect(!g, 0)) {
-        R.current = nullptr;
-        ctx_switch(f->ctx, R.sched);
-    } else {
-        if (g->state == Fresh) start_on_new_stack(g);
-        enter(g);
-        ctx_switch(f->ctx, g->ctx);
-    }
-    reclaim();
+    suspend(f);
 }
 
 void release_block() {
@@ -385,13 +426,12 @@ void release_block() {
     R.bar_count = 0;
 }
 
-inline void release_warp(unsigned w) {
-    Warp& wp = R.warps[w];
-    Fiber* lanes = &R.fibers[w * 32];
+inline void release_warp(Warp& wp) {
+    Fiber* lanes = &R.fibers[(size_t)(&wp - R.warps.data()) * 32];
     for (unsigned l = 0; l < wp.size; l++) {
         Fiber& f = lanes[l];
         if (f.state != Waiting || f.at != AtWarp) continue;
-        if (wp.kind == Shuffle) f.result = lanes[(unsigned)f.src].value;
+        if (wp.kind() == Shuffle) f.result = lanes[(unsigned)f.src].value;
         push_ready(f);
     }
     wp.count = 0;
@@ -399,31 +439,34 @@ inline void release_warp(unsigned w) {
 
 TERSE_COLD [[noreturn]] void divergent_collective(Fiber* f, const Warp& wp, Collective kind,
                                                   int line) {
-    if (wp.kind != kind)
+    if (wp.kind() != kind)
         fail_on(f, std::string("the lanes of a warp wait in different collectives (") +
-                       collective_name(wp.kind) + " at line " + std::to_string(wp.line) + ", " +
+                       collective_name(wp.kind()) + " at line " + std::to_string(wp.line()) + ", " +
                        collective_name(kind) + " at line " + std::to_string(line) +
                        "): divergent control flow");
     fail_on(f, std::string(collective_name(kind)) + " reached from different lines (first at line " +
-                   std::to_string(wp.line) + ", this one at " + std::to_string(line) +
+                   std::to_string(wp.line()) + ", this one at " + std::to_string(line) +
                    "): divergent control flow");
 }
 
 // A lane arrives at its warp's collective `kind` from `line` and waits for the others.
 inline void arrive_warp(Fiber* f, Collective kind, int line) {
-    unsigned w = f->tid / 32;
-    Warp& wp = R.warps[w];
+    Warp& wp = *f->warp;
+    uint64_t key = collective_key(kind, line);
     if (wp.count == 0) {
-        wp.kind = kind;
-        wp.line = line;
-    } else if (__builtin_expect(wp.kind != kind || wp.line != line, 0)) {
+        wp.key = key;
+    } else if (__builtin_expect(wp.key != key, 0)) {
         divergent_collective(f, wp, kind, line);
     }
     f->state = Waiting;
     f->at = AtWarp;
     f->line = line;
-    if (++wp.count == wp.live) release_warp(w);
-    suspend(f);
+    if (++wp.count == wp.live) {
+        release_warp(wp);
+        suspend_released(f);
+    } else {
+        suspend(f);
+    }
 }
 
 // On the scheduler: every live thread waits and none can go on.
@@ -445,8 +488,8 @@ TERSE_COLD void deadlock() {
         const Warp& wp = R.warps[w];
         if (wp.count == 0) continue;
         what += " warp " + std::to_string(w) + ": " + std::to_string(wp.count) + " of " +
-                std::to_string(wp.live) + " lanes wait in " + collective_name(wp.kind) +
-                " at line " + std::to_string(wp.line) + ";";
+                std::to_string(wp.live) + " lanes wait in " + collective_name(wp.kind()) +
+                " at line " + std::to_string(wp.line()) + ";";
         shown++;
     }
     what.pop_back();
@@ -455,7 +498,7 @@ TERSE_COLD void deadlock() {
 
 TERSE_COLD void exited_in_collective(Fiber* f, const Warp& wp) {
     record(f, std::string("returned while lanes of its warp wait in a ") +
-                  collective_name(wp.kind) + " at line " + std::to_string(wp.line) +
+                  collective_name(wp.kind()) + " at line " + std::to_string(wp.line()) +
                   " (a partial-warp collective)");
 }
 
@@ -463,7 +506,7 @@ TERSE_COLD void exited_in_collective(Fiber* f, const Warp& wp) {
 inline void exited(Fiber* f) {
     f->state = Done;
     R.live--;
-    Warp& wp = R.warps[f->tid / 32];
+    Warp& wp = *f->warp;
     wp.live--;
     if (__builtin_expect(wp.count > 0, 0)) {
         exited_in_collective(f, wp);
@@ -485,18 +528,19 @@ void run_block() {
     R.next = 0;
     R.live = R.n;
     R.bar_count = 0;
-    Fiber* f = pick_next();
+    Fiber* f = next_fresh();
     start_on_new_stack(f);
     enter(f);
     ctx_switch(R.sched, f->ctx);
     R.current = nullptr;
-    reclaim();
     if (!R.failed && R.live > 0) deadlock();
 }
 }  // namespace
 
-// The fiber's body: the kernel for its thread; then the next thread not yet started on the same
-// stack, or a switch to the next released fiber (or the scheduler) for good.
+// The fiber's body: the kernel for its thread; then a switch to the next released fiber for
+// good, else the next thread not yet started on the same stack, else back to the scheduler. The
+// stack goes back to the pool before the switch away from it: nothing takes a stack before the
+// switch, and what runs next may reuse it.
 #if TERSE_FIBERS_ASM
 extern "C" void terse_fiber_main(void* fiber) {
     Fiber* f = static_cast<Fiber*>(fiber);
@@ -505,7 +549,6 @@ namespace {
 void fiber_entry() {
     Fiber* f = R.current;
 #endif
-    reclaim();
     for (;;) {
         try {
             R.body(R.params);
@@ -521,15 +564,19 @@ void fiber_entry() {
             ctx_switch(f->ctx, R.sched);
             __builtin_unreachable();
         }
-        Fiber* g = pick_next();
-        if (g && g->state == Fresh) {
-            g->stack = f->stack;
-            f->stack = -1;
-            enter(g);
-            f = g;
-            continue;
+        Fiber* g = pop_ready();
+        if (!g) {
+            g = next_fresh();
+            if (g) {
+                g->stack = f->stack;
+                f->stack = -1;
+                restore_fp_control();
+                enter(g);
+                f = g;
+                continue;
+            }
         }
-        R.zombie = f->stack;
+        stacks.give(f->stack);
         f->stack = -1;
         if (g) {
             enter(g);
@@ -574,16 +621,21 @@ void sync_block(int line) {
     f->state = Waiting;
     f->at = AtBlock;
     f->line = line;
-    if (++R.bar_count == R.live) release_block();
-    suspend(f);
+    if (++R.bar_count == R.live) {
+        release_block();
+        suspend_released(f);
+    } else {
+        suspend(f);
+    }
 }
 
 void sync_warp(int line) { arrive_warp(on_fiber("__syncwarp"), SyncWarp, line); }
 
 uint64_t exchange(uint64_t v, int src, int line) {
     Fiber* f = on_fiber("a warp shuffle");
-    const Warp& wp = R.warps[f->tid / 32];
-    if (__builtin_expect(wp.size != 32 || wp.live != 32, 0)) partial_warp_shuffle(f, wp, line);
+    const Warp& wp = *f->warp;
+    // live <= size <= 32
+    if (__builtin_expect(wp.live != 32, 0)) partial_warp_shuffle(f, wp, line);
     f->value = v;
     f->src = src & 31;
     arrive_warp(f, Shuffle, line);
@@ -619,7 +671,6 @@ extern "C" int terse_fake_run(const char* name, const unsigned grid[3], const un
     R.n = (unsigned)threads;
     R.failed = false;
     R.error.clear();
-    R.zombie = -1;
     R.fibers.assign(R.n, Fiber{});
     dim3 idx{0, 0, 0};
     for (unsigned t = 0; t < R.n; t++) {
@@ -637,6 +688,8 @@ extern "C" int terse_fake_run(const char* name, const unsigned grid[3], const un
     R.warps.assign((R.n + 31) / 32, Warp{});
     for (size_t w = 0; w < R.warps.size(); w++)
         R.warps[w].size = std::min(32u, R.n - 32 * (unsigned)w);
+    for (Fiber& f : R.fibers) f.warp = &R.warps[f.tid / 32];
+    R.fp_control = fp_control();
     unsigned ring = 1;
     while (ring < R.n) ring *= 2;
     R.ready.assign(ring, nullptr);

@@ -1,4 +1,4 @@
-// fake_gpu/tests/gemm_test.cpp: unit test of the emulated cuBLAS (fake_gpu/cublas.cpp) against a
+// fake_gpu/tests/gemm_test.cpp: unit test of the emulated cuBLAS (fake_gpu/cublas/) against a
 // naive triple loop in double: every transpose pair, odd sizes, padded leading dimensions, batch
 // strides (0 included), alpha/beta, f32/f16/bf16/f64, exact rounding, NaN safety, bad arguments.
 // Prints one line per failure; exits nonzero if any.

@@ -1,10 +1,6 @@
-// Tests of the emulated NCCL (fake_gpu/nccl.cpp): ranks are fork()ed processes, as under
+// Tests of the emulated NCCL (fake_gpu/nccl/): ranks are fork()ed processes, as under
 // `cargo xtask train --nproc N`; prints one line per failure and exits nonzero on any.
-//
-//   g++ -std=c++17 -O2 -Wall -I fake_gpu -I ~/.cache/cuda-13.0/include
-//       fake_gpu/tests/nccl_test.cpp fake_gpu/nccl.cpp fake_gpu/tests/host_stub.cpp
-//       -lrt -pthread -o /tmp/fn/nccl_test
-//   /tmp/fn/nccl_test
+// `cargo xtask fake-gpu --self-test` builds and runs it against target/fake-gpu/lib.
 #include <dirent.h>
 #include <nccl.h>
 #include <signal.h>
@@ -47,8 +43,8 @@ void fail(const char* fmt, ...) {
         if (!(cond)) fail(__VA_ARGS__); \
     } while (0)
 
-// Device memory (fake_gpu.h): with the real libcuda.so.1, ncclAllReduce & co. check that their
-// buffers lie in live device blocks; with host_stub.cpp this is malloc.
+// Device memory (fake_gpu.h): ncclAllReduce & co. check that their buffers lie in live device
+// blocks of libcuda.so.1.
 template <class T>
 struct DevAlloc {
     using value_type = T;

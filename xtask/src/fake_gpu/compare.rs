@@ -49,7 +49,8 @@ pub(super) const TOLERANCES: [Tolerance; 2] = [
 /// The metrics compared with a relative tolerance (the SFT loss is held to a tenth of it).
 const OPTIM: [&str; 3] = ["loss", "grad_norm", "entropy"];
 /// What the rollout sampled and how it scored.
-const ROLLOUT: [&str; 8] = [
+const ROLLOUT: [&str; 9] = [
+    "preemptions",
     "reward",
     "accuracy",
     "format_ok",
@@ -133,7 +134,7 @@ pub(super) fn violations(cpu: &[Value], dev: &[Value], tol: &Tolerance) -> Vec<S
             }
         }
         if let Some(g) = num(d, "logp_gap") {
-            if !(g <= tol.logp_gap) {
+            if g.is_nan() || g > tol.logp_gap {
                 out.push(format!("{}: {g} > {}", at("logp_gap"), tol.logp_gap));
             }
         }
@@ -141,14 +142,16 @@ pub(super) fn violations(cpu: &[Value], dev: &[Value], tol: &Tolerance) -> Vec<S
     out
 }
 
-/// `config` with `run.device`, `run.compute` and `run.name` set, written under `dir`; returns
-/// the file and the run's metrics path.
+/// `config` with `run.device`, `run.compute`, `run.resume` and `run.name` (the config's name,
+/// the device, the compute and `label`) set, written under `dir`; returns the file and the run's
+/// metrics path (a fresh run's directory is cleared first).
 pub(super) fn variant(
     config: &Path,
     dir: &Path,
     device: &str,
     compute: &str,
-    ranks: usize,
+    label: &str,
+    resume: &str,
 ) -> Result<(PathBuf, PathBuf)> {
     let text =
         std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
@@ -165,7 +168,7 @@ pub(super) fn variant(
         .and_then(|v| v.as_str())
         .unwrap_or("default")
         .to_string();
-    let name = format!("{base}-{}-{compute}-r{ranks}", device.replace(':', ""));
+    let name = format!("{base}-{}-{compute}-{label}", device.replace(':', ""));
     let runs = run
         .get("dir")
         .and_then(|v| v.as_str())
@@ -174,13 +177,13 @@ pub(super) fn variant(
     run.insert("device".into(), device.into());
     run.insert("compute".into(), compute.into());
     run.insert("name".into(), name.clone().into());
-    run.insert("resume".into(), "never".into());
+    run.insert("resume".into(), resume.into());
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let file = dir.join(format!("{name}.toml"));
     std::fs::write(&file, toml::to_string(&doc)?)
         .with_context(|| format!("writing {}", file.display()))?;
     let run_dir = PathBuf::from(runs).join(&name);
-    if run_dir.exists() {
+    if resume == "never" && run_dir.exists() {
         std::fs::remove_dir_all(&run_dir)
             .with_context(|| format!("clearing {}", run_dir.display()))?;
     }
@@ -241,9 +244,38 @@ pub(super) fn rank_violations(one: &[Value], two: &[Value]) -> Vec<String> {
             }
         }
         if let (Some(x), Some(y)) = (num(a, "loss"), num(b, "loss")) {
-            if !((x - y).abs() <= 1e-6 * x.abs().max(1.0)) {
+            let d = (x - y).abs();
+            if d.is_nan() || d > 1e-6 * x.abs().max(1.0) {
                 out.push(format!("{at}: loss {x} (one rank) vs {y}"));
             }
+        }
+    }
+    out
+}
+
+/// A resumed run against the uninterrupted one: every line equal but its timing.
+pub(super) fn resume_violations(whole: &[Value], resumed: &[Value]) -> Vec<String> {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.as_object_mut() {
+            m.retain(|k, _| !k.contains("time") && !k.ends_with("_s"));
+        }
+        v
+    };
+    let mut out = vec![];
+    if whole.len() != resumed.len() {
+        out.push(format!(
+            "resume: {} metrics lines against {}",
+            resumed.len(),
+            whole.len()
+        ));
+    }
+    for (a, b) in whole.iter().zip(resumed) {
+        if strip(a) != strip(b) {
+            out.push(format!(
+                "resume: {} step {} differs: {a} vs {b}",
+                a["phase"], a["step"]
+            ));
         }
     }
     out
@@ -289,6 +321,8 @@ mod tests {
         // bf16 lets the rollouts differ but not the log-prob gap.
         assert_eq!(violations(&cpu, &far, &TOLERANCES[1]).len(), 1);
         assert!(rank_violations(&cpu, &cpu).is_empty());
+        assert!(resume_violations(&cpu, &cpu).is_empty());
+        assert_eq!(resume_violations(&cpu, &close).len(), 2);
         assert_eq!(rank_violations(&cpu, &far).len(), 2);
         let short = &far[..1];
         assert!(violations(&cpu, short, &TOLERANCES[1])[0].contains("1 metrics lines"));

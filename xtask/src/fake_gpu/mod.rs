@@ -31,8 +31,14 @@ pub struct Args {
     self_test: bool,
     /// Run this training config on the CPU, then on the emulated `cuda:0` in f32 and in bf16
     /// compute, and hold each device run's metrics to the CPU's (compare.rs's tolerances).
+    /// With it: a kill -9 of the f32 run after its first checkpoint, and a resume that must
+    /// equal the uninterrupted run.
     #[arg(long, value_name = "CONFIG")]
     compare: Option<PathBuf>,
+    /// Run each config on the CPU and on the emulated `cuda:0` in f32 compute only, held to the
+    /// CPU run (one short config per feature: configs/fake_gpu/).
+    #[arg(long, value_name = "CONFIG", num_args = 1..)]
+    compare_f32: Vec<PathBuf>,
     /// The CUDA toolchain directory (default ~/.cache/cuda-13.0, installed on first use).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -68,7 +74,7 @@ const LIBS: &[Lib] = &[
     },
     Lib {
         soname: "libcublas.so.13",
-        sources: &["cublas.cpp"],
+        sources: &["cublas/api.cpp", "cublas/kernel.cpp"],
         links: &["-l:libcuda.so.1", "-pthread"],
     },
     Lib {
@@ -78,13 +84,20 @@ const LIBS: &[Lib] = &[
     },
     Lib {
         soname: "libnccl.so.2",
-        sources: &["nccl.cpp"],
+        sources: &[
+            "nccl/api.cpp",
+            "nccl/segment.cpp",
+            "nccl/waits.cpp",
+            "nccl/collectives.cpp",
+            "nccl/reduce.cpp",
+        ],
         links: &["-l:libcuda.so.1", "-lrt", "-pthread"],
     },
 ];
 
 /// The emulation's own test programs: source, and the libraries each links.
 const TESTS: &[(&str, &[&str])] = &[
+    ("driver_test.cpp", &["-l:libcuda.so.1"]),
     ("gemm_test.cpp", &["-l:libcublas.so.13", "-l:libcuda.so.1"]),
     (
         "curand_test.cpp",
@@ -114,8 +127,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         return self_test(&out, &lib_dir, &kernels_dir, &include);
     }
     let bin = crate::gpu::build_cuda_binary(&env)?;
-    if let Some(config) = &args.compare {
-        return compare_runs(&bin, config, &lib_dir, &kernels_dir, &args);
+    if args.compare.is_some() || !args.compare_f32.is_empty() {
+        return compare_runs(&bin, &lib_dir, &kernels_dir, &args);
     }
     let mut cmd = Command::new(&bin);
     cmd.args(&args.args);
@@ -130,62 +143,140 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
-/// `--compare`: the CPU run, then the device runs, each checked against it.
-fn compare_runs(
-    bin: &Path,
-    config: &Path,
-    lib_dir: &Path,
-    kernels_dir: &Path,
-    args: &Args,
-) -> Result<ExitCode> {
+/// `--compare` and `--compare-f32`: the CPU run, then the device runs, each checked against it.
+fn compare_runs(bin: &Path, lib_dir: &Path, kernels_dir: &Path, args: &Args) -> Result<ExitCode> {
     let dir = PathBuf::from(OUT).join("compare");
-    let train = |device: &str, compute: &str, ranks: usize| -> Result<Vec<serde_json::Value>> {
-        let (file, metrics) = compare::variant(config, &dir, device, compute, ranks)?;
-        println!(
-            "== fake-gpu --compare: {device}, {compute} compute, {ranks} rank(s) ({})",
-            file.display()
-        );
+    let command = |file: &Path, ranks: usize| -> Result<Command> {
         let mut cmd = Command::new(bin);
-        cmd.arg("train").arg("--config").arg(&file);
+        cmd.arg("train").arg("--config").arg(file);
         if ranks > 1 {
             cmd.arg("--nproc").arg(ranks.to_string());
         }
         device_env(&mut cmd, lib_dir, kernels_dir, args)?;
+        Ok(cmd)
+    };
+    let train = |config: &Path, device: &str, compute: &str, ranks: usize| {
+        let label = format!("{ranks}ranks");
+        let (file, metrics) = compare::variant(config, &dir, device, compute, &label, "never")?;
+        println!(
+            "== fake-gpu --compare: {device}, {compute} compute, {ranks} rank(s) ({})",
+            file.display()
+        );
         let t0 = std::time::Instant::now();
-        let status = cmd
+        let status = command(&file, ranks)?
             .status()
             .with_context(|| format!("running {}", bin.display()))?;
         if !status.success() {
-            bail!("training on {device} ({compute}) failed ({status})");
+            bail!(
+                "training {} on {device} ({compute}) failed ({status})",
+                config.display()
+            );
         }
         println!("   {:.0} s", t0.elapsed().as_secs_f64());
         compare::read_metrics(&metrics)
     };
-    let cpu = train("cpu", "auto", 1)?;
     let mut bad = vec![];
     let mut table = vec![
-        "| compute | loss (max rel) | grad_norm | entropy | rollouts | logp gap (max) |"
+        "| config | compute | loss (max rel) | grad_norm | entropy | rollouts | logp gap (max) |"
             .to_string(),
-        "|---|---|---|---|---|---|".to_string(),
+        "|---|---|---|---|---|---|---|".to_string(),
     ];
-    let mut f32_run = vec![];
-    for tol in &compare::TOLERANCES {
-        let dev = train("cuda:0", tol.compute, 1)?;
-        table.push(compare::summary(&cpu, &dev, tol));
-        bad.extend(compare::violations(&cpu, &dev, tol));
-        if tol.compute == "f32" {
-            f32_run = dev;
+    let name = |c: &Path| {
+        c.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    if let Some(config) = &args.compare {
+        let cpu = train(config, "cpu", "auto", 1)?;
+        let mut f32_run = vec![];
+        for tol in &compare::TOLERANCES {
+            let dev = train(config, "cuda:0", tol.compute, 1)?;
+            table.push(format!(
+                "| {} {}",
+                name(config),
+                compare::summary(&cpu, &dev, tol)
+            ));
+            bad.extend(compare::violations(&cpu, &dev, tol));
+            if tol.compute == "f32" {
+                f32_run = dev;
+            }
         }
+        // "cuda": rank r takes cuda:r, as on a GPU node.
+        let two = train(config, "cuda", "f32", 2)?;
+        bad.extend(compare::rank_violations(&f32_run, &two));
+        bad.extend(resume_check(config, &dir, &command, &f32_run)?);
     }
-    // "cuda": rank r takes cuda:r, as on a GPU node.
-    let two = train("cuda", "f32", 2)?;
-    bad.extend(compare::rank_violations(&f32_run, &two));
+    for config in &args.compare_f32 {
+        let cpu = train(config, "cpu", "auto", 1)?;
+        let dev = train(config, "cuda:0", "f32", 1)?;
+        table.push(format!(
+            "| {} {}",
+            name(config),
+            compare::summary(&cpu, &dev, &compare::TOLERANCES[0])
+        ));
+        bad.extend(compare::violations(&cpu, &dev, &compare::TOLERANCES[0]));
+    }
     println!("{}", table.join("\n"));
     compare::check(&bad)?;
-    println!(
-        "fake-gpu --compare: f32 and bf16 agree with the CPU within the tolerances, 2 ranks with 1"
-    );
+    println!("fake-gpu --compare: every device run agrees with the CPU within its tolerances");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The f32 device run again, killed (SIGKILL) once its first checkpoint is on disk, then
+/// resumed onto the device: its metrics must equal `whole`'s.
+fn resume_check(
+    config: &Path,
+    dir: &Path,
+    command: &dyn Fn(&Path, usize) -> Result<Command>,
+    whole: &[serde_json::Value],
+) -> Result<Vec<String>> {
+    let (file, metrics) = compare::variant(config, dir, "cuda:0", "f32", "resumed", "never")?;
+    let run_dir = metrics.parent().context("a run directory")?.to_path_buf();
+    println!(
+        "== fake-gpu --compare: kill -9 after the first checkpoint, then resume ({})",
+        file.display()
+    );
+    let mut child = command(&file, 1)?
+        .spawn()
+        .context("starting the run to kill")?;
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("the run to kill ended by itself first ({status})");
+        }
+        if has_checkpoint(&run_dir) {
+            break;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(600) {
+            let _ = child.kill();
+            bail!("no checkpoint in {} after 600 s", run_dir.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().context("kill -9")?;
+    child.wait()?;
+    let (file, metrics) = compare::variant(config, dir, "cuda:0", "f32", "resumed", "auto")?;
+    let status = command(&file, 1)?.status().context("resuming")?;
+    if !status.success() {
+        bail!("the resumed run failed ({status})");
+    }
+    Ok(compare::resume_violations(
+        whole,
+        &compare::read_metrics(&metrics)?,
+    ))
+}
+
+/// Whether a GRPO checkpoint after step 0 is there (checkpoint.rs renames a complete one into
+/// place, so its directory existing means it is whole).
+fn has_checkpoint(run_dir: &Path) -> bool {
+    std::fs::read_dir(run_dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()).any(|e| {
+                e.file_name().to_string_lossy().starts_with("step_00000")
+                    && e.file_name() != "step_000000"
+            })
+        })
+        .unwrap_or(false)
 }
 
 /// The environment that puts the emulated device under a process.
@@ -222,8 +313,10 @@ fn compile(out: &Path, sources: &[PathBuf], flags: &[String]) -> Result<()> {
             &std::fs::read_to_string(s).with_context(|| format!("reading {}", s.display()))?,
         );
     }
-    for h in ["fake_gpu/fake_gpu.h", "fake_gpu/modules.h"] {
-        key.push_str(&std::fs::read_to_string(h).with_context(|| format!("reading {h}"))?);
+    for h in headers(Path::new("fake_gpu"))? {
+        key.push_str(
+            &std::fs::read_to_string(&h).with_context(|| format!("reading {}", h.display()))?,
+        );
     }
     let stamp = out.with_extension("stamp");
     let digest = format!("{:016x}", fnv(key.as_bytes()));
@@ -242,6 +335,22 @@ fn compile(out: &Path, sources: &[PathBuf], flags: &[String]) -> Result<()> {
         bail!("g++ failed building {} ({status})", out.display());
     }
     std::fs::write(&stamp, digest).with_context(|| format!("writing {}", stamp.display()))
+}
+
+/// Every header under `dir` (fake_gpu/'s own and its libraries' private ones), sorted, so a
+/// change to any of them rebuilds what includes it.
+fn headers(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = e?.path();
+        if p.is_dir() && p.file_name().is_some_and(|n| n != "tests") {
+            out.extend(headers(&p)?);
+        } else if p.extension().is_some_and(|x| x == "h") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// FNV-1a: a stable digest for the build stamps (no dependency for a cache key).
@@ -296,6 +405,7 @@ fn self_test(out: &Path, lib_dir: &Path, kernels_dir: &Path, include: &Path) -> 
             trace: false,
             self_test: true,
             compare: None,
+            compare_f32: vec![],
             dir: None,
             args: vec![],
         };
