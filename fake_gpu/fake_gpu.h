@@ -72,7 +72,7 @@ float elapsed_ms(Event start, Event end);
 
 }  // namespace fake_gpu
 
-// ---- Kernels' CPU builds (xtask/src/fake_gpu/kernels.rs writes them; modules.cpp loads them).
+// ---- Kernels' CPU builds (xtask/src/fake_gpu/kernels/ writes them; modules.cpp loads them).
 // Each module's shared library (libterse_fake_<module>.so in TERSE_FAKE_GPU_KERNELS) exports
 // `terse_fake_kernels`: every `extern "C" __global__` entry of its .cu source with a trampoline
 // that unpacks cuLaunchKernel's kernelParams into the kernel's parameters.
@@ -82,7 +82,7 @@ struct terse_fake_kernel {
     void (*body)(void** params);
 };
 typedef const terse_fake_kernel* (*terse_fake_kernels_fn)(size_t* count);
-// The SIMT runtime (fibers.cpp, in libcuda.so.1): runs `body` over grid x block CUDA threads
+// The SIMT runtime (fake_gpu/fibers/, in libcuda.so.1): runs `body` over grid x block CUDA threads
 // (three-dimensional), with `shared_bytes` of dynamic shared memory; 0, or 1 with the error
 // (naming the kernel, block, thread and line) in `err`.
 int terse_fake_run(const char* name, const unsigned grid[3], const unsigned block[3],

@@ -1,7 +1,7 @@
 // Modules and launches of the emulated CUDA device: cuModuleLoadData's PTX is read for its
 // `.entry` names and each entry's parameter sizes; each name resolves to the CPU build of the
 // same .cu source (a libterse_fake_<module>.so in TERSE_FAKE_GPU_KERNELS, written by
-// `cargo xtask fake-gpu`), and a launch runs it through the SIMT runtime (fibers.cpp) on the
+// `cargo xtask fake-gpu`), and a launch runs it through the SIMT runtime (fake_gpu/fibers/) on the
 // launch's stream, with grid, block, dynamic shared memory and parameters exactly as given.
 #include "modules.h"
 

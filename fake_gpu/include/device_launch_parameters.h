@@ -1,4 +1,4 @@
 // The emulated CUDA device's stand-in for CUDA's <device_launch_parameters.h> in the kernels' CPU builds
-// (xtask/src/fake_gpu/kernels.rs): everything is in terse_fake_cuda.h, forced into each module.
+// (xtask/src/fake_gpu/kernels/): everything is in terse_fake_cuda.h, forced into each module.
 #pragma once
 #include "terse_fake_cuda.h"

@@ -1,10 +1,10 @@
 // The test of the emulated CUDA device's kernel side: loads the kernels' CPU builds (the
-// libterse_fake_<module>.so that xtask/src/fake_gpu/kernels.rs writes) and runs candle's and
-// terse's kernels through the fiber runtime (fibers.cpp, linked in here as libcuda.so.1 links
+// libterse_fake_<module>.so that xtask/src/fake_gpu/kernels/ writes) and runs candle's and
+// terse's kernels through the fiber runtime (fake_gpu/fibers/, linked in here as libcuda.so.1 links
 // it) with candle's own launch shapes, each against a CPU reference; then the runtime's errors
 // (crates/simt/faulty.cu, fake_gpu/tests/test_kernels.cu) and its speed.
 //
-// Linked against libcuda.so.1 (whose fibers.cpp the modules resolve terse_shim::* against) by
+// Linked against libcuda.so.1 (whose fake_gpu/fibers/ the modules resolve terse_shim::* against) by
 // `cargo xtask fake-gpu --self-test`, and run as `kernels_test <modules dir> [<test modules
 // dir>]`: the test modules (crates/simt/faulty.cu, fake_gpu/tests/test_kernels.cu) are built by
 // kernels.rs into <modules dir>/test. Exits non-zero on the first failed check, naming it.

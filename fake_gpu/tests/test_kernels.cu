@@ -1,5 +1,5 @@
 // Kernels for the emulated device's own test (kernels_test.cpp), compiled like a module by
-// xtask/src/fake_gpu/kernels.rs into <kernels dir>/test: what the fiber runtime must do beyond
+// xtask/src/fake_gpu/kernels/ into <kernels dir>/test: what the fiber runtime must do beyond
 // the shim's fixtures (crates/simt/faulty.cu): lanes of multi-dimensional blocks, a partial
 // last warp, dynamic shared memory, a device-side assert, deadlocks and early exits inside
 // collectives, and the launch geometry the modules were built with.

@@ -14,7 +14,7 @@
 // bf16 and f16 through conversions, and the math intrinsics below.
 //
 // The emulated CUDA device (fake_gpu/) compiles candle's kernels and these against the same
-// declarations: fake_gpu/fibers.cpp is its runtime for them (CUDA threads as fibers, any block
+// declarations: fake_gpu/fibers/ is its runtime for them (CUDA threads as fibers, any block
 // shape), fake_gpu/include/ adds what candle's kernels use beyond the portable subset.
 #pragma once
 #include <math.h>
@@ -42,7 +42,7 @@ struct dim3 {
 };
 
 // The index variables: one per OS thread here (every CUDA thread is one); the emulated device
-// (fake_gpu/fibers.cpp) runs a launch's CUDA threads as fibers on the launching OS thread, one
+// (fake_gpu/fibers/) runs a launch's CUDA threads as fibers on the launching OS thread, one
 // launch at a time, and defines TERSE_SHIM_PLAIN_INDICES for plain globals.
 #ifdef TERSE_SHIM_PLAIN_INDICES
 #define TERSE_SHIM_INDEX_STORAGE
