@@ -351,10 +351,12 @@ fn config_docs() -> anyhow::Result<ExitCode> {
         std::fs::read_to_string(p)
             .with_context(|| format!("reading {p} (run from the repository root)"))
     };
-    let text = terse_train::config::docs::markdown(
-        &read("crates/train/src/config/mod.rs")?,
-        &read("crates/train/src/config/sections.rs")?,
-    );
+    let mut sections = String::new();
+    for p in terse_train::config::docs::SECTION_SOURCES {
+        sections.push_str(&read(p)?);
+    }
+    let text =
+        terse_train::config::docs::markdown(&read("crates/train/src/config/mod.rs")?, &sections);
     std::fs::write("docs/config.md", text).context("writing docs/config.md")?;
     println!("wrote docs/config.md");
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,5 @@
 //! docs/config.md, generated from the config types themselves: the sections of `RunConfig`
-//! (config/mod.rs), each struct's fields and `///` comments (config/sections.rs), and each
+//! (config/mod.rs), each struct's fields and `///` comments (config/sections.rs, grpo.rs), and each
 //! key's default (the serialised `RunConfig::default()`). `cargo xtask config-docs` writes the
 //! file; a test compares the file with this output, so the page cannot go stale.
 //! Sections typed in another crate (reward, advantage, optim) point to that crate's docs and
@@ -109,7 +109,14 @@ fn sub_defaults(ty: &str) -> Option<toml::Value> {
     }
 }
 
-/// The markdown page, from the sources of config/mod.rs and config/sections.rs.
+/// The files that define the config's sections, whose sources (concatenated, in this order)
+/// are `markdown`'s second argument.
+pub const SECTION_SOURCES: [&str; 2] = [
+    "crates/train/src/config/sections.rs",
+    "crates/train/src/config/grpo.rs",
+];
+
+/// The markdown page, from the sources of config/mod.rs and of [`SECTION_SOURCES`].
 pub fn markdown(mod_rs: &str, sections_rs: &str) -> String {
     let all = structs(sections_rs);
     let top = structs(mod_rs);

@@ -1,12 +1,14 @@
 //! The run configuration: one TOML file, every field defaulted and documented, unknown keys
 //! rejected, validated into the resolved config that is saved with the run. The sections and
-//! their closed enums (the TOML face) live in sections.rs.
+//! their closed enums (the TOML face) live in sections.rs and grpo.rs.
 
 mod device;
 pub mod docs;
+mod grpo;
 mod length;
 mod sections;
 
+pub use grpo::*;
 pub use sections::*;
 
 use anyhow::{bail, Context, Result};
