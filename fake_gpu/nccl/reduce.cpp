@@ -7,6 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "float16.h"
 #include "internal.h"
 
 namespace fake_nccl {
@@ -27,55 +28,12 @@ bool reducible(ncclDataType_t t) {
 
 namespace {
 
-// ---- Element types: f16 and bf16 are reduced in f32 and rounded (to nearest even) once.
-float bf16_to_f32(uint16_t h) {
-    uint32_t b = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-}
-
-uint16_t f32_to_bf16(float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);  // quiet NaN
-    b += 0x7fffu + ((b >> 16) & 1);
-    return (uint16_t)(b >> 16);
-}
-
-float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    uint32_t b;
-    if (exp == 0) {
-        float v = std::ldexp((float)mant, -24);
-        return sign ? -v : v;
-    } else if (exp == 31) {
-        b = sign | 0x7f800000u | (mant << 13);
-    } else {
-        b = sign | ((exp + 112) << 23) | (mant << 13);
-    }
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-}
-
-uint16_t f32_to_f16(float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    uint16_t sign = (uint16_t)((b >> 16) & 0x8000);
-    uint32_t abs = b & 0x7fffffffu;
-    if (abs > 0x7f800000u) return sign | 0x7e00;  // NaN
-    float a;
-    std::memcpy(&a, &abs, 4);
-    if (a >= 65520.0f) return sign | 0x7c00;  // rounds to infinity (or is one)
-    if (a < 6.103515625e-05f) {               // below 2^-14: a subnormal (or zero) result
-        return sign | (uint16_t)std::nearbyint(a * 16777216.0f);  // units of 2^-24, RNE
-    }
-    uint32_t exp = (abs >> 23) - 112, mant = abs & 0x7fffff;
-    uint32_t h = (exp << 10) | (mant >> 13), rem = mant & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
-    return sign | (uint16_t)h;
-}
+// ---- Element types: f16 and bf16 are reduced in f32 and rounded (to nearest even) once, with
+// fake_gpu/float16.h's conversions.
+using fake_gpu::bf16_to_f32;
+using fake_gpu::f16_to_f32;
+using fake_gpu::f32_to_bf16;
+using fake_gpu::f32_to_f16;
 
 template <class T>
 struct Plain {
