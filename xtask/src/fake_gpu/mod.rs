@@ -13,8 +13,9 @@ use std::process::{Command, ExitCode};
 /// Where the libraries and the kernels' CPU builds go.
 const OUT: &str = "target/fake-gpu";
 
-#[derive(clap::Args)]
-pub struct Args {
+/// How the emulated device behaves (TERSE_FAKE_GPU_* in the process it runs under).
+#[derive(clap::Args, Default)]
+struct Switches {
     /// Streams complete their work only at a synchronisation point, so a host read that lacks
     /// its sync sees stale memory.
     #[arg(long)]
@@ -25,6 +26,12 @@ pub struct Args {
     /// One line per driver call and launch on stderr.
     #[arg(long)]
     trace: bool,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    switches: Switches,
     /// Build and run the emulation's own tests (GEMM against a reference, cuRAND, NCCL across
     /// processes, kernels through the SIMT runtime) instead of the binary.
     #[arg(long)]
@@ -134,7 +141,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut cmd = Command::new(&bin);
     cmd.args(&args.args);
-    device_env(&mut cmd, &lib_dir, &kernels_dir, &args)?;
+    device_env(&mut cmd, &lib_dir, &kernels_dir, &args.switches)?;
     let status = cmd
         .status()
         .with_context(|| format!("running {}", bin.display()))?;
@@ -154,7 +161,7 @@ fn compare_runs(bin: &Path, lib_dir: &Path, kernels_dir: &Path, args: &Args) -> 
         if ranks > 1 {
             cmd.arg("--nproc").arg(ranks.to_string());
         }
-        device_env(&mut cmd, lib_dir, kernels_dir, args)?;
+        device_env(&mut cmd, lib_dir, kernels_dir, &args.switches)?;
         Ok(cmd)
     };
     let train = |config: &Path, device: &str, compute: &str, ranks: usize| {
@@ -282,7 +289,12 @@ fn has_checkpoint(run_dir: &Path) -> bool {
 }
 
 /// The environment that puts the emulated device under a process.
-fn device_env(cmd: &mut Command, lib_dir: &Path, kernels_dir: &Path, args: &Args) -> Result<()> {
+fn device_env(
+    cmd: &mut Command,
+    lib_dir: &Path,
+    kernels_dir: &Path,
+    switches: &Switches,
+) -> Result<()> {
     let abs = |p: &Path| -> Result<PathBuf> {
         p.canonicalize()
             .with_context(|| format!("resolving {}", p.display()))
@@ -294,13 +306,13 @@ fn device_env(cmd: &mut Command, lib_dir: &Path, kernels_dir: &Path, args: &Args
     }
     cmd.env("LD_LIBRARY_PATH", path)
         .env("TERSE_FAKE_GPU_KERNELS", abs(kernels_dir)?);
-    if args.late {
+    if switches.late {
         cmd.env("TERSE_FAKE_GPU_LATE", "1");
     }
-    if args.zero_fill {
+    if switches.zero_fill {
         cmd.env("TERSE_FAKE_GPU_FILL", "zero");
     }
-    if args.trace {
+    if switches.trace {
         cmd.env("TERSE_FAKE_GPU_TRACE", "1");
     }
     Ok(())
@@ -401,19 +413,9 @@ fn self_test(out: &Path, lib_dir: &Path, kernels_dir: &Path, include: &Path) -> 
         ];
         flags.extend(links.iter().map(|l| l.to_string()));
         compile(&exe, &[Path::new("fake_gpu/tests").join(src)], &flags)?;
-        let fake = Args {
-            late: false,
-            zero_fill: false,
-            trace: false,
-            self_test: true,
-            compare: None,
-            compare_f32: vec![],
-            dir: None,
-            args: vec![],
-        };
         let mut cmd = Command::new(&exe);
         cmd.arg(kernels_dir);
-        device_env(&mut cmd, lib_dir, kernels_dir, &fake)?;
+        device_env(&mut cmd, lib_dir, kernels_dir, &Switches::default())?;
         println!("== fake-gpu self-test: {src}");
         let status = cmd
             .status()
