@@ -1,4 +1,4 @@
-//! `cargo xtask eval`'s library path (terse_train::eval_protocol::run) on the committed testbed
+//! `cargo xtask eval`'s library path (terse_train::evals::run) on the committed testbed
 //! SFT checkpoint: R1's sampling, accuracy at token budgets with the curve PNG, the efficiency
 //! and AES tables against a base; and the benchmark configs of configs/eval/ loading their
 //! layouts' fixtures into chat prompts.
@@ -6,8 +6,8 @@
 use crate::{fixture, scratch, train::repo};
 use terse_tasks::bench::Layout;
 use terse_train::config::TaskKind;
-use terse_train::eval_metrics::AesWeights;
-use terse_train::eval_protocol::{run, EvalOptions, Protocol};
+use terse_train::evals::AesWeights;
+use terse_train::evals::{run, EvalOptions, Protocol};
 use terse_train::RunConfig;
 
 /// What `xtask eval` builds from its testbed flags: levels 1-2 (whose completions end well
@@ -54,7 +54,7 @@ fn r1_with_budgets_against_itself() {
     let aes = v.aes.expect("defined");
     assert_eq!((aes.delta_len, aes.delta_acc, aes.score), (0.0, 0.0, 0.0));
     assert_eq!(v.pass_k_retention, Some(1.0));
-    let md = terse_train::eval_table::markdown(&o);
+    let md = terse_train::evals::markdown(&o);
     assert!(
         md.starts_with("protocol r1: temperature 0.6, top-p 0.95"),
         "{md}"

@@ -49,7 +49,8 @@ fn item7_a_second_process_stops_at_once_naming_the_holder() {
     c.run.lock_wait_s = 0.0;
     let dir = root.join("busy");
     std::fs::create_dir_all(&dir).expect("dir");
-    let held = terse_train::lock::RunLock::acquire(&dir, std::time::Duration::ZERO).expect("lock");
+    let held =
+        terse_train::records::RunLock::acquire(&dir, std::time::Duration::ZERO).expect("lock");
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into());
@@ -204,13 +205,13 @@ fn item13_plots_of_huge_or_missing_numbers_end_with_an_error() {
         "{\"phase\":\"grpo\",\"step\":0,\"reward\":1e308}\n{\"phase\":\"grpo\",\"step\":1,\"reward\":-1e308}\n",
     )
     .expect("m");
-    let e = terse_train::plot::plot_run(&m, &root).expect_err("huge");
+    let e = terse_train::records::plot_run(&m, &root).expect_err("huge");
     assert!(format!("{e:#}").contains("beyond the plottable"), "{e:#}");
     std::fs::write(&m, "").expect("empty");
-    let e = terse_train::plot::plot_run(&m, &root).expect_err("empty");
+    let e = terse_train::records::plot_run(&m, &root).expect_err("empty");
     assert!(format!("{e:#}").contains("no GRPO lines"), "{e:#}");
     std::fs::write(&m, "{\"phase\":\"sft\",\"step\":0,\"loss\":1.0}\n").expect("sft only");
-    assert!(terse_train::plot::plot_run(&m, &root).is_err());
+    assert!(terse_train::records::plot_run(&m, &root).is_err());
 }
 
 #[test]
@@ -286,7 +287,7 @@ fn item15_non_finite_weights_are_refused_and_the_stop_names_the_checkpoint() {
     assert!(!root.join("nan/step_000000").exists());
     // The stop message names the newest complete checkpoint, not the run directory.
     let ok = terse_train::train(&small_config(&root, "ok", 2)).expect("run");
-    let msg = terse_train::checkpoint::last_good(Some(&ok.dir));
+    let msg = terse_train::records::last_good(Some(&ok.dir));
     assert!(msg.ends_with("step_000002"), "{msg}");
 }
 
@@ -310,13 +311,13 @@ fn item10_a_torn_last_metrics_line_still_plots() {
     let good = "{\"phase\":\"grpo\",\"step\":0,\"reward\":0.5,\"len_mean\":10.0}\n\
                 {\"phase\":\"grpo\",\"step\":1,\"reward\":0.6,\"len_mean\":9.0}\n";
     std::fs::write(&m, format!("{good}{{\"phase\":\"grpo\",\"step\":2,\"rew")).expect("m");
-    let drawn = terse_train::plot::plot_run(&m, &root).expect("the complete lines plot");
+    let drawn = terse_train::records::plot_run(&m, &root).expect("the complete lines plot");
     assert!(drawn.iter().any(|p| p.ends_with("length.png")), "{drawn:?}");
     assert_eq!(terse_train::report::read_steps(&m).expect("steps").len(), 2);
     std::fs::write(&m, format!("{{\"phase\":\"grpo\",\"ste\n{good}")).expect("m");
     let e = format!(
         "{:#}",
-        terse_train::plot::plot_run(&m, &root).expect_err("middle")
+        terse_train::records::plot_run(&m, &root).expect_err("middle")
     );
     assert!(e.contains("metrics.jsonl line 1"), "{e}");
 }

@@ -2,8 +2,8 @@
 //! from the SFT checkpoint, and rollout correction is a bit-exact no-op when the sampler's
 //! log-probs are the trainer's and engages when they are not (an f16 KV cache).
 
-use terse_train::batches::{logprobs, MicroBatching};
 use terse_train::config::{CorrectionLevel, CorrectionMethod, PolicyLossKind, RolloutCorrection};
+use terse_train::step::{logprobs, MicroBatching};
 use terse_train::{GrpoTrainer, RunConfig};
 
 /// A GSPO run of 20 steps raises the mean reward (first 5 steps against the last 5), with the
@@ -19,7 +19,7 @@ fn a_gspo_run_raises_the_reward_and_gspo_token_steps_alike() {
     c.data.levels = vec![3, 4, 5, 6];
     c.checkpoint.every = 0;
     c.reward = toml::from_str("[shaper]\nmethod = \"none\"\n").expect("reward");
-    let mut t = GrpoTrainer::from_config(c.clone(), None).expect("trainer");
+    let mut t = GrpoTrainer::builder(c.clone()).build().expect("trainer");
     let rewards: Vec<f64> = (0..20).map(|_| t.step().expect("step").reward).collect();
     let first = rewards[..5].iter().sum::<f64>() / 5.0;
     let last = rewards[15..].iter().sum::<f64>() / 5.0;
@@ -31,7 +31,7 @@ fn a_gspo_run_raises_the_reward_and_gspo_token_steps_alike() {
     let step = |kind| {
         let mut c = one.clone();
         c.grpo.loss = kind;
-        let mut t = GrpoTrainer::from_config(c, None).expect("trainer");
+        let mut t = GrpoTrainer::builder(c).build().expect("trainer");
         t.step().expect("step");
         t.policy().tensors()["model.norm.weight"]
             .to_vec1::<f32>()
@@ -49,12 +49,11 @@ fn a_gspo_run_raises_the_reward_and_gspo_token_steps_alike() {
 /// One step's update of `cfg` from the SFT checkpoint, on a rollout whose sampler log-probs
 /// are replaced by the trainer's own when `exact`; returns the report and the new weights.
 fn update(cfg: RunConfig, exact: bool) -> (terse_train::StepReport, Vec<f32>) {
-    let mut t = GrpoTrainer::from_config(cfg.clone(), None).expect("trainer");
+    let mut t = GrpoTrainer::builder(cfg.clone()).build().expect("trainer");
     let mut c = t.rollout().expect("rollout");
     if exact {
         let scored = t.score(&c).expect("score");
-        let seqs =
-            terse_train::update::sequences(&c, &scored.advantages.values, cfg.grpo.group_size);
+        let seqs = terse_train::step::sequences(&c, &scored.advantages.values, cfg.grpo.group_size);
         let how = MicroBatching::for_model(cfg.grpo.micro_batch_tokens, false, t.policy());
         let lp = logprobs(t.policy(), &seqs, how).expect("log-probs");
         for (s, lp) in c.samples.iter_mut().zip(lp) {

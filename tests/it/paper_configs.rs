@@ -280,7 +280,8 @@ fn short_rl_configs_take_a_step_on_a_tiny_qwen2_of_the_paper_layout() {
         (c.grpo.prompts_per_step, c.grpo.group_size) = (2, 2);
         c.grpo.mini_batch_prompts = None;
         c.grpo.max_new_tokens = 4;
-        let mut t = terse_train::GrpoTrainer::from_config(c, None)
+        let mut t = terse_train::GrpoTrainer::builder(c)
+            .build()
             .unwrap_or_else(|e| panic!("{file}: {e:#}"));
         assert!(t.policy().config.qkv_bias, "{file}: not loaded as Qwen2");
         let r = t.step().unwrap_or_else(|e| panic!("{file}: {e:#}"));
@@ -299,23 +300,23 @@ fn short_rl_configs_take_a_step_on_a_tiny_qwen2_of_the_paper_layout() {
 #[test]
 fn grpo_lambda_8b_fits_one_141_gb_gpu_with_lora_rank_64() {
     let mut c = load("grpo_lambda_qwen3_8b.toml");
-    let shape = terse_train::plan::model_shape(&c).expect("Qwen3-8B's shape");
+    let shape = terse_train::planning::model_shape(&c).expect("Qwen3-8B's shape");
     let gb141 = 141e9 as u64;
-    let target = terse_train::plan::Target {
+    let target = terse_train::planning::Target {
         cuda: true,
         device_bytes: Some(gb141),
         device_total: Some(gb141),
         gpus: 1,
         prompt_tokens: 512,
     };
-    let full = terse_train::plan::plan(&c, &shape, target);
+    let full = terse_train::planning::plan(&c, &shape, target);
     assert!(!full.fits(), "full fine-tuning fits?\n{}", full.table());
     c.model.lora = Some(terse_train::config::LoraSection {
         rank: 64,
         alpha: 128.0,
         ..Default::default()
     });
-    let lora = terse_train::plan::plan(&c, &shape, target);
+    let lora = terse_train::planning::plan(&c, &shape, target);
     println!("{}", lora.table());
     assert!(lora.fits(), "{}", lora.table());
     let mb = lora.max_micro_batch_tokens.expect("largest micro-batch");

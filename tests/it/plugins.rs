@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use terse_reward::{
     Advantage, AdvantageEstimator, Advantages, Group, LengthShaper, RewardError, Shaped, StepCtx,
 };
-use terse_train::loss::{LossInputs, LossStats, PolicyLoss, PpoParams};
 use terse_train::registry::Params;
-use terse_train::ShaperWithState;
+use terse_train::step::{LossInputs, LossStats, PolicyLoss, PpoParams};
 
 // Each test counts its own calls (tests run in parallel).
 static ESTIMATES: AtomicUsize = AtomicUsize::new(0);
@@ -17,7 +16,7 @@ static BUILT_ESTIMATES: AtomicUsize = AtomicUsize::new(0);
 static BUILT_LOSSES: AtomicUsize = AtomicUsize::new(0);
 
 /// 1 per right answer minus `per_token` (from `[plugins.params]`) per token.
-fn length_penalty(p: &Params) -> anyhow::Result<Box<dyn ShaperWithState>> {
+fn length_penalty(p: &Params) -> anyhow::Result<Box<dyn LengthShaper>> {
     let per_token = p
         .get("per_token")
         .and_then(|v| v.as_float())
@@ -75,9 +74,17 @@ fn counted_ppo(_: &Params) -> anyhow::Result<Box<dyn PolicyLoss>> {
 
 #[test]
 fn registered_methods_run_from_a_config_by_name() {
-    terse_train::register_shaper("length_penalty", length_penalty);
-    terse_train::register_estimator("counted_grpo", counted_grpo);
-    terse_train::register_loss("counted_ppo", counted_ppo);
+    terse_train::register_shaper("length_penalty", length_penalty).expect("a new name");
+    terse_train::register_estimator("counted_grpo", counted_grpo).expect("a new name");
+    terse_train::register_loss("counted_ppo", counted_ppo).expect("a new name");
+    // A name is taken once, a built-in's included: one line says so.
+    let e = terse_train::register_loss("counted_ppo", counted_ppo).expect_err("twice");
+    assert_eq!(
+        e.to_string(),
+        "loss \"counted_ppo\" is already registered; a name is registered once"
+    );
+    let e = terse_train::register_shaper("short_rl", length_penalty).expect_err("built-in");
+    assert!(e.to_string().contains("built-in"), "{e}");
     let root = crate::scratch("plugins");
     let text = format!(
         "[run]\ndir = {dir:?}\nname = \"plugged\"\n\n[model]\npath = {model:?}\ninit = \"checkpoint\"\n\n\
@@ -140,12 +147,10 @@ fn the_builder_attaches_an_estimator_and_a_loss() {
         .loss(ppo(&BUILT_LOSSES))
         .shaper(Box::new(|groups: &[Group], ctx: &StepCtx| {
             BUILT_SHAPES.fetch_add(1, Ordering::Relaxed);
-            terse_reward::BuiltinShaper {
-                config: Default::default(),
-                state: Default::default(),
-            }
-            .shape(groups, ctx)
-            .expect("shape")
+            terse_reward::BuiltinShaper::new(Default::default())
+                .expect("the default method")
+                .shape(groups, ctx)
+                .expect("shape")
         }))
         .build()
         .expect("trainer");

@@ -1,4 +1,4 @@
-//! The whole run loop on data-parallel ranks (`terse_train::Run::train_as_rank`, what `cargo xtask
+//! The whole run loop on data-parallel ranks (`GrpoTrainer::builder(cfg).collective(group).run()`, what `cargo xtask
 //! train --nproc N` runs in each process), here on loopback threads: rank 0 writes the same
 //! metrics, weights and optimizer state as one process with 2 and 4 ranks, and its checkpoints
 //! hold the whole optimizer, so a run resumes on any number of ranks as if it had not stopped.
@@ -39,7 +39,9 @@ pub(crate) fn max_diff(a: &Path, b: &Path) -> f32 {
 /// Runs `cfg` on `world` ranks (threads); rank 0's summary.
 pub(crate) fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
     let results = TcpGroup::on_threads(world, Duration::from_secs(300), move |g| {
-        terse_train::Run::new(&cfg).train_as_rank(Box::new(g))
+        terse_train::GrpoTrainer::builder(cfg.clone())
+            .collective(Box::new(g))
+            .run()
     });
     let mut results = results.into_iter();
     let summary = results

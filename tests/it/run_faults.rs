@@ -6,7 +6,7 @@
 
 use crate::train::small_config;
 use std::path::Path;
-use terse_train::checkpoint::{checkpoints_newest_first, first_non_finite_weight};
+use terse_train::records::{checkpoints_newest_first, first_non_finite_weight};
 
 /// Watches a run and, at every record after the SFT warm-up, plays a second process: its
 /// attempt to take the run's lock must be refused, naming this (the holding) process.
@@ -22,7 +22,7 @@ impl terse_train::Observer for SecondProcess {
             terse_train::MetricsLine::Eval(e) => format!("eval at {}", e.step),
             _ => return Ok(()),
         };
-        let e = terse_train::lock::RunLock::acquire(&self.dir, std::time::Duration::ZERO)
+        let e = terse_train::records::RunLock::acquire(&self.dir, std::time::Duration::ZERO)
             .map(|_| ())
             .expect_err("a second process took the lock mid-run");
         let e = format!("{e:#}");
@@ -58,9 +58,9 @@ fn item1_the_lock_is_held_for_the_whole_run() {
         dir: dir.clone(),
         refused: vec![],
     };
-    terse_train::Run::new(&c)
+    terse_train::GrpoTrainer::builder(c.clone())
         .observer(Box::new(watcher))
-        .train()
+        .run()
         .expect("run");
     let seen = std::fs::read_to_string(dir.join("refused.txt")).expect("refusals");
     assert_eq!(
@@ -69,7 +69,7 @@ fn item1_the_lock_is_held_for_the_whole_run() {
     );
     // Released at the end: the next start takes it at once.
     drop(
-        terse_train::lock::RunLock::acquire(&dir, std::time::Duration::ZERO)
+        terse_train::records::RunLock::acquire(&dir, std::time::Duration::ZERO)
             .expect("LOCK still held after the run"),
     );
 }
@@ -153,7 +153,9 @@ fn item2_non_finite_weights_are_never_checkpointed() {
 fn item4_a_stop_without_a_run_directory_names_no_empty_path() {
     let root = crate::scratch("run-faults-nodir");
     let cfg = absurd_lr_config(&root, "lib", "1e39");
-    let mut t = terse_train::GrpoTrainer::from_config(cfg.clone(), None).expect("trainer");
+    let mut t = terse_train::GrpoTrainer::builder(cfg.clone())
+        .build()
+        .expect("trainer");
     let e = format!("{:#}", t.step().expect_err("must stop"));
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(
@@ -272,15 +274,15 @@ fn a_failure_repeated_on_resume_is_named_with_its_sample() {
             diagnostics: Default::default(),
         }
     };
-    let first = terse_train::Run::new(&cfg)
+    let first = terse_train::GrpoTrainer::builder(cfg.clone())
         .shaper(Box::new(inf))
-        .train()
+        .run()
         .expect_err("must stop");
     let first = format!("{first:#}");
     assert!(!first.contains("same way"), "{first}");
-    let again = terse_train::Run::new(&cfg)
+    let again = terse_train::GrpoTrainer::builder(cfg.clone())
         .shaper(Box::new(inf))
-        .train()
+        .run()
         .expect_err("must stop again");
     let again = format!("{again:#}");
     assert!(

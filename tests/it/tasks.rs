@@ -200,7 +200,7 @@ fn testbed_v2_problems_are_the_same_for_sft_training_and_evaluation_and_harder_b
     let teacher = data.teacher();
     let sft_hard: usize = (0..600)
         .map(|i| {
-            let (p, trace) = terse_train::data::sft_example(0, i, &data.levels, &teacher);
+            let (p, trace) = terse_train::step::sft_example(0, i, &data.levels, &teacher);
             assert!(trace.ends_with("</answer> <|im_end|>"));
             p.ops
                 .iter()

@@ -4,9 +4,9 @@
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use terse_model::{Config, Qwen3};
-use terse_train::batches::{gradients, micro_batches, MicroBatching, Objective, Seq};
 use terse_train::config::LossAgg;
-use terse_train::loss::{agg_weights, PpoParams};
+use terse_train::step::{agg_weights, PpoParams};
+use terse_train::step::{gradients, micro_batches, MicroBatching, Objective, Seq};
 use terse_train::RunConfig;
 
 pub(crate) fn repo(p: &str) -> PathBuf {
@@ -96,7 +96,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
 /// PPO's gradients exactly, and a plain REINFORCE closure (−A · log π, weighted) trains too.
 #[test]
 fn a_custom_policy_loss_plugs_into_the_gradients() {
-    use terse_train::loss::{LossInputs, LossStats};
+    use terse_train::step::{LossInputs, LossStats};
     let model = testbed_model(2);
     let seqs: Vec<Seq> = (0..3usize)
         .map(|i| {
@@ -359,10 +359,11 @@ fn observers_see_every_record_sft_included_and_tensorboard_gets_them_all() {
     let mut c = small_config(&root, "observed", 2);
     c.log.tensorboard = true;
     let seen = std::sync::Arc::new(std::sync::Mutex::new((vec![], false)));
-    let s = terse_train::Run::new(&c)
+    let s = terse_train::GrpoTrainer::builder(c.clone())
         .observer(Box::new(Recorder(seen.clone())))
-        .train()
-        .expect("train");
+        .run()
+        .expect("train")
+        .expect("one process has the summary");
     let (mut lines, finished) = seen.lock().expect("lock").clone();
     assert!(finished, "finish was not called");
     // The observer saw exactly what metrics.jsonl holds, in order, the SFT warm-up included
@@ -389,7 +390,7 @@ fn observers_see_every_record_sft_included_and_tensorboard_gets_them_all() {
         .expect("an event file")
         .expect("entry")
         .path();
-    let scalars = terse_train::tensorboard::read_scalars(&tb).expect("events");
+    let scalars = terse_train::records::read_scalars(&tb).expect("events");
     let steps_of = |tag: &str| -> Vec<i64> {
         scalars
             .iter()

@@ -104,9 +104,9 @@ fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
             diagnostics: Default::default(),
         }
     };
-    let e = terse_train::Run::new(&c)
+    let e = terse_train::GrpoTrainer::builder(c.clone())
         .shaper(Box::new(shaper))
-        .train()
+        .run()
         .expect_err("must stop");
     let msg = format!("{e:#}");
     assert_eq!(msg.lines().count(), 1, "{msg}");

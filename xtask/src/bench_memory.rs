@@ -93,7 +93,7 @@ pub fn train_memory(as_json: bool, max_t: usize) -> Result<ExitCode> {
         // The memory plan's figure for the same step: activations, the gradients, the log-prob
         // chunks (xtask plan adds the weights and the optimizer state on top).
         let chunk = terse_model::logprob::DEFAULT_CHUNK_ROWS * cfg.vocab_size * 4;
-        let planned = terse_train::plan::activation_bytes(&cfg, t as u64, 4, true) as usize
+        let planned = terse_train::planning::activation_bytes(&cfg, t as u64, 4, true) as usize
             + cfg.num_parameters() * 4
             + 3 * chunk;
         match old {

@@ -27,7 +27,7 @@ fn terse_steps(attention: AttentionKind, packing: bool, steps: usize) -> Result<
     cfg.model.attention = attention;
     cfg.grpo.packing = packing;
     cfg.sft.steps = 0;
-    let mut trainer = GrpoTrainer::from_config(cfg, None)?;
+    let mut trainer = GrpoTrainer::builder(cfg).build()?;
     let mut times = vec![];
     for i in 0..=steps {
         let t0 = std::time::Instant::now();

@@ -1,14 +1,14 @@
 //! `cargo xtask eval`: a checkpoint on held-out testbed problems (or a run config's task):
 //! pass@1 / pass@k and mean tokens by level, the efficiency metrics, and against a base model the
 //! compression rate, AES and pass@k retention; optionally under a sampling protocol (`--protocol
-//! r1`) and at token budgets. The work is terse_train::eval_protocol::run; this file turns the
+//! r1`) and at token budgets. The work is terse_train::evals::run; this file turns the
 //! flags into its config and options and prints eval_table's markdown (and --json's object).
 
 use anyhow::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use terse_train::eval_metrics::AesWeights;
-use terse_train::eval_protocol::{EvalOptions, Protocol};
+use terse_train::evals::AesWeights;
+use terse_train::evals::{EvalOptions, Protocol};
 use terse_train::RunConfig;
 
 #[derive(clap::Args)]
@@ -108,7 +108,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         },
         plots: a.plots.clone(),
     };
-    let o = terse_train::eval_protocol::run(&config(a)?, &a.model, a.base.as_deref(), &opts)?;
+    let o = terse_train::evals::run(&config(a)?, &a.model, a.base.as_deref(), &opts)?;
     if a.show {
         for l in &o.model.report.by_level {
             for (text, ok) in &l.examples {
@@ -120,12 +120,12 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             }
         }
     }
-    print!("{}", terse_train::eval_table::markdown(&o));
+    print!("{}", terse_train::evals::markdown(&o));
     for p in &o.plots {
         eprintln!("wrote {}", p.display());
     }
     if a.json {
-        println!("{}", terse_train::eval_table::json(&o));
+        println!("{}", terse_train::evals::json(&o));
     }
     Ok(ExitCode::SUCCESS)
 }

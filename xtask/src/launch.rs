@@ -8,7 +8,7 @@
 //! from SLURM_NNODES, SLURM_NODEID and the first host of SLURM_JOB_NODELIST; MASTER_ADDR and
 //! MASTER_PORT override them, flags override everything. Each rank joins a `TcpGroup` (the CPU
 //! backend; every exchange has `--timeout`, so a rank whose peer died fails instead of
-//! waiting) and runs `terse_train::Run::train_as_rank`; rank 0 writes the run and prints the summary.
+//! waiting) and runs `terse_train::GrpoTrainer::builder(cfg).collective(group).run()`; rank 0 writes the run and prints the summary.
 
 use anyhow::{bail, Context, Result};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
@@ -261,8 +261,9 @@ pub fn rank(config: &str, a: &RankArgs) -> Result<Option<terse_train::RunSummary
     } else {
         terse_dist::TcpGroup::join(addr, rank, world, timeout)?
     };
-    terse_train::Run::new(&cfg)
-        .train_as_rank(on_device(group, &cfg.run.device, timeout)?)
+    terse_train::GrpoTrainer::builder(cfg.clone())
+        .collective(on_device(group, &cfg.run.device, timeout)?)
+        .run()
         .with_context(|| format!("rank {rank} of {world}"))
 }
 

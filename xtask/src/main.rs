@@ -173,7 +173,7 @@ fn main() -> ExitCode {
             checkpoint,
             base,
             out,
-        } => terse_train::checkpoint::export_lora(&checkpoint, &base, &out).map(|(m, a)| {
+        } => terse_train::records::export_lora(&checkpoint, &base, &out).map(|(m, a)| {
             println!("merged: {}\nadapter: {}", m.display(), a.display());
             ExitCode::SUCCESS
         }),
@@ -217,7 +217,7 @@ fn plan(
     gpus: usize,
     prompt_tokens: usize,
 ) -> anyhow::Result<ExitCode> {
-    use terse_train::plan::{model_shape, plan, Target};
+    use terse_train::planning::{model_shape, plan, Target};
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     let shape = model_shape(&cfg)?;
     let target = Target {
@@ -236,8 +236,8 @@ fn plan(
     );
     print!("{}", p.table());
     if target.cuda {
-        let a = terse_train::step_time::Assumptions::default();
-        let t = terse_train::step_time::estimate(&cfg, &shape, gpus, prompt_tokens, &a);
+        let a = terse_train::planning::Assumptions::default();
+        let t = terse_train::planning::estimate(&cfg, &shape, gpus, prompt_tokens, &a);
         print!("{}", t.table(&a));
     }
     Ok(if p.fits() {
@@ -284,7 +284,7 @@ fn print_summary(s: &terse_train::RunSummary) -> anyhow::Result<ExitCode> {
             a.reflections_mean
         );
     }
-    let mean_refl = |r: &terse_train::eval::EvalReport| {
+    let mean_refl = |r: &terse_train::evals::EvalReport| {
         r.by_level.iter().map(|l| l.reflections_mean).sum::<f64>() / r.by_level.len().max(1) as f64
     };
     println!(
@@ -338,7 +338,7 @@ fn plot(metrics: &std::path::Path, out: Option<std::path::PathBuf>) -> anyhow::R
             .map(std::path::Path::to_path_buf)
             .unwrap_or_default()
     });
-    for p in terse_train::plot::plot_run(metrics, &dir)? {
+    for p in terse_train::records::plot_run(metrics, &dir)? {
         println!("wrote {}", p.display());
     }
     Ok(ExitCode::SUCCESS)

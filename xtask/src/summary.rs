@@ -6,8 +6,8 @@ use crate::methods::{Method, Testbed, DEFAULT_SEEDS};
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use terse_train::eval::EvalReport;
-use terse_train::plot::{band_chart, line_chart, Band, Series};
+use terse_train::evals::EvalReport;
+use terse_train::records::{band_chart, line_chart, Band, Series};
 use terse_train::report::{read_evals, read_steps, EvalLine};
 use terse_train::study::{claims, overthink, RunStats};
 

@@ -45,14 +45,15 @@ pub mod shaper;
 pub mod short_rl;
 pub mod step_grpo;
 pub mod types;
+pub mod verdict;
 
 pub use advantage::{Advantage, AdvantageEstimator, Advantages};
 pub use batch_norm::Norm;
 pub use shaper::{
-    shape_scorable, BuiltinShaper, LengthShaper, Method, Outcome, RewardConfig, RewardError,
-    RewardFn, ShaperState,
+    shape_scorable, BuiltinShaper, LengthShaper, Method, RewardConfig, RewardError, ShaperState,
 };
 pub use types::{Group, SampleStat, Shaped, StepCtx};
+pub use verdict::{combined_base_reward, CompletionReward, Outcome, RewardFn, ScoreFault};
 
 #[cfg(test)]
 mod batch_norm_tests;

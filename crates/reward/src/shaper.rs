@@ -1,5 +1,6 @@
 //! The closed set of shapers, selected by a serde tag (`method = "short_rl"` in TOML), their
-//! validation and persistent state, and the plug-in traits for research code.
+//! validation and persistent state, and the one shaper trait (`LengthShaper`) research code
+//! implements.
 //!
 //! Sits between scoring and advantages: `Group`s -> `RewardConfig::shape` -> `Shaped`.
 
@@ -130,7 +131,7 @@ impl RewardConfig {
         shape_scorable(groups, |gs| self.shape_all(gs, ctx, state))
     }
 
-    fn shape_all(
+    pub(crate) fn shape_all(
         &self,
         groups: &[Group],
         ctx: &StepCtx,
@@ -231,50 +232,67 @@ pub fn shape_scorable(
     Ok(out)
 }
 
-/// What the trainer calls to shape rewards. The built-in methods implement it through
-/// `BuiltinShaper`; research code implements it (or passes a closure) to plug in its own.
+/// The one shaper trait: what the trainer calls to shape rewards, and the state it
+/// checkpoints. The built-in methods implement it through `BuiltinShaper`; research code
+/// implements it (or passes a closure, which carries no state) to plug in its own.
+///
+/// The trainer hands `shape` the scorable samples only (it runs [`shape_scorable`] once per
+/// step around the call), so a shaper never filters them itself.
 pub trait LengthShaper {
     fn shape(&mut self, groups: &[Group], ctx: &StepCtx) -> Result<Shaped, RewardError>;
+
+    /// What checkpoints save of the shaper (Null: nothing).
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
+    /// Restores what `state` saved; an error (a state that does not deserialise) stops the
+    /// resume, since continuing with a default state would break "resume equals not stopping".
+    fn restore(&mut self, _state: &serde_json::Value) -> Result<(), RewardError> {
+        Ok(())
+    }
 }
 
-/// A configured built-in method with its state.
+/// A configured built-in method with its state (Short-RL's acc_max, LASER-D's targets), saved
+/// and restored so a resumed run shapes as one that never stopped.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BuiltinShaper {
     pub config: RewardConfig,
     pub state: ShaperState,
 }
 
+impl BuiltinShaper {
+    /// A built-in shaper at its initial state; the config is validated here, once, rather than
+    /// at every step.
+    pub fn new(config: RewardConfig) -> Result<Self, RewardError> {
+        config.validate().map_err(RewardError)?;
+        Ok(Self {
+            config,
+            state: ShaperState::default(),
+        })
+    }
+}
+
 impl LengthShaper for BuiltinShaper {
+    /// The method on the groups as given: the caller has removed the unscorable samples (see
+    /// the trait) and `new` has validated the config.
     fn shape(&mut self, groups: &[Group], ctx: &StepCtx) -> Result<Shaped, RewardError> {
-        self.config.shape(groups, ctx, &mut self.state)
+        self.config.shape_all(groups, ctx, &mut self.state)
+    }
+
+    fn state(&self) -> serde_json::Value {
+        serde_json::to_value(&self.state).unwrap_or_default()
+    }
+
+    fn restore(&mut self, state: &serde_json::Value) -> Result<(), RewardError> {
+        self.state = serde_json::from_value(state.clone())
+            .map_err(|e| RewardError(format!("not a built-in shaper state: {e}")))?;
+        Ok(())
     }
 }
 
 impl<F: FnMut(&[Group], &StepCtx) -> Shaped> LengthShaper for F {
     fn shape(&mut self, groups: &[Group], ctx: &StepCtx) -> Result<Shaped, RewardError> {
         Ok(self(groups, ctx))
-    }
-}
-
-/// A verifier's verdict on one completion. An unparsable completion is a zero reward with a
-/// reason, never an error.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct Outcome {
-    pub correct: bool,
-    pub base_reward: f64,
-    pub format_ok: bool,
-    /// Why the completion scored as it did, when it was not plainly right.
-    pub reason: Option<String>,
-}
-
-/// A task's reward function: completion text + reference answer -> outcome. Implemented by the
-/// tasks crate's verifiers and by any `Fn(&str, &str) -> Outcome` closure.
-pub trait RewardFn: Send + Sync {
-    fn score(&self, completion: &str, answer: &str) -> Outcome;
-}
-
-impl<F: Fn(&str, &str) -> Outcome + Send + Sync> RewardFn for F {
-    fn score(&self, completion: &str, answer: &str) -> Outcome {
-        self(completion, answer)
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! `cargo run --release -p terse-train --example custom_reward` (about a minute on 2 cores).
 
+use anyhow::Context;
 use terse_reward::{Group, Shaped, StepCtx};
-use terse_train::RunConfig;
+use terse_train::{GrpoTrainer, RunConfig};
 
 fn main() -> anyhow::Result<()> {
     let mut cfg = RunConfig::from_file("configs/repro.toml".as_ref())?;
@@ -43,7 +44,10 @@ fn main() -> anyhow::Result<()> {
             ..Default::default()
         }
     };
-    let s = terse_train::Run::new(&cfg).shaper(Box::new(mine)).train()?;
+    let s = GrpoTrainer::builder(cfg)
+        .shaper(Box::new(mine))
+        .run()?
+        .context("one process has the summary")?;
     let before = s.before.as_ref().map_or(f64::NAN, |b| b.accuracy);
     println!(
         "pass@1 {before:.3} -> {:.3}; rollout length {:.1} -> {:.1}; run in {}",

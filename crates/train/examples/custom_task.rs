@@ -35,7 +35,7 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
             correct,
             base_reward: f64::from(u8::from(correct)),
             format_ok: given.is_some(),
-            reason: None,
+            ..Default::default()
         }
     };
     let task = Task::custom(items.clone(), items, verifier)?;
@@ -43,7 +43,7 @@ pub fn run(model: &Path) -> anyhow::Result<StepReport> {
     let mut cfg = RunConfig::default();
     (cfg.model.path, cfg.model.init, cfg.sft.steps) = (model.to_path_buf(), Init::Checkpoint, 0);
     (cfg.grpo.prompts_per_step, cfg.grpo.group_size) = (2, 4);
-    let mut trainer = GrpoTrainer::from_config(cfg, Some(task))?;
+    let mut trainer = GrpoTrainer::builder(cfg).task(task).build()?;
     trainer.step()
 }
 

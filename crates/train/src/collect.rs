@@ -11,12 +11,13 @@
 
 use crate::config::RunConfig;
 use crate::load::encode;
-use crate::task::{Item, ScoreFault, Task};
+use crate::task::{Item, Task};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use terse_dist::Collective;
 use terse_model::Qwen3;
 use terse_reward::step_grpo::{count_steps, StepScope};
+use terse_reward::ScoreFault;
 use terse_reward::{Group, SampleStat};
 use terse_rollout::{generate_with_stats, Finish, GenParams, Prompt, Sample};
 
@@ -50,7 +51,7 @@ pub struct Collected {
     pub faults: Faults,
 }
 
-/// Scoring faults of a step, by kind (`Score::fault`).
+/// Scoring faults of a step, by kind (`Outcome::fault`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Faults {
     pub budget_exceeded: usize,
@@ -211,7 +212,7 @@ pub fn collect(
                     let text = detok(&s.tokens);
                     let v = task.score(&items[j], &text);
                     share.faults.count(v.fault);
-                    SampleStat {
+                    let mut stat = SampleStat {
                         len: s.len(),
                         correct: v.correct,
                         base_reward: v.base_reward,
@@ -219,7 +220,10 @@ pub fn collect(
                         steps: count_steps(&text, &g.step_triggers, StepScope::Thinking),
                         truncated: s.finish == Finish::Length,
                         scorable: true,
-                    }
+                    };
+                    // Research code's weighted per-completion rewards, before any shaping.
+                    stat.base_reward = task.completion_reward(&text, &items[j].answer, &stat);
+                    stat
                 })
                 .collect();
             let extras = group

@@ -203,13 +203,14 @@ mod tests {
                 }
                 c
             };
-            let one = crate::GrpoTrainer::from_config(cfg(), None)
+            let one = crate::GrpoTrainer::builder(cfg())
+                .build()
                 .and_then(|mut t| t.rollout())
                 .expect("one process");
             assert_eq!(one.held, (0..one.groups.len()).collect::<Vec<_>>());
             let world = 3;
             let out = TcpGroup::on_threads(world, Duration::from_secs(60), move |g| {
-                let mut t = crate::GrpoTrainer::from_config(cfg(), None)?;
+                let mut t = crate::GrpoTrainer::builder(cfg()).build()?;
                 t.collective = Some(Box::new(g));
                 t.rollout()
             });
@@ -253,7 +254,7 @@ mod tests {
     ) -> (Vec<crate::StepReport>, BTreeMap<String, Tensor>) {
         let out = TcpGroup::on_threads(world, Duration::from_secs(60), move |g| {
             let cfg = small_run();
-            let mut t = crate::GrpoTrainer::from_config(cfg, None)?;
+            let mut t = crate::GrpoTrainer::builder(cfg).build()?;
             if grouped {
                 t.collective = Some(Box::new(g));
             }

@@ -28,7 +28,7 @@ pub struct GspoParams {
 
 impl GspoParams {
     /// The config's GSPO loss, or None when `grpo.loss` is PPO.
-    pub fn from_config(g: &GrpoSection) -> Option<Self> {
+    pub fn of_grpo(g: &GrpoSection) -> Option<Self> {
         let token = match g.loss {
             PolicyLossKind::Ppo => return None,
             PolicyLossKind::Gspo => false,

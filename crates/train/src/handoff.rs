@@ -1,9 +1,10 @@
 //! The hand-offs between the ranks of a data-parallel run, below the run loop: rank 0 tells
 //! the others whether an SFT warm-up follows (`announce_sft`), sends them its starting point
 //! (`send_start`: resolved config, weights, optimizer state, step, data cursor, shaper state;
-//! `receive_start` on the other side), and every rank agrees when a checkpoint is due and
+//! `receive_header` and `receive_weights` on the other side), and every rank agrees when a checkpoint is due and
 //! gathers the optimizer shards for it (`checkpoint_due`, `gather_optimizer`).
 
+use crate::builder::Loaded;
 use crate::config::RunConfig;
 use crate::trainer::GrpoTrainer;
 use crate::zero::Partition;
@@ -26,25 +27,32 @@ pub(crate) struct StartHeader {
     pub has_reference: bool,
 }
 
-/// Rank 0, after `start`: sends the starting point to the other ranks.
-pub(crate) fn send_start(t: &GrpoTrainer, c: &mut dyn Collective) -> Result<()> {
+/// Rank 0, after `start` and before its trainer is assembled: sends the starting point
+/// (`cfg` resolved, the loaded weights, optimizer and reference, the shaper's state) to the
+/// other ranks.
+pub(crate) fn send_start(
+    cfg: &RunConfig,
+    l: &Loaded,
+    shaper: serde_json::Value,
+    c: &mut dyn Collective,
+) -> Result<()> {
     let header = StartHeader {
-        config: toml::to_string(&t.cfg).context("serialising the resolved config")?,
-        step: t.step,
-        cursor: t.cursor,
-        shaper: t.shaper.state(),
-        has_reference: t.reference.is_some(),
+        config: toml::to_string(cfg).context("serialising the resolved config")?,
+        step: l.step,
+        cursor: l.cursor,
+        shaper,
+        has_reference: l.reference.is_some(),
     };
     let mut buf = serde_json::to_vec(&header)?;
     c.broadcast(&mut buf, 0)
         .context("rank 0: sending the start")?;
-    let mut buf = weights_bytes(t.policy.vars())?;
+    let mut buf = weights_bytes(l.policy.vars())?;
     c.broadcast(&mut buf, 0)
         .context("rank 0: sending the weights")?;
-    let mut buf = t.opt.to_safetensors()?;
+    let mut buf = l.opt.to_safetensors()?;
     c.broadcast(&mut buf, 0)
         .context("rank 0: sending the optimizer state")?;
-    if let Some(r) = &t.reference {
+    if let Some(r) = &l.reference {
         let mut buf = weights_bytes(r.vars())?;
         c.broadcast(&mut buf, 0)
             .context("rank 0: sending the KL reference")?;

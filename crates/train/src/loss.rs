@@ -112,7 +112,9 @@ impl<F: Fn(&LossInputs) -> Result<(Tensor, LossStats)> + Send + Sync> PolicyLoss
 
 /// Σ_t w_t (pg_t + β kl_t) for tokens with new log-probs `logp` (differentiable), sampler
 /// log-probs `old`, advantages `adv`, weights `w` and optional reference log-probs (all (N) f32).
-pub fn ppo_loss(
+/// The hand-checked form of `PpoParams`' loss (its test).
+#[cfg(test)]
+pub(crate) fn ppo_loss(
     logp: &Tensor,
     old: &Tensor,
     adv: &Tensor,

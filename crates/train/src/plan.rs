@@ -434,7 +434,7 @@ mod tests {
     }
 
     #[test]
-    fn shapes_come_from_config_json_or_the_directory_name() {
+    fn shapes_come_from_the_config_json_or_the_directory_name() {
         let mut cfg = RunConfig::default();
         cfg.model.path = "models/Qwen3-4B".into();
         let c = model_shape(&cfg).expect("known size");

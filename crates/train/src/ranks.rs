@@ -8,18 +8,15 @@
 //! collect.rs; the update is split and ZeRO-2-sharded, see update.rs and zero.rs). At each checkpoint the ranks' optimizer shards are gathered to rank
 //! 0, which writes one full optimizer state, so a run resumes on any number of ranks.
 //!
-//! Data flow: xtask `train --nproc N` -> N processes -> `TcpGroup` -> `Run::train_as_rank` -> rank 0:
+//! Data flow: xtask `train --nproc N` -> N processes -> `TcpGroup` -> `GrpoTrainer::builder(cfg).collective(group).run()` -> rank 0:
 //! `run::train_loop` with the group; rank r > 0: `follow`. The hand-offs between them are
 //! handoff.rs.
 
+use crate::builder::{Loaded, TrainerBuilder};
 use crate::config::RunConfig;
 use crate::handoff::{receive_header, receive_weights};
 use crate::load::{init_model, load_tokenizer};
-use crate::run::{train_loop, Run, RunSummary};
-use crate::task::Task;
-use crate::trainer::{GrpoTrainer, ShaperWithState};
 use anyhow::{Context, Result};
-use terse_dist::Collective;
 use terse_optim::AdamW;
 
 /// The observer of a rank that writes nothing.
@@ -31,21 +28,6 @@ impl crate::observe::Observer for NoRecords {
     }
 }
 
-impl Run<'_> {
-    /// Runs the run as rank `c.rank()` of `c.world()`: rank 0 runs the ordinary loop (with
-    /// the observers) and returns the run's summary; the others write nothing, observe nothing
-    /// and return None. Every rank must be given the same config file.
-    pub fn train_as_rank(self, c: Box<dyn Collective>) -> Result<Option<RunSummary>> {
-        self.with_shaper(|cfg, shaper, observers| {
-            if c.rank() == 0 {
-                train_loop(cfg, shaper, observers, Some(c)).map(Some)
-            } else {
-                follow(cfg, shaper, c).map(|()| None)
-            }
-        })
-    }
-}
-
 /// What this rank builds before rank 0's weights arrive: a model of random weights, which they
 /// overwrite; with LoRA rank 0 sends the adapters only, so the frozen base is read here.
 fn weights_from_rank_0(cfg: &mut RunConfig) {
@@ -54,13 +36,13 @@ fn weights_from_rank_0(cfg: &mut RunConfig) {
     }
 }
 
-/// A rank other than 0: takes part in rank 0's SFT warm-up if there is one, receives the
-/// start, then steps with rank 0 until the last step.
-fn follow(
-    mine: &RunConfig,
-    mut shaper: Box<dyn ShaperWithState>,
-    mut c: Box<dyn Collective>,
-) -> Result<()> {
+/// Called by `TrainerBuilder::run` on a rank other than 0: takes part in rank 0's SFT warm-up
+/// if there is one, receives the start, then steps with rank 0 until the last step. Every
+/// rank must be given the same config file.
+pub(crate) fn follow(mut b: TrainerBuilder) -> Result<()> {
+    let mut c = b.collective.take().context("a follower has a collective")?;
+    let mine = b.cfg.clone();
+    let mine = &mine;
     let rank = c.rank();
     let mut flag = vec![];
     c.broadcast(&mut flag, 0)
@@ -95,12 +77,22 @@ fn follow(
     } else {
         None
     };
-    shaper.restore(&header.shaper)?;
-    let task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
+    b.shaper_mut()?
+        .restore(&header.shaper)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let tok = load_tokenizer(&cfg.model.path)?;
-    let mut t = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, Some(shaper))?;
-    t.step = header.step;
-    t.cursor = header.cursor;
-    t.collective = Some(c);
+    b.cfg = cfg;
+    let task = b.take_task()?;
+    b.collective = Some(c);
+    let loaded = Loaded {
+        tok,
+        policy,
+        reference,
+        opt,
+        step: header.step,
+        cursor: header.cursor,
+        run_dir: None,
+    };
+    let mut t = b.assemble(task, loaded)?;
     crate::run::drive(&mut t, &mut crate::run::Follower)
 }

@@ -1,146 +1,282 @@
-//! Research code's own methods by name: `register_shaper`, `register_estimator` and
-//! `register_loss` put a factory under a name, and a run config names it (`[plugins] shaper =
-//! "my_shaper"`, `estimator = ..`, `loss = ..`, with `[plugins.params]` handed to the factory),
-//! as verl's `register_adv_est` / `register_policy_loss` do. `train(cfg)` and
-//! `GrpoTrainer::from_config` / the builder look the names up; an unknown name is an error
-//! that lists the registered ones, raised by `start` before anything is loaded or written.
+//! One registry per kind of plug-in (shaper, advantage estimator, policy loss): each holds the
+//! built-ins under their TOML names (`short_rl`, `grpo`, `ppo`, ...) beside research code's
+//! entries, which `register_shaper`, `register_estimator` and `register_loss` add (as verl's
+//! `register_adv_est` / `register_policy_loss` do). A name is taken once: registering a
+//! built-in's name or a name twice is refused with one line. A run config names research
+//! code's entries in `[plugins]` (`shaper`, `estimator`, `loss`, with `[plugins.params]` handed
+//! to the factory); the builder (builder.rs) looks them up, and an unknown name is an error
+//! that lists the registry's names, raised before anything is loaded or written.
 
+use crate::config::RunConfig;
 use crate::loss::PolicyLoss;
-use crate::shaper::ShaperWithState;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
-use terse_reward::AdvantageEstimator;
+use terse_reward::{AdvantageEstimator, LengthShaper};
 
 /// `[plugins.params]`, as the factory receives it.
 pub type Params = toml::Table;
 
-type ShaperFactory = fn(&Params) -> Result<Box<dyn ShaperWithState>>;
-type EstimatorFactory = fn(&Params) -> Result<Box<dyn AdvantageEstimator>>;
-type LossFactory = fn(&Params) -> Result<Box<dyn PolicyLoss>>;
+pub type ShaperFactory = fn(&Params) -> Result<Box<dyn LengthShaper>>;
+pub type EstimatorFactory = fn(&Params) -> Result<Box<dyn AdvantageEstimator>>;
+pub type LossFactory = fn(&Params) -> Result<Box<dyn PolicyLoss>>;
 
-#[derive(Default)]
-struct Registry {
-    shapers: BTreeMap<String, ShaperFactory>,
-    estimators: BTreeMap<String, EstimatorFactory>,
-    losses: BTreeMap<String, LossFactory>,
+/// The built-in shapers, by `reward.shaper.method`.
+pub const BUILTIN_SHAPERS: &[&str] = &[
+    "none",
+    "kimi",
+    "short_rl",
+    "grpo_lambda",
+    "care",
+    "step_grpo",
+    "cos_fn",
+    "efficient",
+    "alp",
+    "dast",
+    "l1",
+    "laser_d",
+    "grpo_lead",
+];
+/// The built-in advantage estimators, by `advantage.estimator`.
+pub const BUILTIN_ESTIMATORS: &[&str] = &["grpo", "dr_grpo", "rloo", "reinforce_pp"];
+/// The built-in policy losses, by `grpo.loss`.
+pub const BUILTIN_LOSSES: &[&str] = &["ppo", "gspo", "gspo-token"];
+
+/// One kind's entries: a built-in (configured by its own TOML section) or research code's
+/// factory.
+enum Entry<F> {
+    Builtin,
+    Registered(F),
 }
 
-fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
-    R.get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+struct Kind<F> {
+    what: &'static str,
+    entries: BTreeMap<String, Entry<F>>,
 }
 
-/// Makes `name` usable as `[plugins] shaper = "name"`.
-pub fn register_shaper(name: &str, factory: ShaperFactory) {
-    registry().shapers.insert(name.to_string(), factory);
-}
+impl<F: Copy> Kind<F> {
+    fn new(what: &'static str, builtins: &[&str]) -> Self {
+        let entries = builtins
+            .iter()
+            .map(|n| (n.to_string(), Entry::Builtin))
+            .collect();
+        Kind { what, entries }
+    }
 
-/// Makes `name` usable as `[plugins] estimator = "name"`.
-pub fn register_estimator(name: &str, factory: EstimatorFactory) {
-    registry().estimators.insert(name.to_string(), factory);
-}
+    fn add(&mut self, name: &str, f: F) -> Result<()> {
+        match self.entries.get(name) {
+            Some(Entry::Builtin) => {
+                bail!(
+                    "{} {name:?} is a built-in's name; register yours under another",
+                    self.what
+                )
+            }
+            Some(Entry::Registered(_)) => {
+                bail!(
+                    "{} {name:?} is already registered; a name is registered once",
+                    self.what
+                )
+            }
+            None => {
+                self.entries.insert(name.to_string(), Entry::Registered(f));
+                Ok(())
+            }
+        }
+    }
 
-/// Makes `name` usable as `[plugins] loss = "name"`.
-pub fn register_loss(name: &str, factory: LossFactory) {
-    registry().losses.insert(name.to_string(), factory);
-}
+    /// Research code's factory named `name`; an unknown name (or a built-in's, which is not
+    /// chosen through `[plugins]`) is an error listing the names.
+    fn factory(&self, name: &str) -> Result<F> {
+        match self.entries.get(name) {
+            Some(Entry::Registered(f)) => Ok(*f),
+            Some(Entry::Builtin) => bail!(
+                "plugins.{} = {name:?} is a built-in; choose it in its own section, not [plugins]",
+                self.what
+            ),
+            None => bail!(
+                "plugins.{} = {name:?} is not registered (registered: {})",
+                self.what,
+                self.names()
+            ),
+        }
+    }
 
-fn unknown<T>(kind: &str, name: &str, known: &BTreeMap<String, T>) -> anyhow::Error {
-    let names: Vec<&str> = known.keys().map(String::as_str).collect();
-    anyhow::anyhow!(
-        "plugins.{kind} = {name:?} is not registered (registered: {})",
+    /// Research code's names, or "none".
+    fn names(&self) -> String {
+        let names: Vec<&str> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::Registered(_)))
+            .map(|(n, _)| n.as_str())
+            .collect();
         if names.is_empty() {
             "none".to_string()
         } else {
             names.join(", ")
         }
-    )
-}
-
-/// The shaper a config names: `[plugins] shaper` from the registry, else the built-in
-/// `[reward]` method.
-pub fn configured_shaper(cfg: &crate::config::RunConfig) -> Result<Box<dyn ShaperWithState>> {
-    match &cfg.plugins.shaper {
-        Some(name) => shaper(name, &cfg.plugins.params),
-        None => Ok(Box::new(terse_reward::BuiltinShaper {
-            config: cfg.reward.clone(),
-            state: Default::default(),
-        })),
     }
 }
 
-/// The registered shaper `name`, built from `params`.
-pub fn shaper(name: &str, params: &Params) -> Result<Box<dyn ShaperWithState>> {
-    let f = {
-        let r = registry();
-        match r.shapers.get(name) {
-            Some(f) => *f,
-            None => return Err(unknown("shaper", name, &r.shapers)),
-        }
-    };
-    f(params)
+struct Registry {
+    shapers: Kind<ShaperFactory>,
+    estimators: Kind<EstimatorFactory>,
+    losses: Kind<LossFactory>,
 }
 
-/// The registered estimator `name`, built from `params`.
-pub fn estimator(name: &str, params: &Params) -> Result<Box<dyn AdvantageEstimator>> {
-    let f = {
-        let r = registry();
-        match r.estimators.get(name) {
-            Some(f) => *f,
-            None => return Err(unknown("estimator", name, &r.estimators)),
-        }
-    };
-    f(params)
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(|| {
+        Mutex::new(Registry {
+            shapers: Kind::new("shaper", BUILTIN_SHAPERS),
+            estimators: Kind::new("estimator", BUILTIN_ESTIMATORS),
+            losses: Kind::new("loss", BUILTIN_LOSSES),
+        })
+    })
+    .lock()
+    .unwrap_or_else(|e| e.into_inner())
 }
 
-/// The registered policy loss `name`, built from `params`.
-pub fn loss(name: &str, params: &Params) -> Result<Box<dyn PolicyLoss>> {
-    let f = {
-        let r = registry();
-        match r.losses.get(name) {
-            Some(f) => *f,
-            None => return Err(unknown("loss", name, &r.losses)),
-        }
-    };
-    f(params)
+/// Makes `name` usable as `[plugins] shaper = "name"`; a name already taken is refused.
+pub fn register_shaper(name: &str, factory: ShaperFactory) -> Result<()> {
+    registry().shapers.add(name, factory)
 }
 
-/// Every name `[plugins]` gives is registered: `start` checks this before anything is loaded
-/// or written, so a misspelt name loses nothing.
-pub fn check(p: &crate::config::PluginsSection) -> Result<()> {
+/// Makes `name` usable as `[plugins] estimator = "name"`; a name already taken is refused.
+pub fn register_estimator(name: &str, factory: EstimatorFactory) -> Result<()> {
+    registry().estimators.add(name, factory)
+}
+
+/// Makes `name` usable as `[plugins] loss = "name"`; a name already taken is refused.
+pub fn register_loss(name: &str, factory: LossFactory) -> Result<()> {
+    registry().losses.add(name, factory)
+}
+
+/// The shaper a config names: `[plugins] shaper` from the registry, else the built-in
+/// `[reward]` method (validated once, here).
+pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn LengthShaper>> {
+    match &cfg.plugins.shaper {
+        Some(name) => {
+            let f = registry().shapers.factory(name)?;
+            f(&cfg.plugins.params)
+        }
+        None => Ok(Box::new(
+            terse_reward::BuiltinShaper::new(cfg.reward.clone())
+                .map_err(|e| anyhow::anyhow!("reward: {e}"))?,
+        )),
+    }
+}
+
+/// Research code's estimator a config names (`[plugins] estimator`); None: the built-in
+/// `[advantage]` estimator.
+pub(crate) fn configured_estimator(cfg: &RunConfig) -> Result<Option<Box<dyn AdvantageEstimator>>> {
+    match &cfg.plugins.estimator {
+        Some(name) => {
+            let f = registry().estimators.factory(name)?;
+            f(&cfg.plugins.params).map(Some)
+        }
+        None => Ok(None),
+    }
+}
+
+/// Research code's policy loss a config names (`[plugins] loss`); None: the built-in
+/// `grpo.loss`.
+pub(crate) fn configured_loss(cfg: &RunConfig) -> Result<Option<Box<dyn PolicyLoss>>> {
+    match &cfg.plugins.loss {
+        Some(name) => {
+            let f = registry().losses.factory(name)?;
+            f(&cfg.plugins.params).map(Some)
+        }
+        None => Ok(None),
+    }
+}
+
+/// Every name `[plugins]` gives is registered, and a registered loss does not meet a
+/// non-default `grpo.loss` (one of the two would be ignored): the builder checks this before
+/// anything is loaded or written, so a misspelt name loses nothing.
+pub fn check(cfg: &RunConfig) -> Result<()> {
+    let p = &cfg.plugins;
     let r = registry();
-    let missing = |kind: &str, name: &Option<String>, ok: bool| match name {
-        Some(n) if !ok => Some((kind.to_string(), n.clone())),
-        _ => None,
-    };
-    let bad = [
-        missing(
-            "shaper",
-            &p.shaper,
-            p.shaper.as_ref().is_none_or(|n| r.shapers.contains_key(n)),
-        ),
-        missing(
-            "estimator",
-            &p.estimator,
-            p.estimator
-                .as_ref()
-                .is_none_or(|n| r.estimators.contains_key(n)),
-        ),
-        missing(
-            "loss",
-            &p.loss,
-            p.loss.as_ref().is_none_or(|n| r.losses.contains_key(n)),
-        ),
-    ];
-    match bad.into_iter().flatten().next() {
-        None => Ok(()),
-        Some((kind, name)) => Err(match kind.as_str() {
-            "shaper" => unknown(&kind, &name, &r.shapers),
-            "estimator" => unknown(&kind, &name, &r.estimators),
-            _ => unknown(&kind, &name, &r.losses),
-        }),
+    if let Some(n) = &p.shaper {
+        r.shapers.factory(n)?;
+    }
+    if let Some(n) = &p.estimator {
+        r.estimators.factory(n)?;
+    }
+    if let Some(n) = &p.loss {
+        r.losses.factory(n)?;
+        if cfg.grpo.loss != Default::default() {
+            bail!(
+                "plugins.loss = {n:?} and grpo.loss = {:?} both choose the policy loss; keep one",
+                cfg.grpo.loss
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn none(_: &Params) -> Result<Box<dyn LengthShaper>> {
+        bail!("not built in this test")
+    }
+
+    #[test]
+    fn the_registry_holds_the_built_ins_and_refuses_a_name_twice() {
+        let e = register_shaper("short_rl", none).expect_err("a built-in's name");
+        assert_eq!(
+            e.to_string(),
+            "shaper \"short_rl\" is a built-in's name; register yours under another"
+        );
+        let e = register_loss("gspo", |_| bail!("no")).expect_err("a built-in's name");
+        assert!(e.to_string().contains("built-in"), "{e}");
+        let e = register_estimator("rloo", |_| bail!("no")).expect_err("a built-in's name");
+        assert!(e.to_string().contains("built-in"), "{e}");
+        register_shaper("registry_test_twice", none).expect("first");
+        let e = register_shaper("registry_test_twice", none).expect_err("twice");
+        assert_eq!(
+            e.to_string(),
+            "shaper \"registry_test_twice\" is already registered; a name is registered once"
+        );
+        assert_eq!(e.to_string().lines().count(), 1);
+        // The built-ins are listed under their config names, and those are the names the
+        // config sections accept (a name a section does not know is "unknown variant").
+        let r = registry();
+        for n in BUILTIN_SHAPERS {
+            assert!(
+                matches!(r.shapers.entries.get(*n), Some(Entry::Builtin)),
+                "{n}"
+            );
+            let e =
+                toml::from_str::<terse_reward::RewardConfig>(&format!("[shaper]\nmethod = {n:?}"));
+            assert!(
+                e.as_ref()
+                    .err()
+                    .is_none_or(|e| !e.to_string().contains("unknown variant")),
+                "{n}: {e:?}"
+            );
+        }
+        for n in BUILTIN_ESTIMATORS {
+            assert!(
+                matches!(r.estimators.entries.get(*n), Some(Entry::Builtin)),
+                "{n}"
+            );
+            let e = toml::from_str::<terse_reward::Advantage>(&format!("estimator = {n:?}"));
+            assert!(
+                e.as_ref()
+                    .err()
+                    .is_none_or(|e| !e.to_string().contains("unknown variant")),
+                "{n}: {e:?}"
+            );
+        }
+        for n in BUILTIN_LOSSES {
+            assert!(
+                matches!(r.losses.entries.get(*n), Some(Entry::Builtin)),
+                "{n}"
+            );
+            let g: crate::config::GrpoSection = toml::from_str(&format!("loss = {n:?}")).expect(n);
+            assert_eq!(BUILTIN_LOSSES[g.loss as usize], *n);
+        }
     }
 }

@@ -2,8 +2,7 @@
 //! GRPO steps through the step-level trainer (trainer.rs), each record handed to the observers
 //! (metrics.jsonl, progress bar, TensorBoard, plots), checkpoints and evaluations around it.
 
-pub use crate::load::{encode, init_model, load_tokenizer};
-
+use crate::builder::TrainerBuilder;
 use crate::checkpoint::{prune, save_checkpoint, TrainState};
 use crate::config::RunConfig;
 use crate::eval::{evaluate, EvalReport};
@@ -11,7 +10,7 @@ use crate::metrics::mid_run_eval;
 use crate::observe::{Observer, Plots, Progress};
 use crate::report::{read_steps, EvalLine, MetricsLine};
 use crate::start::{start, Started};
-use crate::trainer::{GrpoTrainer, ShaperWithState};
+use crate::trainer::GrpoTrainer;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -29,86 +28,36 @@ pub struct RunSummary {
     pub reward_last: f64,
 }
 
-/// Runs (or resumes) the whole configured run with the configured shaper (`[reward]`, or a
-/// registered one named by `[plugins] shaper`): `Run::new(cfg).train()`.
+/// Runs (or resumes) the whole configured run with its configured parts: the one-line form
+/// of `GrpoTrainer::builder(cfg.clone()).run()`.
 pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
-    Run::new(cfg).train()
+    GrpoTrainer::builder(cfg.clone())
+        .run()?
+        .context("a run without a collective is rank 0 and has a summary")
 }
 
-/// The one way to start a whole run from code: the config, then optionally research code's
-/// own shaper (any `LengthShaper`; a closure works; a `BuiltinShaper`'s state is restored from
-/// and saved into checkpoints) and extra observers of the run's records (after the metrics
-/// file, the progress bar and, with `log.tensorboard`, the event files); then `train` in this
-/// process, or `train_as_rank` (ranks.rs) as one rank of a data-parallel group.
-pub struct Run<'a> {
-    pub(crate) cfg: &'a RunConfig,
-    shaper: Option<Box<dyn ShaperWithState>>,
-    pub(crate) observers: Vec<Box<dyn Observer>>,
-}
-
-impl<'a> Run<'a> {
-    /// A run of `cfg` with its configured shaper and the standard observers.
-    pub fn new(cfg: &'a RunConfig) -> Self {
-        Run {
-            cfg,
-            shaper: None,
-            observers: vec![],
-        }
-    }
-
-    /// Shapes rewards with `shaper` instead of the configured one; the trainer owns it.
-    pub fn shaper(mut self, shaper: Box<dyn ShaperWithState>) -> Self {
-        self.shaper = Some(shaper);
-        self
-    }
-
-    /// Adds an observer of every record the run writes.
-    pub fn observer(mut self, o: Box<dyn Observer>) -> Self {
-        self.observers.push(o);
-        self
-    }
-
-    /// Runs (or resumes) the run in this process.
-    pub fn train(self) -> Result<RunSummary> {
-        self.with_shaper(|cfg, shaper, observers| train_loop(cfg, shaper, observers, None))
-    }
-
-    /// Calls `f` with the chosen shaper, building the configured one when none was given.
-    pub(crate) fn with_shaper<T>(
-        self,
-        f: impl FnOnce(&RunConfig, Box<dyn ShaperWithState>, Vec<Box<dyn Observer>>) -> Result<T>,
-    ) -> Result<T> {
-        let shaper = match self.shaper {
-            Some(s) => s,
-            None => crate::registry::configured_shaper(self.cfg)?,
-        };
-        f(self.cfg, shaper, self.observers)
-    }
-}
-
-/// The run loop; with a collective, this process is rank 0 of a data-parallel run
-/// (ranks.rs): it sends the starting point to the other ranks and gathers the optimizer
-/// shards at each checkpoint.
-pub(crate) fn train_loop(
-    cfg: &RunConfig,
-    shaper: Box<dyn ShaperWithState>,
-    extra: Vec<Box<dyn Observer>>,
-    mut collective: Option<Box<dyn terse_dist::Collective>>,
-) -> Result<RunSummary> {
+/// The run loop of `TrainerBuilder::run`; with a collective, this process is rank 0 of a
+/// data-parallel run (ranks.rs): it sends the starting point to the other ranks and gathers
+/// the optimizer shards at each checkpoint.
+pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
+    let mut collective = b.collective.take();
+    let extra = std::mem::take(&mut b.observers);
     // Validate, lock, load, check; SFT and step 0's checkpoint for a fresh run. `_lock` is
     // bound (not `..`-dropped) so LOCK stays held to the end of the loop.
     let Started {
-        mut trainer,
+        task,
+        loaded,
         dir,
         mut observers,
         kept_evals,
         lock: _lock,
-        ..
-    } = start(cfg, shaper, extra, terse_dist::lend(&mut collective))?;
-    if let Some(mut c) = collective {
-        crate::handoff::send_start(&trainer, &mut *c)?;
-        trainer.collective = Some(c);
+    } = start(&mut b, extra, terse_dist::lend(&mut collective))?;
+    if let Some(c) = collective.as_deref_mut() {
+        let shaper = b.shaper_mut()?.state();
+        crate::handoff::send_start(&b.cfg, &loaded, shaper, c)?;
     }
+    b.collective = collective;
+    let mut trainer = b.assemble(task, loaded)?;
     let (start_step, steps) = (trainer.step, trainer.cfg.grpo.steps);
     observers.push(Box::new(Progress::new(steps, start_step)));
     observers.push(Box::new(Plots));

@@ -1,4 +1,4 @@
-//! How scoring a completion can fail without failing the step: [`ScoreFault`] (the math
+//! How scoring a completion can fail without failing the step: `ScoreFault` (the math
 //! verifier's budget refused the answer, or the scorer panicked) and `quiet_catch`, which
 //! runs every scorer (built-in or research code's) so that a panic becomes an error value:
 //! task.rs scores it as wrong with one warning naming the item, and the panic hook's own
@@ -6,29 +6,17 @@
 //! here only. collect.rs counts the faults per step (`verify_budget_exceeded`,
 //! `verify_panics`).
 
-use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
+use terse_reward::ScoreFault;
 use terse_tasks::math;
 
-/// Why a completion was scored without a verdict; either way it is not correct and the step
-/// goes on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScoreFault {
-    /// The math verifier's budget refused the answer (`terse_tasks::math::Unverifiable`): it
-    /// scores as a wrong answer (0 for the boxed rule, Short-RL's −0.5, EasyR1's accuracy 0).
-    BudgetExceeded,
-    /// The scorer panicked: correct = false, base reward 0, format_ok = false.
-    Panicked,
-}
-
-impl From<math::Unverifiable> for ScoreFault {
-    fn from(u: math::Unverifiable) -> Self {
-        match u {
-            math::Unverifiable::BudgetExceeded => ScoreFault::BudgetExceeded,
-        }
+/// The verdict's fault for the math verifier's refusal (`ScoreFault` is the reward crate's,
+/// beside `Outcome`; the tasks crate's refusal is mapped here, where both are known).
+pub(crate) fn of_unverifiable(u: math::Unverifiable) -> ScoreFault {
+    match u {
+        math::Unverifiable::BudgetExceeded => ScoreFault::BudgetExceeded,
     }
 }
 

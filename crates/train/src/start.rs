@@ -3,6 +3,7 @@
 //! and shaper state, KL reference), and only then write into the run directory. A refused or
 //! failed start loses nothing. Fresh runs get their SFT warm-up and step 0's checkpoint here.
 
+use crate::builder::{Loaded, TrainerBuilder};
 use crate::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
 use crate::config::{Resume, RunConfig};
 use crate::load::{encode, init_model, load_tokenizer};
@@ -12,16 +13,18 @@ use crate::observe::{Observer, Observers};
 use crate::sft::sft;
 use crate::task::Task;
 use crate::tensorboard::TensorBoard;
-use crate::trainer::{GrpoTrainer, ShaperWithState};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use terse_model::Qwen3;
 use terse_optim::AdamW;
+use terse_reward::LengthShaper;
 
-/// A started run: the trainer at its first step to run, the observers (the open metrics file
-/// first, then the event files with `log.tensorboard`, then the caller's), the lock.
-pub struct Started {
-    pub trainer: GrpoTrainer,
+/// A started run: the task and what the trainer starts from (its first step to run), the
+/// observers (the open metrics file first, then the event files with `log.tensorboard`, then
+/// the caller's), the lock. The builder assembles the trainer from it (run.rs).
+pub(crate) struct Started {
+    pub task: Task,
+    pub loaded: Loaded,
     pub dir: PathBuf,
     pub observers: Observers,
     /// Steps of the evaluation lines kept from before a resume.
@@ -30,34 +33,35 @@ pub struct Started {
     pub lock: RunLock,
 }
 
-/// Validates, locks, loads and (for a fresh run) warms up; see the module docs. `extra`
-/// observers see every record from the SFT warm-up's first line on. With `dp` (rank 0 of a
-/// data-parallel run), the other ranks are told whether an SFT warm-up follows and, if so,
-/// take part in it (ranks.rs).
-pub fn start(
-    cfg: &RunConfig,
-    mut shaper: Box<dyn ShaperWithState>,
+/// Validates, locks, loads and (for a fresh run) warms up; see the module docs. The builder's
+/// config becomes the resolved one (`data_epochs` turned into steps) and its shaper (the
+/// configured one unless given) gets a resumed run's state. `extra` observers see every
+/// record from the SFT warm-up's first line on. With `dp` (rank 0 of a data-parallel run),
+/// the other ranks are told whether an SFT warm-up follows and, if so, take part in it
+/// (ranks.rs).
+pub(crate) fn start(
+    b: &mut TrainerBuilder,
     extra: Vec<Box<dyn Observer>>,
     dp: Option<&mut dyn terse_dist::Collective>,
 ) -> Result<Started> {
-    cfg.validate()?;
-    crate::registry::check(&cfg.plugins)?;
+    b.check()?;
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
     // resolves into a step count saved with the run.
-    let mut task = Task::new(&cfg.data, &cfg.model.path, cfg.run.seed)?;
+    let mut task = b.take_task()?;
+    let mut cfg = b.cfg.clone();
     let (dev, dtype) = cfg.run.device_and_dtype()?;
     let dir = cfg.run.dir.join(&cfg.run.name);
     let lock = RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
     let tok = load_tokenizer(&cfg.model.path)?;
-    check_fits(cfg, &mut task, &tok, &dev)?;
-    let mut cfg = cfg.clone();
+    check_fits(&cfg, &mut task, &tok, &dev)?;
     if let Some(e) = cfg.grpo.data_epochs {
         let rows = task.train_rows() as f64;
         cfg.grpo.steps = (e * rows / cfg.grpo.prompts_per_step as f64).ceil() as u64;
         cfg.grpo.data_epochs = None;
     }
 
-    let origin = origin(&cfg, &dir, &dev, dtype, &mut *shaper)?;
+    let shaper = b.shaper_mut()?;
+    let origin = origin(&cfg, &dir, &dev, dtype, shaper)?;
 
     // Loaded and checked: from here on the run directory is written.
     let resolved = toml::to_string_pretty(&cfg).context("serialising the resolved config")?;
@@ -68,17 +72,24 @@ pub fn start(
         &cfg,
         &dir,
         &tok,
-        &*shaper,
+        &*b.shaper_mut()?,
         &mut observers,
         dp,
         (&dev, dtype),
     )?;
-    let mut trainer = GrpoTrainer::assemble(cfg, task, tok, policy, reference, opt, Some(shaper))?;
-    trainer.step = step;
-    trainer.cursor = cursor;
-    trainer.run_dir = Some(dir.clone());
+    b.cfg = cfg;
+    let loaded = Loaded {
+        tok,
+        policy,
+        reference,
+        opt,
+        step,
+        cursor,
+        run_dir: Some(dir.clone()),
+    };
     Ok(Started {
-        trainer,
+        task,
+        loaded,
         dir,
         observers,
         kept_evals,
@@ -124,7 +135,7 @@ fn origin(
     dir: &Path,
     dev: &candle_core::Device,
     dtype: candle_core::DType,
-    shaper: &mut dyn ShaperWithState,
+    shaper: &mut dyn LengthShaper,
 ) -> Result<Origin> {
     // Resume from the newest complete checkpoint with finite weights, or start from the
     // configured model.
@@ -140,6 +151,7 @@ fn origin(
             tracing::info!("resuming from {}", ckpt.display());
             shaper
                 .restore(&state.shaper)
+                .map_err(|e| anyhow::anyhow!(e))
                 .with_context(|| format!("{}/state.json: shaper state", ckpt.display()))?;
             let opt_path = ckpt.join("optimizer.safetensors");
             let bytes = std::fs::read(&opt_path)
@@ -213,7 +225,7 @@ fn begin(
     cfg: &RunConfig,
     dir: &Path,
     tok: &tokenizers::Tokenizer,
-    shaper: &dyn ShaperWithState,
+    shaper: &dyn LengthShaper,
     observers: &mut Observers,
     mut dp: Option<&mut dyn terse_dist::Collective>,
     (dev, dtype): (&candle_core::Device, candle_core::DType),

@@ -5,12 +5,11 @@
 use crate::config::{DataSection, MathScorer, TaskKind};
 use crate::data;
 use crate::score_fault::quiet_catch;
-pub use crate::score_fault::ScoreFault;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
-use terse_reward::RewardFn;
+use terse_reward::{CompletionReward, Outcome, RewardFn, SampleStat, ScoreFault};
 use terse_tasks::template::ChatTemplate;
 use terse_tasks::{kk, math, testbed};
 
@@ -36,17 +35,6 @@ pub enum AnswerForm {
     AnswerTag,
     /// `</think>` then a final `\boxed{...}`: EasyR1's and the plain boxed math scorers.
     Boxed,
-}
-
-/// A completion's verdict, in the reward crate's terms.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Score {
-    pub correct: bool,
-    pub base_reward: f64,
-    pub format_ok: bool,
-    /// Why the verdict is not the verifier's own, when it is not: counted per step
-    /// (`verify_budget_exceeded`, `verify_panics` in metrics.jsonl).
-    pub fault: Option<ScoreFault>,
 }
 
 #[derive(Clone)]
@@ -92,6 +80,19 @@ pub struct Task {
     /// The testbed version and its problem distribution (the SFT teacher's settings).
     testbed: testbed::Teacher,
     seed: u64,
+    /// Research code's per-completion rewards with their weights (the builder's `.reward`),
+    /// added to the verifier's base reward (`completion_reward`).
+    rewards: Rewards,
+}
+
+/// TRL-shaped rewards with their weights, in the order given.
+#[derive(Clone, Default)]
+struct Rewards(Vec<(Arc<dyn CompletionReward>, f64)>);
+
+impl std::fmt::Debug for Rewards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} weighted rewards", self.0.len())
+    }
 }
 
 impl Task {
@@ -115,6 +116,7 @@ impl Task {
             kk_template: String::new(),
             testbed: testbed::Teacher::default(),
             seed: 0,
+            rewards: Rewards::default(),
         })
     }
 
@@ -135,6 +137,7 @@ impl Task {
             kk_template: text_template(&data.template).to_string(),
             testbed: data.teacher(),
             seed,
+            rewards: Rewards::default(),
         };
         if scorer.is(&Scorer::Testbed) {
             return Ok(task);
@@ -165,6 +168,24 @@ impl Task {
             task.eval = load(path, data, chat.as_ref())?;
         }
         Ok(task)
+    }
+
+    /// Adds a TRL-shaped per-completion reward with its weight (`GrpoTrainer::builder`'s
+    /// `.reward`).
+    pub(crate) fn add_reward(&mut self, f: Arc<dyn CompletionReward>, weight: f64) {
+        self.rewards.0.push((f, weight));
+    }
+
+    /// The base reward the shaper sees for a completion the verifier gave `stat`: the
+    /// verifier's plus each weighted per-completion reward
+    /// (`terse_reward::combined_base_reward`); the verifier's own with none.
+    pub(crate) fn completion_reward(
+        &self,
+        completion: &str,
+        answer: &str,
+        stat: &SampleStat,
+    ) -> f64 {
+        terse_reward::combined_base_reward(&self.rewards.0, completion, answer, stat)
     }
 
     /// Training item `index` of the data cursor (datasets wrap around).
@@ -231,7 +252,7 @@ impl Task {
     /// Scores `completion` (the text after the prompt). An unparsable completion is a zero (or
     /// the scorer's format penalty) with `format_ok = false`, never an error; so is one the
     /// scorer (built-in or research code's) panics on, with one warning naming the item.
-    pub fn score(&self, item: &Item, completion: &str) -> Score {
+    pub fn score(&self, item: &Item, completion: &str) -> Outcome {
         match quiet_catch(|| self.score_unguarded(item, completion)) {
             Ok(s) => s,
             Err(why) => {
@@ -243,17 +264,18 @@ impl Task {
                     self.scorer,
                     item.level
                 );
-                Score {
+                Outcome {
                     correct: false,
                     base_reward: 0.0,
                     format_ok: false,
                     fault: Some(ScoreFault::Panicked),
+                    ..Default::default()
                 }
             }
         }
     }
 
-    fn score_unguarded(&self, item: &Item, completion: &str) -> Score {
+    fn score_unguarded(&self, item: &Item, completion: &str) -> Outcome {
         match &self.scorer {
             Scorer::Testbed => {
                 let v = item
@@ -261,28 +283,28 @@ impl Task {
                     .parse::<u8>()
                     .map(|a| testbed::verify(completion, a));
                 match v {
-                    Ok(v) => Score {
+                    Ok(v) => Outcome {
                         correct: v.correct,
                         base_reward: v.reward,
                         format_ok: v.format_ok,
-                        fault: None,
+                        ..Default::default()
                     },
-                    Err(_) => Score {
+                    Err(_) => Outcome {
                         correct: false,
                         base_reward: 0.0,
                         format_ok: false,
-                        fault: None,
+                        ..Default::default()
                     },
                 }
             }
             // Logic-RL and Short-RL score prompt ⊕ response (they split on the assistant marker).
             Scorer::Kk => {
                 let s = kk::score(&format!("{}{completion}", item.prompt), &item.answer);
-                Score {
+                Outcome {
                     correct: s.correct,
                     base_reward: s.total,
                     format_ok: s.format_score > 0.0,
-                    fault: None,
+                    ..Default::default()
                 }
             }
             Scorer::MathShortRl => {
@@ -290,11 +312,12 @@ impl Task {
                     &format!("{}{completion}", item.prompt),
                     &item.answer,
                 );
-                Score {
+                Outcome {
                     correct,
                     base_reward: r,
                     format_ok: r > -3.0,
-                    fault: why.map(ScoreFault::from),
+                    fault: why.map(crate::score_fault::of_unverifiable),
+                    ..Default::default()
                 }
             }
             Scorer::MathEasyR1 => {
@@ -306,34 +329,28 @@ impl Task {
                 };
                 let (overall, acc, format, why) =
                     math::score_easyr1_checked(&response, &item.answer, 0.1);
-                Score {
+                Outcome {
                     correct: acc > 0.0,
                     base_reward: overall,
                     format_ok: format > 0.0,
-                    fault: why.map(ScoreFault::from),
+                    fault: why.map(crate::score_fault::of_unverifiable),
+                    ..Default::default()
                 }
             }
-            Scorer::Custom(f) => {
-                let o = f.score(completion, &item.answer);
-                Score {
-                    correct: o.correct,
-                    base_reward: o.base_reward,
-                    format_ok: o.format_ok,
-                    fault: None,
-                }
-            }
+            Scorer::Custom(f) => f.score(completion, &item.answer),
             // GRPO-λ's and CARE's plain 0/1 correctness of the final \boxed{} answer(s).
             Scorer::MathBoxed => {
                 let boxed = math::extract_final_boxed(completion);
                 let verdict = boxed.as_deref().map(|a| math::check(a, &item.answer));
                 let correct = verdict.is_some_and(math::Verdict::is_equal);
-                Score {
+                Outcome {
                     correct,
                     base_reward: f64::from(u8::from(correct)),
                     format_ok: boxed.is_some(),
                     fault: verdict
                         .and_then(math::Verdict::unverifiable)
-                        .map(ScoreFault::from),
+                        .map(crate::score_fault::of_unverifiable),
+                    ..Default::default()
                 }
             }
         }

@@ -91,7 +91,8 @@ impl EventWriter {
         Ok(w)
     }
 
-    pub fn path(&self) -> &Path {
+    #[cfg(test)]
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 

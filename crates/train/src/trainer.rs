@@ -4,12 +4,11 @@
 //! AdamW, the task, the tokenizer and the data cursor; knows nothing of files (run.rs writes
 //! checkpoints and metrics around it).
 
-use crate::collect::{collect, rollout_params, Collected};
+use crate::collect::{collect, Collected};
 use crate::config::RunConfig;
 use crate::failure::SampleFault;
 use crate::loss::PolicyLoss;
 use crate::report::{StepReport, Timing};
-pub use crate::shaper::ShaperWithState;
 use crate::task::Task;
 use crate::update::{policy_update, sequences, Learner, UpdateBatch, UpdateStats};
 use anyhow::Result;
@@ -17,12 +16,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 use terse_model::Qwen3;
 use terse_optim::AdamW;
-use terse_reward::{metrics::length_stats, AdvantageEstimator, Advantages, Group, Shaped, StepCtx};
+use terse_reward::{
+    metrics::length_stats, AdvantageEstimator, Advantages, Group, LengthShaper, Shaped, StepCtx,
+};
 use terse_rollout::GenParams;
 
 /// Everything one GRPO step needs, the shaper included. The fields are the crate's: research
-/// code reads them through the accessors and attaches its parts with `GrpoTrainer::builder`,
-/// so nothing computed from the config at construction can go out of step with it.
+/// code reads them through the accessors and attaches its parts with `GrpoTrainer::builder`
+/// (builder.rs, the one way to assemble a trainer), so nothing computed from the config at
+/// construction can go out of step with it.
 pub struct GrpoTrainer {
     pub(crate) cfg: RunConfig,
     pub(crate) task: Task,
@@ -38,13 +40,15 @@ pub struct GrpoTrainer {
     pub(crate) cursor: u64,
     /// Where the newest checkpoint is looked for when a step stops on a non-finite value.
     pub(crate) run_dir: Option<PathBuf>,
-    /// Research code's advantage estimator; None uses `cfg.advantage` (the TOML face).
+    /// Research code's advantage estimator (given, or registered and named by the config);
+    /// None uses the built-in `cfg.advantage`.
     pub(crate) estimator: Option<Box<dyn AdvantageEstimator>>,
-    /// Research code's policy loss; None uses PPO-clip with `cfg.grpo`'s settings.
+    /// Research code's policy loss (given, or registered and named by the config); None uses
+    /// the built-in `grpo.loss` (PPO-clip or GSPO) with `cfg.grpo`'s settings.
     pub(crate) policy_loss: Option<Box<dyn PolicyLoss>>,
-    /// The reward shaper (`[reward]`, `[plugins] shaper`, or research code's own); its state is
+    /// The reward shaper (the configured one, or research code's own); its state is
     /// checkpointed with the run.
-    pub(crate) shaper: Box<dyn ShaperWithState>,
+    pub(crate) shaper: Box<dyn LengthShaper>,
     /// Data-parallel ranks (None: one process). Each rank rolls out its share of the step's
     /// groups and all see every group's statistics (collect.rs), so all shape the whole step
     /// alike; each differentiates the groups it holds with the global aggregation weights
@@ -93,118 +97,13 @@ impl GrpoTrainer {
     }
 
     /// The reward shaper (its state is what checkpoints save).
-    pub fn shaper(&self) -> &dyn ShaperWithState {
+    pub fn shaper(&self) -> &dyn LengthShaper {
         &*self.shaper
     }
 
     /// The next GRPO step to run and the next training item.
     pub fn position(&self) -> (u64, u64) {
         (self.step, self.cursor)
-    }
-
-    /// A trainer at step 0 from a validated config and loaded parts, shaping rewards with the
-    /// config's shaper (`configured_shaper`).
-    pub fn new(
-        cfg: RunConfig,
-        task: Task,
-        tok: tokenizers::Tokenizer,
-        policy: Qwen3,
-        reference: Option<Qwen3>,
-        opt: AdamW,
-    ) -> Result<Self> {
-        Self::assemble(cfg, task, tok, policy, reference, opt, None)
-    }
-
-    /// `new` with a given shaper (start.rs and ranks.rs, which restore its state first; the
-    /// builder); None builds the configured one.
-    pub(crate) fn assemble(
-        cfg: RunConfig,
-        task: Task,
-        tok: tokenizers::Tokenizer,
-        mut policy: Qwen3,
-        reference: Option<Qwen3>,
-        opt: AdamW,
-        shaper: Option<Box<dyn ShaperWithState>>,
-    ) -> Result<Self> {
-        cfg.validate()?;
-        let shaper = match shaper {
-            Some(s) => s,
-            None => crate::registry::configured_shaper(&cfg)?,
-        };
-        policy.options = cfg.model.forward_options(policy.device());
-        let gen = rollout_params(&cfg, &policy, &tok)?;
-        // `[plugins]`: registered estimator and loss by name (crate::registry).
-        let p = &cfg.plugins;
-        let estimator = match &p.estimator {
-            Some(n) => Some(crate::registry::estimator(n, &p.params)?),
-            None => None,
-        };
-        let policy_loss = match &p.loss {
-            Some(n) => Some(crate::registry::loss(n, &p.params)?),
-            None => None,
-        };
-        Ok(Self {
-            cfg,
-            task,
-            tok,
-            policy,
-            reference,
-            opt,
-            gen,
-            step: 0,
-            cursor: 0,
-            run_dir: None,
-            estimator,
-            policy_loss,
-            shaper,
-            collective: None,
-        })
-    }
-
-    /// A trainer from a config with research code's parts attached (the builder way of
-    /// `from_config`): `.task(..)`, `.shaper(..)`, `.estimator(..)`, `.loss(..)`,
-    /// `.collective(..)`, then `.build()`.
-    pub fn builder(cfg: RunConfig) -> TrainerBuilder {
-        TrainerBuilder {
-            cfg,
-            task: None,
-            shaper: None,
-            estimator: None,
-            loss: None,
-            collective: None,
-        }
-    }
-
-    /// A trainer from a config alone, for research code: the policy and tokenizer from
-    /// `model.path` (a checkpoint), a fresh AdamW, the same weights as the KL reference when
-    /// `grpo.kl_coef > 0`, and `task` (the config's own when None).
-    pub fn from_config(cfg: RunConfig, task: Option<Task>) -> Result<Self> {
-        Self::load(cfg, task, None)
-    }
-
-    /// `from_config` with research code's shaper, if any (the builder).
-    fn load(
-        cfg: RunConfig,
-        task: Option<Task>,
-        shaper: Option<Box<dyn ShaperWithState>>,
-    ) -> Result<Self> {
-        cfg.validate()?;
-        let (dev, dtype) = cfg.run.device_and_dtype()?;
-        let path = cfg.model.path.clone();
-        let mut policy = Qwen3::load(&path, &dev, dtype)?;
-        crate::load::add_configured_lora(&cfg, &mut policy)?;
-        let reference = if crate::load::needs_reference(&cfg) {
-            Some(Qwen3::load(&path, &dev, dtype)?)
-        } else {
-            None
-        };
-        let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
-        let task = match task {
-            Some(t) => t,
-            None => Task::new(&cfg.data, &path, cfg.run.seed)?,
-        };
-        let tok = crate::load::load_tokenizer(&path)?;
-        Self::assemble(cfg, task, tok, policy, reference, opt, shaper)
     }
 
     /// Rollout and scoring of this step: G samples for each prompt from the data cursor, their
@@ -240,8 +139,8 @@ impl GrpoTrainer {
         Ok(c)
     }
 
-    /// Shaped rewards (the trainer's shaper; unscorable samples are invisible to it) and
-    /// advantages. A non-finite shaped reward stops here, before any update.
+    /// Shaped rewards (the trainer's shaper; unscorable samples are invisible to it: they are
+    /// filtered here, once per step) and advantages. A non-finite shaped reward stops here, before any update.
     pub fn score(&mut self, c: &Collected) -> Result<Scored> {
         let shaper = &mut self.shaper;
         let ctx = StepCtx {
@@ -408,63 +307,5 @@ impl GrpoTrainer {
             time,
             diagnostics: s.shaped.diagnostics.clone(),
         }
-    }
-}
-
-/// Builds a `GrpoTrainer` from a config and the parts research code brings
-/// (`GrpoTrainer::builder`); what is not given comes from the config (the task, and by name
-/// through `[plugins]` the estimator and the loss).
-pub struct TrainerBuilder {
-    cfg: RunConfig,
-    task: Option<Task>,
-    shaper: Option<Box<dyn ShaperWithState>>,
-    estimator: Option<Box<dyn AdvantageEstimator>>,
-    loss: Option<Box<dyn PolicyLoss>>,
-    collective: Option<Box<dyn terse_dist::Collective>>,
-}
-
-impl TrainerBuilder {
-    /// The task (default: the config's `[data]`).
-    pub fn task(mut self, task: Task) -> Self {
-        self.task = Some(task);
-        self
-    }
-
-    /// A reward shaper: any `LengthShaper` (a closure works) (default: `[plugins] shaper`,
-    /// else `[reward]`).
-    pub fn shaper(mut self, s: Box<dyn ShaperWithState>) -> Self {
-        self.shaper = Some(s);
-        self
-    }
-
-    /// An advantage estimator (default: `[plugins] estimator`, else `[advantage]`).
-    pub fn estimator(mut self, e: Box<dyn AdvantageEstimator>) -> Self {
-        self.estimator = Some(e);
-        self
-    }
-
-    /// A policy loss (default: `[plugins] loss`, else PPO-clip).
-    pub fn loss(mut self, l: Box<dyn PolicyLoss>) -> Self {
-        self.loss = Some(l);
-        self
-    }
-
-    /// A data-parallel group this trainer is one rank of.
-    pub fn collective(mut self, c: Box<dyn terse_dist::Collective>) -> Self {
-        self.collective = Some(c);
-        self
-    }
-
-    /// Loads the policy (and the KL reference) from `model.path` and attaches the parts.
-    pub fn build(self) -> Result<GrpoTrainer> {
-        let mut t = GrpoTrainer::load(self.cfg, self.task, self.shaper)?;
-        if let Some(e) = self.estimator {
-            t.estimator = Some(e);
-        }
-        if let Some(l) = self.loss {
-            t.policy_loss = Some(l);
-        }
-        t.collective = self.collective;
-        Ok(t)
     }
 }

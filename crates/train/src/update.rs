@@ -111,7 +111,7 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
     let (logprob_s, correction) = prepare(g, model, reference, dp.as_deref_mut(), &mut seqs)?;
     (out.logprob_s, out.correction) = (logprob_s, correction);
     let ppo = PpoParams::from(g);
-    let gspo = crate::gspo::GspoParams::from_config(g);
+    let gspo = crate::gspo::GspoParams::of_grpo(g);
     let gs = g.group_size.max(1);
     let per_mb = g.mini_batch_prompts.unwrap_or(usize::MAX).max(1);
     let n_groups = extras.len() / gs;

@@ -77,11 +77,11 @@ const SAMPLES: &[&str] = &[
 fn run_tokenizer(input: &Input, ctx: &Ctx) {
     let dir = subdir(ctx, "model");
     ctx.file("model/tokenizer.json", &input.bytes);
-    let Ok(tok) = terse_train::load::load_tokenizer(&dir) else {
+    let Ok(tok) = terse_train::step::load_tokenizer(&dir) else {
         return;
     };
     for s in SAMPLES {
-        if let Ok(ids) = terse_train::load::encode(&tok, s) {
+        if let Ok(ids) = terse_train::step::encode(&tok, s) {
             let _ = tok.decode(&ids, false);
             let _ = tok.decode(&ids, true);
         }
@@ -109,12 +109,12 @@ pub fn metrics() -> Target {
 }
 
 fn run_metrics(input: &Input, ctx: &Ctx) {
-    use terse_train::metrics::{MetricsWriter, Start};
+    use terse_train::records::{MetricsWriter, Start};
     use terse_train::report;
     let path = ctx.file("metrics.jsonl", &input.bytes);
     if let Ok(lines) = report::read_metrics(&path) {
         for l in &lines {
-            let _ = terse_train::tensorboard::scalars_of(l);
+            let _ = terse_train::records::scalars_of(l);
         }
     }
     let _ = report::read_steps(&path);

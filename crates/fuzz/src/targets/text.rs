@@ -29,18 +29,18 @@ fn run_config(input: &Input, _: &Ctx) {
     let Ok(cfg) = RunConfig::from_toml(&input.text(), origin) else {
         return;
     };
-    let _ = terse_train::registry::check(&cfg.plugins);
+    let _ = terse_train::registry::check(&cfg);
     let _ = terse_train::registry::configured_shaper(&cfg);
     let _ = cfg.model.forward_options(&candle_core::Device::Cpu);
     // `xtask plan` and a GPU run's start plan memory from the config: sizes multiply there.
-    let target = terse_train::plan::Target {
+    let target = terse_train::planning::Target {
         cuda: true,
         device_bytes: Some(80 << 30),
         device_total: Some(80 << 30),
         gpus: 8,
         prompt_tokens: 1024,
     };
-    let _ = terse_train::plan::plan(&cfg, &terse_model::Config::qwen3_0_6b(), target);
+    let _ = terse_train::planning::plan(&cfg, &terse_model::Config::qwen3_0_6b(), target);
     // A run saves the resolved config as config.toml; what validated must parse back the same.
     let resolved = toml::to_string_pretty(&cfg)
         .unwrap_or_else(|e| panic!("a valid config does not serialise: {e}"));

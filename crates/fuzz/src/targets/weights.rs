@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use terse_optim::{AdamW, AdamWConfig};
-use terse_train::checkpoint::{checkpoints_newest_first, first_non_finite_weight, last_good};
-use terse_train::checkpoint::{read_state, step_name};
-use terse_train::load::{encode, load_checkpoint_model, load_tokenizer};
+use terse_train::records::{checkpoints_newest_first, first_non_finite_weight, last_good};
+use terse_train::records::{read_state, step_name};
+use terse_train::step::{encode, load_checkpoint_model, load_tokenizer};
 use terse_train::RunConfig;
 
 /// The committed full checkpoint: its config.json and weights are the safetensors target's

@@ -3,9 +3,9 @@
 //! (score_fault.rs catches it).
 
 use crate::config::{DataSection, MathScorer, TaskKind};
-use crate::score_fault::ScoreFault;
 use crate::task::{Item, Task};
 use terse_reward::Outcome;
+use terse_reward::ScoreFault;
 
 /// A math task of the flat fixture (answers 0, 2, 4, ...) with `scorer`.
 fn math_task(scorer: MathScorer) -> Task {
@@ -69,7 +69,7 @@ fn a_panicking_scorer_scores_wrong_and_the_step_goes_on() {
             correct: c == a,
             base_reward: 1.0,
             format_ok: true,
-            reason: None,
+            ..Default::default()
         }
     })
     .expect("task");

@@ -1,0 +1,221 @@
+//! The one way to assemble a trainer: `GrpoTrainer::builder(cfg)` takes every part research
+//! code brings (the task, TRL-shaped per-completion rewards with weights, the shaper, the
+//! advantage estimator, the policy loss, observers, a data-parallel collective) and ends in
+//! `.build()` (a trainer at step 0, to step by hand) or `.run()` (a whole run: start.rs,
+//! run.rs, ranks.rs: checkpoints, resume, evaluation, ranks). What is not given comes from the
+//! config, by name through the registry (registry.rs). start.rs and ranks.rs assemble their
+//! trainers through the same builder (`assemble`), from the parts they loaded.
+
+use crate::config::RunConfig;
+use crate::loss::PolicyLoss;
+use crate::observe::Observer;
+use crate::run::RunSummary;
+use crate::task::Task;
+use crate::trainer::GrpoTrainer;
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use std::sync::Arc;
+use terse_dist::Collective;
+use terse_model::Qwen3;
+use terse_optim::AdamW;
+use terse_reward::{AdvantageEstimator, CompletionReward, LengthShaper};
+
+/// Builds a `GrpoTrainer` (`.build()`) or a whole run (`.run()`) from a config and the parts
+/// research code brings (`GrpoTrainer::builder`).
+pub struct TrainerBuilder {
+    pub(crate) cfg: RunConfig,
+    task: Option<Task>,
+    rewards: Vec<(Arc<dyn CompletionReward>, f64)>,
+    shaper: Option<Box<dyn LengthShaper>>,
+    estimator: Option<Box<dyn AdvantageEstimator>>,
+    loss: Option<Box<dyn PolicyLoss>>,
+    pub(crate) observers: Vec<Box<dyn Observer>>,
+    pub(crate) collective: Option<Box<dyn Collective>>,
+}
+
+/// What a trainer starts from besides the builder's parts: loaded by `build` (step 0 from
+/// `model.path`), by start.rs (a fresh or resumed run) or by ranks.rs (rank 0's start).
+pub(crate) struct Loaded {
+    pub tok: tokenizers::Tokenizer,
+    pub policy: Qwen3,
+    pub reference: Option<Qwen3>,
+    pub opt: AdamW,
+    pub step: u64,
+    pub cursor: u64,
+    /// Where checkpoints are (None: a trainer outside a run).
+    pub run_dir: Option<PathBuf>,
+}
+
+impl GrpoTrainer {
+    /// The one way to assemble a trainer: the config, then any of `.task(..)`,
+    /// `.reward(f, weight)`, `.shaper(..)`, `.estimator(..)`, `.loss(..)`, `.observer(..)`,
+    /// `.collective(..)`, then `.build()` or `.run()`.
+    pub fn builder(cfg: RunConfig) -> TrainerBuilder {
+        TrainerBuilder {
+            cfg,
+            task: None,
+            rewards: vec![],
+            shaper: None,
+            estimator: None,
+            loss: None,
+            observers: vec![],
+            collective: None,
+        }
+    }
+}
+
+impl TrainerBuilder {
+    /// The task (default: the config's `[data]`).
+    pub fn task(mut self, task: Task) -> Self {
+        self.task = Some(task);
+        self
+    }
+
+    /// A per-completion reward in TRL's shape (`reward_funcs` with `reward_weights`): any
+    /// `Fn(completion, answer, &SampleStat) -> f64`. Each completion's base reward becomes the
+    /// verifier's plus `weight x f(..)` of every reward given, in the order given
+    /// (`terse_reward::combined_base_reward`; `f` sees the verifier's statistics). The shaper
+    /// then shapes that sum like any base reward; `correct` and `format_ok` stay the
+    /// verifier's, and a truncated completion's sum is zeroed like its base reward when the
+    /// config scores truncation as 0.
+    pub fn reward(mut self, f: impl CompletionReward + 'static, weight: f64) -> Self {
+        self.rewards.push((Arc::new(f), weight));
+        self
+    }
+
+    /// A reward shaper: any `LengthShaper` (a closure works) (default: the configured one,
+    /// `registry::configured_shaper`). Its state is checkpointed with a run.
+    pub fn shaper(mut self, s: Box<dyn LengthShaper>) -> Self {
+        self.shaper = Some(s);
+        self
+    }
+
+    /// An advantage estimator (default: the configured one).
+    pub fn estimator(mut self, e: Box<dyn AdvantageEstimator>) -> Self {
+        self.estimator = Some(e);
+        self
+    }
+
+    /// A policy loss (default: the configured one, `grpo.loss`).
+    pub fn loss(mut self, l: Box<dyn PolicyLoss>) -> Self {
+        self.loss = Some(l);
+        self
+    }
+
+    /// An observer of every record a run writes (`.run()`), after the metrics file, the
+    /// progress bar and, with `log.tensorboard`, the event files.
+    pub fn observer(mut self, o: Box<dyn Observer>) -> Self {
+        self.observers.push(o);
+        self
+    }
+
+    /// A data-parallel group this trainer is one rank of.
+    pub fn collective(mut self, c: Box<dyn Collective>) -> Self {
+        self.collective = Some(c);
+        self
+    }
+
+    /// A trainer at step 0: the policy and tokenizer from `model.path` (a checkpoint), a fresh
+    /// AdamW, the same weights as the KL reference when `grpo.kl_coef > 0`.
+    pub fn build(mut self) -> Result<GrpoTrainer> {
+        self.check()?;
+        let cfg = &self.cfg;
+        let (dev, dtype) = cfg.run.device_and_dtype()?;
+        let path = cfg.model.path.clone();
+        let mut policy = Qwen3::load(&path, &dev, dtype)?;
+        crate::load::add_configured_lora(cfg, &mut policy)?;
+        let reference = if crate::load::needs_reference(cfg) {
+            Some(Qwen3::load(&path, &dev, dtype)?)
+        } else {
+            None
+        };
+        let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
+        let task = self.take_task()?;
+        let tok = crate::load::load_tokenizer(&path)?;
+        let loaded = Loaded {
+            tok,
+            policy,
+            reference,
+            opt,
+            step: 0,
+            cursor: 0,
+            run_dir: None,
+        };
+        self.assemble(task, loaded)
+    }
+
+    /// The whole run: validate, lock, resume or warm up, then the GRPO steps with checkpoints
+    /// and evaluations (run.rs). Returns the run's summary; with a collective, rank 0 returns
+    /// it and every other rank None (they write nothing).
+    pub fn run(self) -> Result<Option<RunSummary>> {
+        match &self.collective {
+            Some(c) if c.rank() != 0 => crate::ranks::follow(self).map(|()| None),
+            _ => crate::run::train_loop(self).map(Some),
+        }
+    }
+
+    /// The config is valid and every name it gives is registered, before anything is loaded
+    /// or written.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.cfg.validate()?;
+        crate::registry::check(&self.cfg)
+    }
+
+    /// The task given, or the config's (its dataset loaded).
+    pub(crate) fn take_task(&mut self) -> Result<Task> {
+        match self.task.take() {
+            Some(t) => Ok(t),
+            None => Task::new(&self.cfg.data, &self.cfg.model.path, self.cfg.run.seed),
+        }
+    }
+
+    /// The shaper given, or the configured one, built once and kept: start.rs restores its
+    /// state before the trainer is assembled.
+    pub(crate) fn shaper_mut(&mut self) -> Result<&mut dyn LengthShaper> {
+        if self.shaper.is_none() {
+            self.shaper = Some(crate::registry::configured_shaper(&self.cfg)?);
+        }
+        Ok(self
+            .shaper
+            .as_deref_mut()
+            .context("the shaper was just set")?)
+    }
+
+    /// The trainer from the builder's parts and the loaded ones; what is not given comes from
+    /// the config (the estimator and the loss by name through the registry, else the
+    /// built-in ones of `[advantage]` and `grpo.loss`).
+    pub(crate) fn assemble(mut self, mut task: Task, l: Loaded) -> Result<GrpoTrainer> {
+        self.shaper_mut()?;
+        let shaper = self.shaper.take().context("the shaper was just set")?;
+        for (f, w) in std::mem::take(&mut self.rewards) {
+            task.add_reward(f, w);
+        }
+        let estimator = match self.estimator {
+            Some(e) => Some(e),
+            None => crate::registry::configured_estimator(&self.cfg)?,
+        };
+        let policy_loss = match self.loss {
+            Some(l) => Some(l),
+            None => crate::registry::configured_loss(&self.cfg)?,
+        };
+        let mut policy = l.policy;
+        policy.options = self.cfg.model.forward_options(policy.device());
+        let gen = crate::collect::rollout_params(&self.cfg, &policy, &l.tok)?;
+        Ok(GrpoTrainer {
+            cfg: self.cfg,
+            task,
+            tok: l.tok,
+            policy,
+            reference: l.reference,
+            opt: l.opt,
+            gen,
+            step: l.step,
+            cursor: l.cursor,
+            run_dir: l.run_dir,
+            estimator,
+            policy_loss,
+            shaper,
+            collective: self.collective,
+        })
+    }
+}
