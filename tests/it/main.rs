@@ -16,6 +16,7 @@ mod optim;
 mod paged_rollout;
 mod paper_configs;
 mod plugins;
+mod public_surface;
 mod ranks;
 mod rollout;
 mod run_faults;

@@ -170,3 +170,47 @@ fn the_builder_attaches_an_estimator_and_a_loss() {
         "the built loss did not run"
     );
 }
+
+/// The base rewards one step's shaper sees, in sample order, with each sample's length.
+fn seen_base_rewards(b: terse_train::TrainerBuilder) -> Vec<(f64, usize, bool)> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let into = seen.clone();
+    let mut t = b
+        .shaper(Box::new(move |groups: &[Group], _: &StepCtx| {
+            let mut v = into.lock().expect("lock");
+            for s in groups.iter().flat_map(|g| &g.samples) {
+                v.push((s.base_reward, s.len, s.correct));
+            }
+            Shaped::base(groups)
+        }))
+        .build()
+        .expect("trainer");
+    t.step().expect("step");
+    let v = seen.lock().expect("lock").clone();
+    v
+}
+
+/// TRL-shaped rewards with weights add to the verifier's base reward before the shaper sees
+/// it: base + 0.5 x 1 + 0.01 x (-len), for the same rollout (the same seed) as without them;
+/// `correct` stays the verifier's.
+#[test]
+fn weighted_completion_rewards_add_to_the_verifier_s_reward() {
+    let root = crate::scratch("plugins-rewards");
+    let cfg = crate::from_sft(&root, "rewards", 1);
+    let plain = seen_base_rewards(terse_train::GrpoTrainer::builder(cfg.clone()));
+    let weighted = seen_base_rewards(
+        terse_train::GrpoTrainer::builder(cfg)
+            .reward(|_: &str, _: &str, _: &terse_reward::SampleStat| 1.0, 0.5)
+            .reward(
+                |_: &str, _: &str, s: &terse_reward::SampleStat| -(s.len as f64),
+                0.01,
+            ),
+    );
+    assert_eq!(plain.len(), 16);
+    assert_eq!(plain.len(), weighted.len());
+    for ((b0, len0, c0), (b1, len1, c1)) in plain.iter().zip(&weighted) {
+        assert_eq!((len0, c0), (len1, c1), "the same rollout");
+        assert_eq!(*b1, b0 + 0.5 * 1.0 + 0.01 * -(*len0 as f64));
+    }
+    assert!(plain.iter().any(|s| s.1 > 0));
+}

@@ -1,15 +1,15 @@
 //! The one way to assemble a trainer: `GrpoTrainer::builder(cfg)` takes every part research
 //! code brings (the task, TRL-shaped per-completion rewards with weights, the shaper, the
 //! advantage estimator, the policy loss, observers, a data-parallel collective) and ends in
-//! `.build()` (a trainer at step 0, to step by hand) or `.run()` (a whole run: start.rs,
-//! run.rs, ranks.rs: checkpoints, resume, evaluation, ranks). What is not given comes from the
+//! `.build()` (a trainer at step 0, to step by hand) or `.run()` (a whole run, written in
+//! ranks.rs beside the ranks it dispatches to: start.rs, run.rs: checkpoints, resume,
+//! evaluation). What is not given comes from the
 //! config, by name through the registry (registry.rs). start.rs and ranks.rs assemble their
 //! trainers through the same builder (`assemble`), from the parts they loaded.
 
 use crate::config::RunConfig;
 use crate::loss::PolicyLoss;
 use crate::observe::Observer;
-use crate::run::RunSummary;
 use crate::task::Task;
 use crate::trainer::GrpoTrainer;
 use anyhow::{Context, Result};
@@ -142,16 +142,6 @@ impl TrainerBuilder {
             run_dir: None,
         };
         self.assemble(task, loaded)
-    }
-
-    /// The whole run: validate, lock, resume or warm up, then the GRPO steps with checkpoints
-    /// and evaluations (run.rs). Returns the run's summary; with a collective, rank 0 returns
-    /// it and every other rank None (they write nothing).
-    pub fn run(self) -> Result<Option<RunSummary>> {
-        match &self.collective {
-            Some(c) if c.rank() != 0 => crate::ranks::follow(self).map(|()| None),
-            _ => crate::run::train_loop(self).map(Some),
-        }
     }
 
     /// The config is valid and every name it gives is registered, before anything is loaded

@@ -13,6 +13,7 @@
 //! handoff.rs.
 
 use crate::builder::{Loaded, TrainerBuilder};
+use crate::run::RunSummary;
 use crate::config::RunConfig;
 use crate::handoff::{receive_header, receive_weights};
 use crate::load::{init_model, load_tokenizer};
@@ -28,6 +29,19 @@ impl crate::observe::Observer for NoRecords {
     }
 }
 
+impl TrainerBuilder {
+    /// The whole run: validate, lock, resume or warm up, then the GRPO steps with checkpoints
+    /// and evaluations (run.rs). Returns the run's summary; with a collective, rank 0 returns
+    /// it and every other rank None (they write nothing and observe nothing). Every rank must
+    /// be given the same config file.
+    pub fn run(self) -> Result<Option<RunSummary>> {
+        match &self.collective {
+            Some(c) if c.rank() != 0 => follow(self).map(|()| None),
+            _ => crate::run::train_loop(self).map(Some),
+        }
+    }
+}
+
 /// What this rank builds before rank 0's weights arrive: a model of random weights, which they
 /// overwrite; with LoRA rank 0 sends the adapters only, so the frozen base is read here.
 fn weights_from_rank_0(cfg: &mut RunConfig) {
@@ -36,10 +50,10 @@ fn weights_from_rank_0(cfg: &mut RunConfig) {
     }
 }
 
-/// Called by `TrainerBuilder::run` on a rank other than 0: takes part in rank 0's SFT warm-up
+/// `TrainerBuilder::run` on a rank other than 0: takes part in rank 0's SFT warm-up
 /// if there is one, receives the start, then steps with rank 0 until the last step. Every
 /// rank must be given the same config file.
-pub(crate) fn follow(mut b: TrainerBuilder) -> Result<()> {
+fn follow(mut b: TrainerBuilder) -> Result<()> {
     let mut c = b.collective.take().context("a follower has a collective")?;
     let mine = b.cfg.clone();
     let mine = &mine;
