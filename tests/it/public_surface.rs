@@ -142,7 +142,11 @@ fn documented(page: &str) -> BTreeSet<String> {
 fn differences(lib: &BTreeSet<String>, docs: &BTreeSet<String>) -> Vec<String> {
     let mut out: Vec<String> = lib
         .difference(docs)
-        .map(|n| format!("`{n}` is public in crates/train/src/lib.rs but docs/library.md does not list it"))
+        .map(|n| {
+            format!(
+                "`{n}` is public in crates/train/src/lib.rs but docs/library.md does not list it"
+            )
+        })
         .collect();
     out.extend(
         docs.difference(lib)
@@ -153,10 +157,14 @@ fn differences(lib: &BTreeSet<String>, docs: &BTreeSet<String>) -> Vec<String> {
 
 #[test]
 fn terse_train_exposes_only_what_docs_library_md_lists() {
-    let lib = std::fs::read_to_string(crate::train::repo("crates/train/src/lib.rs")).expect("lib.rs");
+    let lib =
+        std::fs::read_to_string(crate::train::repo("crates/train/src/lib.rs")).expect("lib.rs");
     let page = std::fs::read_to_string(crate::train::repo("docs/library.md")).expect("library.md");
     let (surface, listed) = (lib_surface(&lib), documented(&page));
-    assert!(surface.contains("GrpoTrainer") && surface.contains("step::gradients"), "{surface:?}");
+    assert!(
+        surface.contains("GrpoTrainer") && surface.contains("step::gradients"),
+        "{surface:?}"
+    );
     let diff = differences(&surface, &listed);
     assert!(diff.is_empty(), "{}", diff.join("\n"));
 }
@@ -165,17 +173,27 @@ fn terse_train_exposes_only_what_docs_library_md_lists() {
 /// difference; a crate-private one is not.
 #[test]
 fn a_new_public_item_is_a_difference() {
-    let lib = std::fs::read_to_string(crate::train::repo("crates/train/src/lib.rs")).expect("lib.rs");
+    let lib =
+        std::fs::read_to_string(crate::train::repo("crates/train/src/lib.rs")).expect("lib.rs");
     let base = lib_surface(&lib);
     for (added, name) in [
         ("pub use crate::zero::Partition;", "Partition"),
-        ("pub use crate::zero::{sharded_step as step_zero, Partition};", "step_zero"),
+        (
+            "pub use crate::zero::{sharded_step as step_zero, Partition};",
+            "step_zero",
+        ),
         ("pub fn extra() {}", "extra"),
         ("pub mod zero_public;", "zero_public"),
-        ("pub mod tools {\n    pub use crate::zero::Partition;\n}", "tools::Partition"),
+        (
+            "pub mod tools {\n    pub use crate::zero::Partition;\n}",
+            "tools::Partition",
+        ),
     ] {
         let grown = lib_surface(&format!("{lib}\n{added}\n"));
-        assert!(grown.contains(name) && !base.contains(name), "{added}: {grown:?}");
+        assert!(
+            grown.contains(name) && !base.contains(name),
+            "{added}: {grown:?}"
+        );
     }
     let same = lib_surface(&format!("{lib}\npub(crate) use crate::zero::Partition;\n"));
     assert_eq!(same, base);

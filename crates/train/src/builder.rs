@@ -12,7 +12,7 @@ use crate::loss::PolicyLoss;
 use crate::observe::Observer;
 use crate::task::Task;
 use crate::trainer::GrpoTrainer;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 use std::sync::Arc;
 use terse_dist::Collective;
@@ -161,22 +161,22 @@ impl TrainerBuilder {
 
     /// The shaper given, or the configured one, built once and kept: start.rs restores its
     /// state before the trainer is assembled.
-    pub(crate) fn shaper_mut(&mut self) -> Result<&mut dyn LengthShaper> {
-        if self.shaper.is_none() {
-            self.shaper = Some(crate::registry::configured_shaper(&self.cfg)?);
-        }
-        Ok(self
-            .shaper
-            .as_deref_mut()
-            .context("the shaper was just set")?)
+    pub(crate) fn shaper_mut(&mut self) -> Result<&mut (dyn LengthShaper + 'static)> {
+        let shaper = match self.shaper.take() {
+            Some(s) => s,
+            None => crate::registry::configured_shaper(&self.cfg)?,
+        };
+        Ok(&mut **self.shaper.insert(shaper))
     }
 
     /// The trainer from the builder's parts and the loaded ones; what is not given comes from
     /// the config (the estimator and the loss by name through the registry, else the
     /// built-in ones of `[advantage]` and `grpo.loss`).
     pub(crate) fn assemble(mut self, mut task: Task, l: Loaded) -> Result<GrpoTrainer> {
-        self.shaper_mut()?;
-        let shaper = self.shaper.take().context("the shaper was just set")?;
+        let shaper = match self.shaper.take() {
+            Some(s) => s,
+            None => crate::registry::configured_shaper(&self.cfg)?,
+        };
         for (f, w) in std::mem::take(&mut self.rewards) {
             task.add_reward(f, w);
         }

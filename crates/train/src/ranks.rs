@@ -13,10 +13,10 @@
 //! handoff.rs.
 
 use crate::builder::{Loaded, TrainerBuilder};
-use crate::run::RunSummary;
 use crate::config::RunConfig;
 use crate::handoff::{receive_header, receive_weights};
 use crate::load::{init_model, load_tokenizer};
+use crate::run::RunSummary;
 use anyhow::{Context, Result};
 use terse_optim::AdamW;
 
