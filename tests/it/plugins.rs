@@ -1,6 +1,8 @@
 //! Research code's own methods by name (issue 34): a shaper, an advantage estimator and a
-//! policy loss registered in code and named by a run config's `[plugins]`, used by a whole run
-//! started the way `cargo xtask train --config FILE` starts it.
+//! policy loss registered in code (beside the built-ins; a name is taken once) and named by a
+//! run config's `[plugins]`, used by a whole run started the way `cargo xtask train --config
+//! FILE` starts it; and the builder's parts (issue 44): estimator, loss, shaper, and TRL-shaped
+//! per-completion rewards with weights.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use terse_reward::{
