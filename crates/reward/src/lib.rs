@@ -4,8 +4,9 @@
 //! Data flow: `Group`s (one per prompt, G `SampleStat`s) -> [`RewardConfig::shape`] (with
 //! [`ShaperState`] for Short-RL's acc_max and LASER-D's targets) -> [`Shaped`] -> [`Advantage::compute`].
 //!
-//! Research code plugs in its own shaper through [`LengthShaper`] (a closure works) and its own
-//! verifier through [`RewardFn`]:
+//! Research code plugs in its own shaper through [`LengthShaper`] (a closure works), its own
+//! verifier through [`RewardFn`] (its verdict: [`Outcome`]) and TRL-shaped weighted rewards
+//! through [`CompletionReward`]:
 //!
 //! ```
 //! use terse_reward::{Advantage, Group, LengthShaper, Outcome, RewardFn, SampleStat, Shaped, StepCtx};
@@ -23,7 +24,7 @@
 //!     correct: completion.lines().last() == Some(answer),
 //!     base_reward: f64::from(u8::from(completion.lines().last() == Some(answer))),
 //!     format_ok: true,
-//!     reason: None,
+//!     ..Default::default()
 //! };
 //! let o = exact.score("thinking...\n42", "42");
 //! let groups = vec![Group::new(0, vec![SampleStat::new(100, o.correct, o.base_reward), SampleStat::new(300, true, 1.0)])];
