@@ -1,7 +1,8 @@
 //! Research code's own methods by name (issue 34): a shaper, an advantage estimator and a
-//! policy loss registered in code (beside the built-ins; a name is taken once) and named by a
-//! run config's `[plugins]`, used by a whole run started the way `cargo xtask train --config
-//! FILE` starts it; and the builder's parts (issue 44): estimator, loss, shaper, and TRL-shaped
+//! policy loss registered in code (beside the built-ins; a name is taken once) and chosen by
+//! the keys that choose the built-ins (`reward.shaper.method`, `advantage.estimator`,
+//! `grpo.loss`), used by a whole run started the way `cargo xtask train --config FILE` starts
+//! it; and the builder's parts (issue 44): estimator, loss, shaper, and TRL-shaped
 //! per-completion rewards with weights.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +18,7 @@ static LOSSES: AtomicUsize = AtomicUsize::new(0);
 static BUILT_ESTIMATES: AtomicUsize = AtomicUsize::new(0);
 static BUILT_LOSSES: AtomicUsize = AtomicUsize::new(0);
 
-/// 1 per right answer minus `per_token` (from `[plugins.params]`) per token.
+/// 1 per right answer minus `per_token` (from `[reward.shaper]`'s other keys) per token.
 fn length_penalty(p: &Params) -> anyhow::Result<Box<dyn LengthShaper>> {
     let per_token = p
         .get("per_token")
@@ -90,15 +91,20 @@ fn registered_methods_run_from_a_config_by_name() {
     let root = crate::scratch("plugins");
     let text = format!(
         "[run]\ndir = {dir:?}\nname = \"plugged\"\n\n[model]\npath = {model:?}\ninit = \"checkpoint\"\n\n\
-         [sft]\nsteps = 0\n\n[grpo]\nsteps = 1\nprompts_per_step = 4\ngroup_size = 4\nmax_new_tokens = 48\n\n\
-         [eval]\nper_level = 1\nsamples = 1\n\n[plugins]\nshaper = \"length_penalty\"\n\
-         estimator = \"counted_grpo\"\nloss = \"counted_ppo\"\n\n[plugins.params]\nper_token = 0.02\n",
+         [sft]\nsteps = 0\n\n[grpo]\nsteps = 1\nprompts_per_step = 4\ngroup_size = 4\nmax_new_tokens = 48\n\
+         loss = \"counted_ppo\"\n\n[eval]\nper_level = 1\nsamples = 1\n\n\
+         [reward.shaper]\nmethod = \"length_penalty\"\nper_token = 0.02\n\n\
+         [advantage]\nestimator = \"counted_grpo\"\n",
         dir = root.display().to_string(),
         model = crate::fixture("testbed-sft").display().to_string(),
     );
     let file = root.join("plugged.toml");
     std::fs::write(&file, text).expect("config");
     let cfg = terse_train::RunConfig::from_file(&file).expect("config names registered plugins");
+    // The resolved config.toml names them where the file did (and reads back the same).
+    let again = terse_train::RunConfig::from_toml(&cfg.to_toml().expect("toml"), &file)
+        .expect("the resolved config reads back");
+    assert_eq!(again, cfg);
     let (e0, l0) = (
         ESTIMATES.load(Ordering::Relaxed),
         LOSSES.load(Ordering::Relaxed),
@@ -111,6 +117,13 @@ fn registered_methods_run_from_a_config_by_name() {
     assert!(
         LOSSES.load(Ordering::Relaxed) > l0,
         "the registered loss did not run"
+    );
+    let written = std::fs::read_to_string(root.join("plugged/config.toml")).expect("config.toml");
+    assert!(
+        written.contains("method = \"length_penalty\"")
+            && written.contains("estimator = \"counted_grpo\"")
+            && written.contains("loss = \"counted_ppo\""),
+        "{written}"
     );
     let steps =
         terse_train::report::read_steps(&root.join("plugged/metrics.jsonl")).expect("steps");
@@ -128,9 +141,21 @@ fn registered_methods_run_from_a_config_by_name() {
     let cfg = terse_train::RunConfig::from_toml(&bad, &file).expect("parses");
     let e = format!("{:#}", terse_train::train(&cfg).expect_err("unknown"));
     assert!(
-        e.contains("plugins.loss = \"nope\"") && e.contains("counted_ppo"),
+        e.contains("grpo.loss = \"nope\" is neither built in nor registered")
+            && e.contains("gspo-token")
+            && e.contains("counted_ppo"),
         "{e}"
     );
+    assert_eq!(e.lines().count(), 1, "{e}");
+    // The section of earlier versions is refused in one line that says where the names go.
+    let old = terse_train::RunConfig::from_toml("[plugins]\nshaper = \"length_penalty\"\n", &file)
+        .expect_err("[plugins] is gone");
+    let old = format!("{old:#}");
+    assert!(
+        old.contains("[plugins] is gone: name a registered shaper in reward.shaper.method"),
+        "{old}"
+    );
+    assert_eq!(old.lines().count(), 1, "{old}");
     assert!(
         !root.join("misspelt/config.toml").exists(),
         "a refused run wrote its config"

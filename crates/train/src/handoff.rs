@@ -37,7 +37,7 @@ pub(crate) fn send_start(
     c: &mut dyn Collective,
 ) -> Result<()> {
     let header = StartHeader {
-        config: toml::to_string(cfg).context("serialising the resolved config")?,
+        config: cfg.to_toml().context("serialising the resolved config")?,
         step: l.step,
         cursor: l.cursor,
         shaper,
@@ -158,7 +158,8 @@ pub(crate) fn receive_header(
     c.broadcast(&mut buf, 0)
         .with_context(|| format!("rank {rank}: receiving the start from rank 0"))?;
     let header: StartHeader = serde_json::from_slice(&buf).context("the start header")?;
-    let cfg: RunConfig = toml::from_str(&header.config).context("rank 0's resolved config")?;
+    let cfg = RunConfig::parse(&header.config)
+        .map_err(|e| anyhow::anyhow!("rank 0's resolved config: {e}"))?;
     if (&cfg.run.dir, &cfg.run.name) != (&mine.run.dir, &mine.run.name) {
         bail!(
             "rank {rank}: its config is the run {}/{}, rank 0's is {}/{} (every rank needs the same config)",

@@ -2,45 +2,25 @@
 //! built-ins under their TOML names (`short_rl`, `grpo`, `ppo`, ...) beside research code's
 //! entries, which `register_shaper`, `register_estimator` and `register_loss` add (as verl's
 //! `register_adv_est` / `register_policy_loss` do). A name is taken once: registering a
-//! built-in's name or a name twice is refused with one line. A run config names research
-//! code's entries in `[plugins]` (`shaper`, `estimator`, `loss`, with `[plugins.params]` handed
-//! to the factory); the builder (builder.rs) looks them up, and an unknown name is an error
-//! that lists the registry's names, raised before anything is loaded or written.
+//! built-in's name or a name twice is refused with one line. One key chooses among a kind's
+//! names: `reward.shaper.method`, `advantage.estimator`, `grpo.loss` (config/registered.rs; a
+//! registered method's factory gets the other keys of its table, `[grpo.loss_params]` for a
+//! loss); the builder (builder.rs) looks them up, and an unknown name is an error that lists
+//! the kind's names, raised before anything is loaded or written.
 
-use crate::config::RunConfig;
+use crate::config::{RunConfig, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, BUILTIN_SHAPERS};
 use crate::loss::PolicyLoss;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 use terse_reward::{AdvantageEstimator, LengthShaper};
 
-/// `[plugins.params]`, as the factory receives it.
+/// The other keys of the chosen method's table, as the factory receives them.
 pub type Params = toml::Table;
 
 pub type ShaperFactory = fn(&Params) -> Result<Box<dyn LengthShaper>>;
 pub type EstimatorFactory = fn(&Params) -> Result<Box<dyn AdvantageEstimator>>;
 pub type LossFactory = fn(&Params) -> Result<Box<dyn PolicyLoss>>;
-
-/// The built-in shapers, by `reward.shaper.method`.
-pub const BUILTIN_SHAPERS: &[&str] = &[
-    "none",
-    "kimi",
-    "short_rl",
-    "grpo_lambda",
-    "care",
-    "step_grpo",
-    "cos_fn",
-    "efficient",
-    "alp",
-    "dast",
-    "l1",
-    "laser_d",
-    "grpo_lead",
-];
-/// The built-in advantage estimators, by `advantage.estimator`.
-pub const BUILTIN_ESTIMATORS: &[&str] = &["grpo", "dr_grpo", "rloo", "reinforce_pp"];
-/// The built-in policy losses, by `grpo.loss`.
-pub const BUILTIN_LOSSES: &[&str] = &["ppo", "gspo", "gspo-token"];
 
 /// One kind's entries: a built-in (configured by its own TOML section) or research code's
 /// factory.
@@ -51,16 +31,18 @@ enum Entry<F> {
 
 struct Kind<F> {
     what: &'static str,
+    /// The config key that chooses among this kind's names.
+    key: &'static str,
     entries: BTreeMap<String, Entry<F>>,
 }
 
 impl<F: Copy> Kind<F> {
-    fn new(what: &'static str, builtins: &[&str]) -> Self {
+    fn new(what: &'static str, key: &'static str, builtins: &[&str]) -> Self {
         let entries = builtins
             .iter()
             .map(|n| (n.to_string(), Entry::Builtin))
             .collect();
-        Kind { what, entries }
+        Kind { what, key, entries }
     }
 
     fn add(&mut self, name: &str, f: F) -> Result<()> {
@@ -84,21 +66,28 @@ impl<F: Copy> Kind<F> {
         }
     }
 
-    /// Research code's factory named `name`; an unknown name (or a built-in's, which is not
-    /// chosen through `[plugins]`) is an error listing the names.
+    /// Research code's factory named `name`; an unknown name is an error listing the kind's
+    /// names (built-in names never reach here: the config reads them into its sections).
     fn factory(&self, name: &str) -> Result<F> {
         match self.entries.get(name) {
             Some(Entry::Registered(f)) => Ok(*f),
-            Some(Entry::Builtin) => bail!(
-                "plugins.{} = {name:?} is a built-in; choose it in its own section, not [plugins]",
-                self.what
-            ),
-            None => bail!(
-                "plugins.{} = {name:?} is not registered (registered: {})",
-                self.what,
+            _ => bail!(
+                "{} = {name:?} is neither built in nor registered (built in: {}; registered: {})",
+                self.key,
+                self.builtins(),
                 self.names()
             ),
         }
+    }
+
+    fn builtins(&self) -> String {
+        let names: Vec<&str> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::Builtin))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        names.join(", ")
     }
 
     /// Research code's names, or "none".
@@ -127,37 +116,37 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
     R.get_or_init(|| {
         Mutex::new(Registry {
-            shapers: Kind::new("shaper", BUILTIN_SHAPERS),
-            estimators: Kind::new("estimator", BUILTIN_ESTIMATORS),
-            losses: Kind::new("loss", BUILTIN_LOSSES),
+            shapers: Kind::new("shaper", "reward.shaper.method", BUILTIN_SHAPERS),
+            estimators: Kind::new("estimator", "advantage.estimator", BUILTIN_ESTIMATORS),
+            losses: Kind::new("loss", "grpo.loss", BUILTIN_LOSSES),
         })
     })
     .lock()
     .unwrap_or_else(|e| e.into_inner())
 }
 
-/// Makes `name` usable as `[plugins] shaper = "name"`; a name already taken is refused.
+/// Makes `name` usable as `reward.shaper.method = "name"`; a name already taken is refused.
 pub fn register_shaper(name: &str, factory: ShaperFactory) -> Result<()> {
     registry().shapers.add(name, factory)
 }
 
-/// Makes `name` usable as `[plugins] estimator = "name"`; a name already taken is refused.
+/// Makes `name` usable as `advantage.estimator = "name"`; a name already taken is refused.
 pub fn register_estimator(name: &str, factory: EstimatorFactory) -> Result<()> {
     registry().estimators.add(name, factory)
 }
 
-/// Makes `name` usable as `[plugins] loss = "name"`; a name already taken is refused.
+/// Makes `name` usable as `grpo.loss = "name"`; a name already taken is refused.
 pub fn register_loss(name: &str, factory: LossFactory) -> Result<()> {
     registry().losses.add(name, factory)
 }
 
-/// The shaper a config names: `[plugins] shaper` from the registry, else the built-in
+/// The shaper a config names: a registered one by `reward.shaper.method`, else the built-in
 /// `[reward]` method (validated once, here).
 pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn LengthShaper>> {
-    match &cfg.plugins.shaper {
-        Some(name) => {
-            let f = registry().shapers.factory(name)?;
-            f(&cfg.plugins.params)
+    match &cfg.registered().shaper {
+        Some(c) => {
+            let f = registry().shapers.factory(&c.name)?;
+            f(&c.params)
         }
         None => Ok(Box::new(
             terse_reward::BuiltinShaper::new(cfg.reward.clone())
@@ -166,50 +155,42 @@ pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn LengthShaper>> {
     }
 }
 
-/// Research code's estimator a config names (`[plugins] estimator`); None: the built-in
+/// Research code's estimator a config names by `advantage.estimator`; None: the built-in
 /// `[advantage]` estimator.
 pub(crate) fn configured_estimator(cfg: &RunConfig) -> Result<Option<Box<dyn AdvantageEstimator>>> {
-    match &cfg.plugins.estimator {
-        Some(name) => {
-            let f = registry().estimators.factory(name)?;
-            f(&cfg.plugins.params).map(Some)
+    match &cfg.registered().estimator {
+        Some(c) => {
+            let f = registry().estimators.factory(&c.name)?;
+            f(&c.params).map(Some)
         }
         None => Ok(None),
     }
 }
 
-/// Research code's policy loss a config names (`[plugins] loss`); None: the built-in
-/// `grpo.loss`.
+/// Research code's policy loss a config names by `grpo.loss`; None: the built-in one.
 pub(crate) fn configured_loss(cfg: &RunConfig) -> Result<Option<Box<dyn PolicyLoss>>> {
-    match &cfg.plugins.loss {
-        Some(name) => {
-            let f = registry().losses.factory(name)?;
-            f(&cfg.plugins.params).map(Some)
+    match &cfg.registered().loss {
+        Some(c) => {
+            let f = registry().losses.factory(&c.name)?;
+            f(&c.params).map(Some)
         }
         None => Ok(None),
     }
 }
 
-/// Every name `[plugins]` gives is registered, and a registered loss does not meet a
-/// non-default `grpo.loss` (one of the two would be ignored): the builder checks this before
+/// Every registered name the config gives is registered: the builder checks this before
 /// anything is loaded or written, so a misspelt name loses nothing.
 pub fn check(cfg: &RunConfig) -> Result<()> {
-    let p = &cfg.plugins;
+    let chosen = cfg.registered();
     let r = registry();
-    if let Some(n) = &p.shaper {
-        r.shapers.factory(n)?;
+    if let Some(c) = &chosen.shaper {
+        r.shapers.factory(&c.name)?;
     }
-    if let Some(n) = &p.estimator {
-        r.estimators.factory(n)?;
+    if let Some(c) = &chosen.estimator {
+        r.estimators.factory(&c.name)?;
     }
-    if let Some(n) = &p.loss {
-        r.losses.factory(n)?;
-        if cfg.grpo.loss != Default::default() {
-            bail!(
-                "plugins.loss = {n:?} and grpo.loss = {:?} both choose the policy loss; keep one",
-                cfg.grpo.loss
-            );
-        }
+    if let Some(c) = &chosen.loss {
+        r.losses.factory(&c.name)?;
     }
     Ok(())
 }

@@ -64,7 +64,7 @@ pub(crate) fn start(
     let origin = origin(&cfg, &dir, &dev, dtype, shaper)?;
 
     // Loaded and checked: from here on the run directory is written.
-    let resolved = toml::to_string_pretty(&cfg).context("serialising the resolved config")?;
+    let resolved = cfg.to_toml().context("serialising the resolved config")?;
     terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
     let (mut observers, kept_evals) = open_observers(&cfg, &dir, &origin, extra)?;
     let (policy, step, cursor, opt, reference) = begin(

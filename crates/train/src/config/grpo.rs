@@ -109,7 +109,7 @@ pub struct GrpoSection {
     pub clip_high: f64,
     /// Dual-clip constant c (> 1) bounding the loss of negative advantages; None = off.
     pub dual_clip: Option<f64>,
-    /// The policy loss: "ppo", "gspo" or "gspo-token" (a registered one: `[plugins] loss`).
+    /// The policy loss: "ppo", "gspo" or "gspo-token", or a registered one by its name (its parameters: `[grpo.loss_params]`).
     pub loss: PolicyLossKind,
     /// GSPO's clip of the sequence ratio below 1 (the paper's 3e-4).
     pub gspo_clip_low: f64,

@@ -6,9 +6,11 @@ mod device;
 pub mod docs;
 mod grpo;
 mod length;
+mod registered;
 mod sections;
 
 pub use grpo::*;
+pub use registered::{Choice, Registered, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, BUILTIN_SHAPERS};
 pub use sections::*;
 
 use anyhow::{bail, Context, Result};
@@ -31,7 +33,11 @@ pub struct RunConfig {
     pub checkpoint: CheckpointSection,
     pub eval: EvalSection,
     pub log: LogSection,
-    pub plugins: PluginsSection,
+    /// Research code's registered methods, chosen by `reward.shaper.method`,
+    /// `advantage.estimator` and `grpo.loss` (registered.rs): taken out of the TOML before the
+    /// typed sections read it, and put back by `to_toml`.
+    #[serde(skip)]
+    pub(crate) registered: Registered,
 }
 
 impl Default for RunConfig {
@@ -51,7 +57,7 @@ impl Default for RunConfig {
             checkpoint: CheckpointSection::default(),
             eval: EvalSection::default(),
             log: LogSection::default(),
-            plugins: PluginsSection::default(),
+            registered: Registered::default(),
         }
     }
 }
@@ -59,11 +65,41 @@ impl Default for RunConfig {
 impl RunConfig {
     /// Parses TOML; errors name the file and the key.
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: RunConfig = toml::from_str(text)
-            .map_err(|e| anyhow::anyhow!("{}: {}", origin.display(), e.message().trim()))?;
+        let cfg = Self::parse(text).map_err(|e| anyhow::anyhow!("{}: {e}", origin.display()))?;
         cfg.validate()
             .with_context(|| origin.display().to_string())?;
         Ok(cfg)
+    }
+
+    /// Parses TOML without validating (the resolved config rank 0 sends): registered methods
+    /// are taken out of their keys first (registered.rs); a config that names none is read
+    /// as written.
+    pub(crate) fn parse(text: &str) -> std::result::Result<Self, String> {
+        let message = |e: toml::de::Error| e.message().trim().to_string();
+        let mut table: toml::Table = toml::from_str(text).map_err(message)?;
+        let registered = registered::take(&mut table)?;
+        let mut cfg: RunConfig = if registered == Registered::default() {
+            toml::from_str(text).map_err(message)?
+        } else {
+            table.try_into().map_err(message)?
+        };
+        cfg.registered = registered;
+        Ok(cfg)
+    }
+
+    /// The config as TOML, registered methods at their keys: what `parse` reads back.
+    pub fn to_toml(&self) -> Result<String> {
+        if self.registered == Registered::default() {
+            return toml::to_string_pretty(self).context("serialising the config");
+        }
+        let mut table = toml::Table::try_from(self).context("serialising the config")?;
+        registered::put(&mut table, &self.registered);
+        toml::to_string_pretty(&table).context("serialising the config")
+    }
+
+    /// The registered methods this config chooses.
+    pub fn registered(&self) -> &Registered {
+        &self.registered
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {

@@ -422,18 +422,3 @@ impl Default for EvalSection {
         }
     }
 }
-
-/// `[plugins]`: research code's own methods, by the names they were registered under
-/// (`terse_train::registry`); unset, the built-in ones of `[reward]`, `[advantage]` and PPO-clip.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PluginsSection {
-    /// A registered shaper, in place of `[reward]`'s method.
-    pub shaper: Option<String>,
-    /// A registered advantage estimator, in place of `[advantage]`.
-    pub estimator: Option<String>,
-    /// A registered policy loss, in place of PPO-clip.
-    pub loss: Option<String>,
-    /// Handed to the plugins' factories as they are.
-    pub params: toml::Table,
-}
