@@ -16,15 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 /// The `-D` launch-geometry definitions the kernels are compiled with: the constants the Rust
-/// launches use, read the way scripts/ptxas-check.sh and crates/simt's build read them. The one
-/// place that knows where they live.
+/// launches use (crates/model's kernel_checks.rs), read by the one function that knows where
+/// they live (the emulated device's kernel build shares it).
 fn kernel_defines(root: &Path) -> Result<Vec<(String, u64)>> {
-    #[path = "../../../crates/model/build_geometry.rs"]
-    mod geometry;
-    let path = root.join("crates/model/src/kernel_checks.rs");
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading the launch constants in {}", path.display()))?;
-    Ok(geometry::kernel_defines(&text))
+    super::fake_gpu::kernels::terse_defines(root)
 }
 
 /// nvcc and nvdisasm of the project's toolchain (installed when missing, compiler only).
