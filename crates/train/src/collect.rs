@@ -117,16 +117,30 @@ struct Share {
     faults: Faults,
 }
 
-/// The sampling settings of training rollouts: evaluation's plus Step-GRPO's early exit, its
-/// induction and close texts tokenized here.
+/// The sampling settings of the run's rollouts, training's and validation's alike (eval.rs
+/// and eval_protocol.rs call it): `[grpo]`'s sampling, token limit, KV cache and paging.
+pub fn gen_params(cfg: &RunConfig, model: &Qwen3) -> GenParams {
+    GenParams {
+        sampling: cfg.grpo.sampling.clone(),
+        max_new_tokens: cfg.grpo.max_new_tokens,
+        eos_ids: model.config.eos_token_ids.clone(),
+        stop_strings: vec![],
+        pad_id: model.config.pad_token_id.unwrap_or(0),
+        step_exit: None,
+        kv_cache: cfg.grpo.kv_cache,
+        paging: cfg.grpo.paging.clone(),
+    }
+}
+
+/// The sampling settings of training rollouts: [`gen_params`] plus Step-GRPO's early exit at
+/// the run's `grpo.step_triggers`, its induction and close texts tokenized here.
 pub fn rollout_params(
     cfg: &RunConfig,
     model: &Qwen3,
     tok: &tokenizers::Tokenizer,
 ) -> Result<GenParams> {
-    let mut gen = crate::eval::gen_params(cfg, model);
-    if let Some(se) = &cfg.grpo.step_exit {
-        let mut se = se.clone();
+    let mut gen = gen_params(cfg, model);
+    if let Some(mut se) = cfg.grpo.step_exit() {
         se.resolve(|text| encode(tok, text))?;
         gen.step_exit = Some(se);
     }
