@@ -115,6 +115,23 @@ impl StepExit {
         Ok(())
     }
 
+    /// Tokens of the induction and close texts a probe feeds: their ids once `resolve`d, else
+    /// the texts' bytes (a bound: a token holds at least one byte), as the memory plan,
+    /// which has no tokenizer, counts them.
+    pub fn probe_text_tokens(&self) -> (usize, usize) {
+        let count = |ids: &[u32], text: &str| {
+            if ids.is_empty() {
+                text.len()
+            } else {
+                ids.len()
+            }
+        };
+        (
+            count(&self.induction_ids, &self.induction),
+            count(&self.close_ids, &self.close),
+        )
+    }
+
     /// The trigger that `text` ends with, preceded by the start, whitespace or punctuation.
     pub fn trigger_at_end<'a>(&'a self, text: &str) -> Option<&'a str> {
         self.triggers
