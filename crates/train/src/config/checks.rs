@@ -35,7 +35,7 @@ impl GrpoSection {
             .map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
         self.sampling.validate().map_err(anyhow::Error::msg)?;
         if let Some(e) = self.data_epochs {
-            if !(e > 0.0 && e.is_finite()) || !has_train {
+            if !(e > 0.0 && e.is_finite() && has_train) {
                 bail!("grpo.data_epochs = {e}: needs a number > 0 and a data.train file");
             }
         }
