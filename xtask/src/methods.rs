@@ -28,8 +28,8 @@ pub const METHODS: &[Method] = &[
     Method { name: "grpo_lambda", label: "GRPO-λ (λ = 0.2)", overrides: "[reward.shaper]\nmethod = \"grpo_lambda\"\nlambda = 0.2\n" },
     Method { name: "care", label: "CARE", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = {l_max}\n" },
     Method { name: "step_grpo_no_dtr", label: "Step-GRPO w/o dynamic rollout", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n" },
-    Method { name: "step_grpo", label: "Step-GRPO (δ = 0.95)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
-    Method { name: "step_grpo_d99", label: "Step-GRPO (δ = 0.99)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.99\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
+    Method { name: "step_grpo", label: "Step-GRPO (δ = 0.95)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo]\nstep_triggers = [\"Wait\"]\n[grpo.step_exit]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
+    Method { name: "step_grpo_d99", label: "Step-GRPO (δ = 0.99)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo]\nstep_triggers = [\"Wait\"]\n[grpo.step_exit]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.99\nmax_judge_steps = 10\ninclude_trigger_on_exit = false\n" },
 ];
 
 impl Method {
@@ -71,7 +71,7 @@ fn fraction(suffix: &str) -> Option<(usize, usize)> {
 /// evaluation keeps the full limit as every other method's), ThinkPrune prunes in three rounds
 /// of 20 steps to 1/2 of it, GFPO samples 12 and keeps the 6 shortest.
 pub const VARIANTS: &[Method] = &[
-    Method { name: "step_grpo_kept", label: "Step-GRPO (δ = 0.95, trigger kept)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = true\nprobe_without_trigger = true\n" },
+    Method { name: "step_grpo_kept", label: "Step-GRPO (δ = 0.95, trigger kept)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo]\nstep_triggers = [\"Wait\"]\n[grpo.step_exit]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = true\nprobe_without_trigger = true\n" },
     Method { name: "dler", label: "DLER (batch norm, truncation at 3/4)", overrides: "[reward.shaper]\nmethod = \"none\"\n[advantage]\nnorm = \"batch\"\n[grpo]\ntruncated_reward = \"zero\"\ndynamic_sampling = { max_rounds = 2 }\n[grpo.think_prune]\nlimits = [{l_max*3/4}]\nsteps_per_round = 1\n" },
     Method { name: "laser_d", label: "LASER-D (α = 0.5)", overrides: "[reward.shaper]\nmethod = \"laser_d\"\nl_max = {l_max}\nlower = 16\ninterval = 8\nupdate_every = 5\n" },
     Method { name: "gfpo", label: "GFPO (shortest 6 of 12)", overrides: "[reward.shaper]\nmethod = \"none\"\n[grpo]\ngroup_size = 12\n[grpo.gfpo]\nkeep = 6\nmetric = \"length\"\n" },

@@ -41,6 +41,7 @@ pub fn start(
     dp: Option<&mut dyn terse_dist::Collective>,
 ) -> Result<Started> {
     cfg.validate()?;
+    cfg.l_max_notes().iter().for_each(|n| tracing::info!("{n}"));
     crate::registry::check(&cfg.plugins)?;
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
     // resolves into a step count saved with the run.
