@@ -373,7 +373,10 @@ mod tests {
         put(&mut runs, "grpo_lambda", 0.85, 50.0); // shorter but 5 points worse: fails (OR)
         put(&mut runs, "care", 0.90, 56.0); // the same: unresolved
         let s = tables(&runs, Scope::Main);
-        assert!(!s.contains("| C6 "), "the premise family is not the main design's");
+        assert!(
+            !s.contains("| C6 "),
+            "the premise family is not the main design's"
+        );
         let line = |id: &str| {
             s.lines()
                 .find(|l| l.starts_with(&format!("| {id} ")))

@@ -2,8 +2,8 @@
 //! from its per-seed table (seeds.csv, seeds.rs) with confirmatory.rs, and names the first row
 //! that does not follow. Data flow: seeds.csv + results.md -> [`check_report`] -> Ok or the row.
 
-use anyhow::{bail, Result};
 use super::confirmatory::Scope;
+use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 
 /// Recomputes the confirmatory tables of `report` (markdown, a report of `scope`) from `csv`
@@ -66,7 +66,10 @@ mod tests {
         check_report(FIXTURE_CSV, FIXTURE_REPORT, "fixture", Scope::Main).expect("report follows");
         // The fixture's rows are the report the code writes, byte for byte.
         let runs = super::super::seeds::read_csv(FIXTURE_CSV, "fixture").expect("csv");
-        assert_eq!(super::super::confirmatory::tables(&runs, Scope::Main), FIXTURE_REPORT);
+        assert_eq!(
+            super::super::confirmatory::tables(&runs, Scope::Main),
+            FIXTURE_REPORT
+        );
     }
 
     #[test]
@@ -78,12 +81,23 @@ mod tests {
         // A verdict flipped.
         let flipped = line.replacen("**holds**", "unresolved", 1);
         assert_ne!(flipped, line, "P2 holds by t in the fixture");
-        let e = check_report(FIXTURE_CSV, &FIXTURE_REPORT.replace(line, &flipped), "fx", Scope::Main)
-            .expect_err("caught");
+        let e = check_report(
+            FIXTURE_CSV,
+            &FIXTURE_REPORT.replace(line, &flipped),
+            "fx",
+            Scope::Main,
+        )
+        .expect_err("caught");
         assert!(e.to_string().contains("row P2"), "{e}");
         // An interval's end moved by one digit.
         let moved = line.replacen("[-", "[-1", 1);
-        assert!(check_report(FIXTURE_CSV, &FIXTURE_REPORT.replace(line, &moved), "fx", Scope::Main).is_err());
+        assert!(check_report(
+            FIXTURE_CSV,
+            &FIXTURE_REPORT.replace(line, &moved),
+            "fx",
+            Scope::Main
+        )
+        .is_err());
         // A seed's value changed in the CSV.
         let mut csv: Vec<String> = FIXTURE_CSV.lines().map(str::to_string).collect();
         let i = csv
@@ -91,7 +105,8 @@ mod tests {
             .position(|l| l.starts_with("short_rl,0,"))
             .expect("row");
         csv[i] = csv[i].replacen("short_rl,0,0.", "short_rl,0,0.1", 1);
-        let e = check_report(&(csv.join("\n") + "\n"), FIXTURE_REPORT, "fx", Scope::Main).expect_err("caught");
+        let e = check_report(&(csv.join("\n") + "\n"), FIXTURE_REPORT, "fx", Scope::Main)
+            .expect_err("caught");
         assert!(e.to_string().contains("does not follow"), "{e}");
         // A row the CSV cannot give.
         let extra = format!("{FIXTURE_REPORT}| P9 x |\n");
