@@ -152,6 +152,11 @@ fn deviations(
             missing.join(", ")
         ));
     }
+    // Parts of the plan `repro` does not compute yet (the plan's dated note of the wiring).
+    notes.push(match sc {
+        Scope::Main => "not run: section 8's robustness cells (SFT seeds 1 and 2, the sensitivity grid, v3's designs 1-2 as reports)".into(),
+        Scope::CarePremise => "not computed: the premise checks 1-3 of section 7b (Standard's overthinking, CARE's direction counts, easy levels' pass@1 change); read them from the runs".into(),
+    });
     notes
 }
 
@@ -183,9 +188,6 @@ pub fn write(root: &Path, study: &Study, steps: u64, out: &Path) -> Result<PathB
     md.push_str(&confirmatory::tables(&runs, scope(study.testbed)));
     writeln!(md, "## Deviations from docs/v4/plan.md\n")?;
     let found = deviations(study, &runs, notes);
-    if found.is_empty() {
-        writeln!(md, "None shown by the runs.")?;
-    }
     for d in &found {
         writeln!(md, "- {d}")?;
     }
