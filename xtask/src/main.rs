@@ -25,6 +25,7 @@ mod launch;
 mod mem;
 mod methods;
 mod process;
+mod report_v4;
 mod repro;
 mod summary;
 

@@ -26,6 +26,27 @@ pub enum Family {
     Exploratory,
 }
 
+/// Which study a report covers. CARE's premise condition (plan section 7b) runs in its own
+/// study directory with rows named `standard` and `care` like the main design's, so each report
+/// decides only its own families: the main design's P3 is never read from the premise
+/// condition's runs, nor its C6 from the main design's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The main design (`repro --testbed v4`): the primary and the exploratory families.
+    Main,
+    /// CARE's premise condition (`repro --testbed v4-care`): its family alone.
+    CarePremise,
+}
+
+impl Scope {
+    fn has(self, family: Family) -> bool {
+        match self {
+            Scope::Main => family != Family::CarePremise,
+            Scope::CarePremise => family == Family::CarePremise,
+        }
+    }
+}
+
 /// A decision rule.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Rule {
@@ -162,12 +183,13 @@ fn diffs(
     Some(paired_at(&d, ALPHA))
 }
 
-/// The confirmatory and exploratory tables of the v4 report, from each method's per-seed rows.
-/// A claim whose runs are missing is skipped; a confirmatory family with a missing claim gets
-/// "family incomplete" in its Holm columns.
-pub fn tables(runs: &BTreeMap<String, Vec<SeedRow>>) -> String {
+/// The confirmatory and exploratory tables of the v4 report of `scope`, from each method's
+/// per-seed rows. A claim whose runs are missing is skipped; a confirmatory family with a
+/// missing claim gets "family incomplete" in its Holm columns.
+pub fn tables(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> String {
     let decided: Vec<Decided> = CLAIMS
         .iter()
+        .filter(|c| scope.has(c.family))
         .filter_map(|c| {
             let acc = diffs(runs, c.method, c.against, |r| r.accuracy)?;
             let len = diffs(runs, c.method, c.against, |r| r.eval_tokens)?;
@@ -350,7 +372,11 @@ mod tests {
         put(&mut runs, "short_rl", 0.895, 50.0); // shorter, within the margin: holds
         put(&mut runs, "grpo_lambda", 0.85, 50.0); // shorter but 5 points worse: fails (OR)
         put(&mut runs, "care", 0.90, 56.0); // the same: unresolved
-        let s = tables(&runs);
+        let s = tables(&runs, Scope::Main);
+        assert!(
+            !s.contains("| C6 "),
+            "the premise family is not the main design's"
+        );
         let line = |id: &str| {
             s.lines()
                 .find(|l| l.starts_with(&format!("| {id} ")))

@@ -2,14 +2,16 @@
 //! from its per-seed table (seeds.csv, seeds.rs) with confirmatory.rs, and names the first row
 //! that does not follow. Data flow: seeds.csv + results.md -> [`check_report`] -> Ok or the row.
 
+use super::confirmatory::Scope;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 
-/// Recomputes the confirmatory tables of `report` (markdown) from `csv` and fails on the first
-/// claim row whose intervals, p-values or verdicts differ, or that one side lacks.
-pub fn check_report(csv: &str, report: &str, what: &str) -> Result<()> {
+/// Recomputes the confirmatory tables of `report` (markdown, a report of `scope`) from `csv`
+/// and fails on the first claim row whose intervals, p-values or verdicts differ, or that one
+/// side lacks.
+pub fn check_report(csv: &str, report: &str, what: &str, scope: Scope) -> Result<()> {
     let runs = super::seeds::read_csv(csv, what)?;
-    let fresh = super::confirmatory::tables(&runs);
+    let fresh = super::confirmatory::tables(&runs, scope);
     let rows = |md: &str| -> BTreeMap<String, String> {
         md.lines()
             .filter_map(|l| {
@@ -61,10 +63,13 @@ mod tests {
 
     #[test]
     fn the_fixture_report_follows_from_its_csv() {
-        check_report(FIXTURE_CSV, FIXTURE_REPORT, "fixture").expect("report follows");
+        check_report(FIXTURE_CSV, FIXTURE_REPORT, "fixture", Scope::Main).expect("report follows");
         // The fixture's rows are the report the code writes, byte for byte.
         let runs = super::super::seeds::read_csv(FIXTURE_CSV, "fixture").expect("csv");
-        assert_eq!(super::super::confirmatory::tables(&runs), FIXTURE_REPORT);
+        assert_eq!(
+            super::super::confirmatory::tables(&runs, Scope::Main),
+            FIXTURE_REPORT
+        );
     }
 
     #[test]
@@ -76,12 +81,23 @@ mod tests {
         // A verdict flipped.
         let flipped = line.replacen("**holds**", "unresolved", 1);
         assert_ne!(flipped, line, "P2 holds by t in the fixture");
-        let e = check_report(FIXTURE_CSV, &FIXTURE_REPORT.replace(line, &flipped), "fx")
-            .expect_err("caught");
+        let e = check_report(
+            FIXTURE_CSV,
+            &FIXTURE_REPORT.replace(line, &flipped),
+            "fx",
+            Scope::Main,
+        )
+        .expect_err("caught");
         assert!(e.to_string().contains("row P2"), "{e}");
         // An interval's end moved by one digit.
         let moved = line.replacen("[-", "[-1", 1);
-        assert!(check_report(FIXTURE_CSV, &FIXTURE_REPORT.replace(line, &moved), "fx").is_err());
+        assert!(check_report(
+            FIXTURE_CSV,
+            &FIXTURE_REPORT.replace(line, &moved),
+            "fx",
+            Scope::Main
+        )
+        .is_err());
         // A seed's value changed in the CSV.
         let mut csv: Vec<String> = FIXTURE_CSV.lines().map(str::to_string).collect();
         let i = csv
@@ -89,10 +105,11 @@ mod tests {
             .position(|l| l.starts_with("short_rl,0,"))
             .expect("row");
         csv[i] = csv[i].replacen("short_rl,0,0.", "short_rl,0,0.1", 1);
-        let e = check_report(&(csv.join("\n") + "\n"), FIXTURE_REPORT, "fx").expect_err("caught");
+        let e = check_report(&(csv.join("\n") + "\n"), FIXTURE_REPORT, "fx", Scope::Main)
+            .expect_err("caught");
         assert!(e.to_string().contains("does not follow"), "{e}");
         // A row the CSV cannot give.
         let extra = format!("{FIXTURE_REPORT}| P9 x |\n");
-        assert!(check_report(FIXTURE_CSV, &extra, "fx").is_err());
+        assert!(check_report(FIXTURE_CSV, &extra, "fx", Scope::Main).is_err());
     }
 }
