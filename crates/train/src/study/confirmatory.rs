@@ -36,13 +36,21 @@ pub enum Scope {
     Main,
     /// CARE's premise condition (`repro --testbed v4-care`): its family alone.
     CarePremise,
+    /// A robustness cell (plan section 8: another SFT checkpoint or one knob of the grid):
+    /// the four papers' primary claims P1-P4, Holm within the cell, labelled exploratory.
+    Robustness,
 }
 
+/// The primary claims a robustness cell decides (plan section 8: "the primary claims P1-P4").
+pub const ROBUSTNESS_CLAIMS: [&str; 4] = ["P1", "P2", "P3", "P4"];
+
 impl Scope {
-    fn has(self, family: Family) -> bool {
+    /// Whether a report of this scope decides claim `c`.
+    pub fn has(self, c: &Claim) -> bool {
         match self {
-            Scope::Main => family != Family::CarePremise,
-            Scope::CarePremise => family == Family::CarePremise,
+            Scope::Main => c.family != Family::CarePremise,
+            Scope::CarePremise => c.family == Family::CarePremise,
+            Scope::Robustness => ROBUSTNESS_CLAIMS.contains(&c.id),
         }
     }
 }
@@ -189,7 +197,7 @@ fn diffs(
 pub fn tables(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> String {
     let decided: Vec<Decided> = CLAIMS
         .iter()
-        .filter(|c| scope.has(c.family))
+        .filter(|c| scope.has(c))
         .filter_map(|c| {
             let acc = diffs(runs, c.method, c.against, |r| r.accuracy)?;
             let len = diffs(runs, c.method, c.against, |r| r.eval_tokens)?;
@@ -207,7 +215,11 @@ pub fn tables(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> String {
         (
             Family::Primary,
             "primary claims",
-            "Primary claims (confirmatory, Holm over the family)",
+            if scope == Scope::Robustness {
+                "Primary claims P1-P4 in this robustness cell (exploratory, Holm within the cell)"
+            } else {
+                "Primary claims (confirmatory, Holm over the family)"
+            },
         ),
         (
             Family::CarePremise,
@@ -227,7 +239,10 @@ pub fn tables(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> String {
         if rows.is_empty() {
             continue;
         }
-        let planned = CLAIMS.iter().filter(|c| c.family == family).count();
+        let planned = CLAIMS
+            .iter()
+            .filter(|c| c.family == family && scope.has(c))
+            .count();
         let complete = rows.len() == planned;
         let confirm = family != Family::Exploratory;
         let adjusted = |p: fn(&Decided) -> Option<f64>| -> Vec<String> {
@@ -393,5 +408,24 @@ mod tests {
         assert!(line("P1").contains("AND Δ accuracy > −0.02") && line("P1").contains("fails (OR)"));
         assert!(s.contains("family incomplete: a claim's runs are missing"));
         assert!(!s.contains("| P4 "), "a claim without its runs is skipped");
+        // A robustness cell decides P1-P4 alone, Holm over those four: with step_grpo_paper
+        // run too, its family is complete.
+        put(&mut runs, "step_grpo_paper", 0.90, 56.0);
+        put(&mut runs, "short_rl_d1", 0.90, 50.0);
+        let cell = tables(&runs, Scope::Robustness);
+        assert!(
+            cell.contains("robustness cell (exploratory, Holm within the cell)"),
+            "{cell}"
+        );
+        assert!(
+            !cell.contains("| X7 ") && !cell.contains("Exploratory rows"),
+            "{cell}"
+        );
+        assert!(
+            cell.contains("Holm (primary claims): 1 of 4 hold by t"),
+            "{cell}"
+        );
+        let p1 = cell.lines().find(|l| l.starts_with("| P1 ")).expect("P1");
+        assert!(p1.contains("| **holds** | **holds** |"), "{p1}");
     }
 }
