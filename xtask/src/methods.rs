@@ -84,7 +84,7 @@ pub const VARIANTS: &[Method] = &[
 /// condition at G = 16. Apart from `known()`, so v2's and v3's `--methods all` stay the studies
 /// their committed reports came from.
 pub const V4_ROWS: &[Method] = &[
-    Method { name: "step_grpo_paper", label: "Step-GRPO (paper)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo.step_exit]\ntriggers = [\"Wait\"]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = true\nprobe_without_trigger = false\n" },
+    Method { name: "step_grpo_paper", label: "Step-GRPO (paper)", overrides: "[reward.shaper]\nmethod = \"step_grpo\"\n[grpo]\nstep_triggers = [\"Wait\"]\n[grpo.step_exit]\ninduction = \"</think> <answer>\"\nclose = \"</answer> <|im_end|>\"\nanswer_stops = [\"</answer>\"]\nmax_ans_tokens = 2\ndelta = 0.95\nmax_judge_steps = 10\ninclude_trigger_on_exit = true\nprobe_without_trigger = false\n" },
     Method { name: "standard_g16", label: "Standard at G = 16", overrides: "[reward.shaper]\nmethod = \"none\"\n[grpo]\ngroup_size = 16\n" },
     Method { name: "care_g16", label: "CARE at G = 16", overrides: "[reward.shaper]\nmethod = \"care\"\nl_max = {l_max}\n[grpo]\ngroup_size = 16\n" },
 ];
