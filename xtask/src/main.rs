@@ -7,6 +7,7 @@ mod bench_memory;
 mod bench_rollout;
 mod bench_step;
 mod bench_verify;
+mod cells;
 mod check_model;
 mod eval;
 mod fake_gpu;

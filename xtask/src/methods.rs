@@ -52,6 +52,19 @@ impl Method {
     }
 }
 
+/// Deep-merges TOML table `b` into `a` (tables merge, other values replace): how a method's,
+/// a run's or a robustness cell's overrides apply to a base config.
+pub fn merge(a: &mut toml::Table, b: toml::Table) {
+    for (k, v) in b {
+        match (a.get_mut(&k), v) {
+            (Some(toml::Value::Table(x)), toml::Value::Table(y)) => merge(x, y),
+            (_, v) => {
+                a.insert(k, v);
+            }
+        }
+    }
+}
+
 /// The (N, D) of a placeholder's suffix: "" is 1/1, "*N/D" and "/D" are fractions.
 fn fraction(suffix: &str) -> Option<(usize, usize)> {
     if suffix.is_empty() {

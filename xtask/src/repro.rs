@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::methods::{Method, Testbed};
+use crate::methods::{merge, Method, Testbed};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -56,6 +56,14 @@ pub struct Args {
     /// seeds 5..9 only. Runs from an older build are trusted as they are.
     #[arg(long)]
     keep: bool,
+    /// A robustness cell of docs/v4/plan.md section 8 (with `--testbed v4`): Standard and
+    /// P1-P4 on seeds 100-108 from another SFT checkpoint (sft1, sft2), with one knob of the
+    /// sensitivity grid moved (overturn-mid, overturn-flat, rounds1, rounds3, g16), or on v3's
+    /// designs 1-2 (v3-design1, v3-design2); its own run directory
+    /// (runs/repro-v4-<cell>) and report (docs/v4/robust/<cell>), its SFT checkpoint trained
+    /// first when it needs one and it is missing. Exploratory: Holm within the cell.
+    #[arg(long, value_enum)]
+    cell: Option<crate::cells::Cell>,
 }
 
 /// The run config TOML of `method`'s run `index` (named `<method>-s<index>`, the pairing key
@@ -94,30 +102,58 @@ pub fn method_config(
     Ok(toml::to_string(&doc)?)
 }
 
-/// Deep-merges `b` into `a` (tables merge, other values replace).
-fn merge(a: &mut toml::Table, b: toml::Table) {
-    for (k, v) in b {
-        match (a.get_mut(&k), v) {
-            (Some(toml::Value::Table(x)), toml::Value::Table(y)) => merge(x, y),
-            (_, v) => {
-                a.insert(k, v);
-            }
-        }
-    }
-}
-
 pub fn run(a: &Args) -> Result<ExitCode> {
     let t0 = Instant::now();
     let config = a
         .config
         .clone()
         .unwrap_or_else(|| a.testbed.config().into());
-    let out = a.out.clone().unwrap_or_else(|| a.testbed.out().into());
-    let base = std::fs::read_to_string(&config)
+    let cell = a.cell.map(|c| c.spec());
+    if cell.is_some() && a.testbed != Testbed::V4 {
+        bail!(
+            "repro --cell: a robustness cell is a variant of `--testbed v4`, not {:?}",
+            a.testbed
+        );
+    }
+    let out = a.out.clone().unwrap_or_else(|| match &cell {
+        Some(c) => c.out().into(),
+        None => a.testbed.out().into(),
+    });
+    let mut base = std::fs::read_to_string(&config)
         .with_context(|| format!("reading {}", config.display()))?;
+    let mut sft = a.testbed.sft().map(PathBuf::from);
+    let config = match &cell {
+        None => config,
+        Some(c) => {
+            // The cell's configs are derived, written beside its runs, and read from there.
+            let sft_path = sft.clone().context("testbed v4 has an SFT config")?;
+            let sft_text = std::fs::read_to_string(&sft_path)
+                .with_context(|| format!("reading {}", sft_path.display()))?;
+            let (cell_base, cell_sft) = c.configs(&base, &sft_text)?;
+            let dir = PathBuf::from(format!("runs/repro-v4-{}", c.name));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            if let Some(text) = cell_sft {
+                let path = dir.join("sft.toml");
+                std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                sft = Some(path);
+            }
+            let path = dir.join("base.toml");
+            std::fs::write(&path, &cell_base)
+                .with_context(|| format!("writing {}", path.display()))?;
+            base = cell_base;
+            path
+        }
+    };
     let base_cfg = terse_train::RunConfig::from_toml(&base, &config)?;
+    if let (Some(c), false) = (&cell, a.report_only) {
+        eprintln!(
+            "robustness cell {} ({}): about {} min on 2 cores",
+            c.name, c.what, c.minutes
+        );
+    }
     if !a.report_only {
-        ensure_sft(a.testbed, &base_cfg.model.path)?;
+        ensure_sft(sft.as_deref(), &base_cfg.model.path)?;
     }
     let root = if a.quick {
         base_cfg.run.dir.join("quick")
@@ -129,7 +165,12 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     } else {
         a.seeds.unwrap_or(a.testbed.default_seeds()).max(1)
     };
-    let methods = crate::methods::select(&a.methods, a.testbed)?;
+    let methods = match &cell {
+        Some(_) if a.methods.is_empty() => {
+            crate::methods::select(&crate::cells::ROWS.map(String::from), a.testbed)?
+        }
+        _ => crate::methods::select(&a.methods, a.testbed)?,
+    };
     let cfg_dir = root.join("configs");
     std::fs::create_dir_all(&cfg_dir).with_context(|| format!("creating {}", cfg_dir.display()))?;
 
@@ -168,7 +209,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     };
     let md = if a.testbed.is_v4() {
         let steps = if a.quick { 12 } else { base_cfg.grpo.steps };
-        crate::report_v4::write(&root, &study, steps, &out)?
+        crate::report_v4::write(&root, &study, steps, &out, a.cell)?
     } else {
         crate::summary::write(&root, &methods, &study, &out)?
     };
@@ -189,12 +230,13 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Trains the testbed's SFT checkpoint (`xtask sft`, logged to the console) when the base
-/// config starts from one that is not there yet.
-fn ensure_sft(testbed: Testbed, model: &Path) -> Result<()> {
-    let Some(sft) = testbed.sft() else {
+/// Trains the study's SFT checkpoint with the SFT config `sft` (`xtask sft`, logged to the
+/// console) when the base config starts from one that is not there yet.
+fn ensure_sft(sft: Option<&Path>, model: &Path) -> Result<()> {
+    let Some(sft) = sft else {
         return Ok(());
     };
+    let sft = sft.display();
     if model.join("model.safetensors").is_file() {
         return Ok(());
     }
@@ -204,7 +246,7 @@ fn ensure_sft(testbed: Testbed, model: &Path) -> Result<()> {
     );
     let exe = std::env::current_exe().context("locating the xtask binary")?;
     let status = Command::new(&exe)
-        .args(["sft", "--config", sft])
+        .args(["sft", "--config", &sft.to_string()])
         .stdin(Stdio::null())
         .status()
         .with_context(|| format!("starting {}", exe.display()))?;
