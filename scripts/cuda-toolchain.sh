@@ -5,8 +5,9 @@
 #
 #   bash scripts/cuda-toolchain.sh [--compiler-only] [DIR]   # default DIR: ~/.cache/cuda-13.0
 #   eval "$(bash scripts/cuda-toolchain.sh)"  # the exports a build needs (idempotent)
-# --compiler-only: nvcc, ptxas and the headers (about a tenth of the download), enough for
-# scripts/ptxas-check.sh; a later full install completes the same directory.
+# --compiler-only: nvcc, ptxas, nvdisasm and the headers (about a tenth of the download), enough
+# for scripts/ptxas-check.sh and `cargo xtask kernel-model`; a later full install completes the
+# same directory.
 #
 # Everything goes to stderr except the exports, so `eval` sees nothing else.
 set -euo pipefail
@@ -34,6 +35,9 @@ TOOLKIT=(
 )
 NCCL=nvidia-nccl-cu13==2.32.3   # libnccl, nccl.h (terse-dist's NCCL backend)
 COMPILER=("${TOOLKIT[@]:0:5}")   # nvcc, nvvm, crt, runtime headers, cccl
+# nvdisasm (the SASS `cargo xtask kernel-model` reads). 13.2.51 because PyPI has no 13.0 wheel of
+# it (13.2.51 is the oldest); it disassembles the sm_90 cubins nvcc 13.0 writes.
+NVDISASM=nvidia-cuda-nvdisasm==13.2.51
 
 # unpack PREFIX KEEP WHEEL...: copies each wheel's files under PREFIX into DIR (PREFIX removed),
 # keeping those whose path (after PREFIX) matches the regular expression KEEP, with their modes.
@@ -86,6 +90,14 @@ if [ "$COMPILER_ONLY" = 0 ] && [ ! -f "$DIR/.complete" ]; then
   "$DIR/bin/nvcc" --version | grep -q 'release 13.0' || { echo "cuda-toolchain: nvcc is not 13.0" >&2; exit 1; }
   rm -rf "$DIR/wheels"
   touch "$DIR/.complete"
+fi
+
+# nvdisasm is checked on its own (not through .compiler/.complete), so a tree installed before it
+# was added gets it on the next run without downloading the rest again.
+if [ ! -x "$DIR/bin/nvdisasm" ]; then
+  fetch "$NVDISASM"
+  unpack nvidia/cu13/ '^bin/nvdisasm$' "$DIR"/wheels/nvidia_cuda_nvdisasm-*.whl
+  rm -rf "$DIR/wheels"
 fi
 
 # NCCL keeps its files under nvidia/nccl/; trees made before terse-dist needed it get it here.

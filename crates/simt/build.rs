@@ -13,6 +13,9 @@ use std::process::Command;
 #[path = "../model/build_geometry.rs"]
 mod geometry;
 
+/// crates/simt's own test kernels, beside kernels/*.cu (src/tests/coverage.rs names them too).
+const FIXTURES: [&str; 2] = ["faulty.cu", "fragments.cu"];
+
 /// One kernel entry point as the preprocessor left it.
 struct Entry {
     name: String,
@@ -91,11 +94,14 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|e| e == "cu"))
         .collect();
     sources.sort();
-    // The shim's own fixtures: kernels that break the rules on purpose.
-    let faulty =
-        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("faulty.cu");
-    println!("cargo::rerun-if-changed={}", faulty.display());
-    sources.push(faulty);
+    // The shim's own fixtures: kernels that break the rules on purpose (faulty.cu) and probes
+    // of kernels/mma.cuh's fragment mapping (fragments.cu).
+    for fixture in FIXTURES {
+        let path =
+            PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join(fixture);
+        println!("cargo::rerun-if-changed={}", path.display());
+        sources.push(path);
+    }
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let include = shim.join("include");
     let header = shim.join("cuda_shim.h");

@@ -7,6 +7,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <new>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -45,11 +48,29 @@ struct Launch {
     Barrier block;
     std::vector<Barrier> warps;
     std::vector<uint64_t> slots;  // one exchange slot per thread
+    std::vector<unsigned char> wide;  // 64 bytes per thread: `gather`'s slots
+    unsigned char* dynamic = nullptr;  // dynamic shared memory, `dynamic_bytes` long
+    unsigned dynamic_bytes = 0;
     std::vector<int> exited;      // threads of the current block that returned, per warp
 };
 
 Launch* current = nullptr;
 std::mutex launch_mu;  // one launch at a time: `__shared__` statics are per block
+
+// One cp.async: 16 bytes from `src` to `dst`, done when its group is waited for.
+struct Copy {
+    void* dst;
+    const void* src;
+};
+// The calling thread's copies since its last commit, and its committed groups, oldest first.
+thread_local std::vector<Copy> open_copies;
+thread_local std::deque<std::vector<Copy>> groups;
+
+// Dynamic shared memory's contents are undefined at a block's start: 0xff bytes (NaN in f32
+// and bf16) make a read before the block's own write visible.
+void poison_dynamic() {
+    if (current->dynamic) std::memset(current->dynamic, 0xff, current->dynamic_bytes);
+}
 
 void record(const std::string& what) {
     Launch& l = *current;
@@ -166,6 +187,7 @@ void restore() {
         w.n = 32;
         w.arrived = 0;
     }
+    poison_dynamic();
 }
 
 void sync_block(int line) { arrive(current->block, line, "__syncthreads"); }
@@ -193,6 +215,51 @@ uint64_t exchange(uint64_t v, int src, int line) {
     arrive(l.warps[warp], line, "warp shuffle");
     return got;
 }
+
+void gather(const void* mine, unsigned bytes, void* all, int line) {
+    Launch& l = *current;
+    unsigned warp = thread_idx.x / 32;
+    if (bytes > 64) fail("a warp collective of more than 64 bytes per lane");
+    bool partial;
+    {
+        std::lock_guard<std::mutex> g(l.warps[warp].mu);
+        partial = l.warps[warp].n != 32;
+    }
+    if (partial)
+        fail(("a warp collective (mma.sync or ldmatrix) at line " + std::to_string(line) +
+              " after some lanes of the warp returned (a partial-warp collective)")
+                 .c_str());
+    std::memcpy(&l.wide[thread_idx.x * 64], mine, bytes);
+    arrive(l.warps[warp], line, "warp collective");
+    for (unsigned i = 0; i < 32; i++)
+        std::memcpy(static_cast<unsigned char*>(all) + i * bytes, &l.wide[(warp * 32 + i) * 64], bytes);
+    arrive(l.warps[warp], line, "warp collective");
+}
+
+unsigned char* dynamic_shared() {
+    if (!current->dynamic) fail("dynamic shared memory, but the launch gave it 0 bytes");
+    return current->dynamic;
+}
+
+void async_copy16(void* dst, const void* src) {
+    if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+        fail("a 16-byte cp.async with an address that is not 16-byte aligned");
+    // Until the wait, the destination holds 0xff bytes: a read before the wait sees NaN.
+    std::memset(dst, 0xff, 16);
+    open_copies.push_back({dst, src});
+}
+
+void async_commit() {
+    groups.push_back(std::move(open_copies));
+    open_copies.clear();
+}
+
+void async_wait(int pending) {
+    while ((int)groups.size() > pending) {
+        for (const Copy& c : groups.front()) std::memcpy(c.dst, c.src, 16);
+        groups.pop_front();
+    }
+}
 }  // namespace terse_shim
 
 using namespace terse_shim;
@@ -200,8 +267,8 @@ using namespace terse_shim;
 // Runs `body` as kernel `name` over `grid` x `block` threads; returns 0, or 1 with the error
 // in `err` (at most `err_len` bytes, NUL-terminated).
 extern "C" int terse_shim_run(const char* name, const unsigned* grid, const unsigned* block,
-                              void (*body)(void**), void** args, unsigned deadline_ms, char* err,
-                              size_t err_len) {
+                              unsigned shared_bytes, void (*body)(void**), void** args,
+                              unsigned deadline_ms, char* err, size_t err_len) {
     std::lock_guard<std::mutex> one_at_a_time(launch_mu);
     unsigned threads = block[0] * block[1] * block[2];
     auto fail_now = [&](const std::string& e) {
@@ -223,7 +290,19 @@ extern "C" int terse_shim_run(const char* name, const unsigned* grid, const unsi
     l.warps = std::vector<Barrier>(threads / 32);
     for (auto& w : l.warps) w.n = 32;
     l.slots.assign(threads, 0);
+    l.wide.assign(threads * 64, 0);
+    // Exactly `shared_bytes` (AddressSanitizer sees a read past them), 128-byte aligned.
+    struct Free {
+        void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(128)); }
+    };
+    std::unique_ptr<unsigned char[], Free> dynamic;
+    if (shared_bytes) {
+        dynamic.reset(static_cast<unsigned char*>(::operator new[](shared_bytes, std::align_val_t(128))));
+        l.dynamic = dynamic.get();
+        l.dynamic_bytes = shared_bytes;
+    }
     current = &l;
+    poison_dynamic();
     grid_dim = {grid[0], grid[1], grid[2]};
     block_dim = {block[0], block[1], block[2]};
     // Blocks in order; every thread finishes a block (returns or falls off the end) before the
@@ -239,6 +318,9 @@ extern "C" int terse_shim_run(const char* name, const unsigned* grid, const unsi
                 for (unsigned y = 0; y < grid[1]; y++)
                     for (unsigned x = 0; x < grid[0]; x++) {
                         block_idx = {x, y, z};
+                        // Copies a block left unwaited end with it.
+                        open_copies.clear();
+                        groups.clear();
                         try {
                             body(args);
                             drop_out();

@@ -11,7 +11,9 @@
 //
 // Only the portable subset the kernels use is provided (the rule crates/simt's tests enforce):
 // full-mask shuffles, __syncthreads/__syncwarp, static __shared__, atomicAdd on f32 and u32,
-// bf16 and f16 through conversions, and the math intrinsics below.
+// bf16 and f16 through conversions, and the math intrinsics below; and, through kernels/mma.cuh
+// only (its twin here is mma_sync.h), mma.sync m16n8k16 bf16, ldmatrix, cp.async and dynamic
+// shared memory.
 //
 // The emulated CUDA device (fake_gpu/) compiles candle's kernels and these against the same
 // declarations: fake_gpu/fibers/ is its runtime for them (CUDA threads as fibers, any block
@@ -62,6 +64,16 @@ void sync_warp(int line);
 uint64_t exchange(uint64_t v, int src, int line);
 // Ends the launch with `what` (and the kernel, block and thread) as its error.
 [[noreturn]] void fail(const char* what);
+// `bytes` (at most 64) from every lane of the warp: lane i's land at `all + i * bytes`. Lanes
+// must all call it from the same line; the mma.sync and ldmatrix twins (mma_sync.h) use it.
+void gather(const void* mine, unsigned bytes, void* all, int line);
+// The launch's dynamic shared memory (the size given at launch, 128-byte aligned, filled with
+// 0xff bytes before every block, as undefined on the device); a launch that gave none fails.
+unsigned char* dynamic_shared();
+// cp.async (mma_sync.h): the calling thread's copies, completed at the wait.
+void async_copy16(void* dst, const void* src);
+void async_commit();
+void async_wait(int pending);
 }  // namespace terse_shim
 
 #define threadIdx (terse_shim::thread_idx)

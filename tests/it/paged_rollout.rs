@@ -170,3 +170,59 @@ fn a_budget_below_one_sequence_is_refused_in_one_line() {
     );
     assert!(!e.contains('\n'));
 }
+
+/// Issue 44: one `PoolPlan` serves the scheduler and the memory plan. With a budget above every
+/// sequence at once, the pool the scheduler builds for a Step-GRPO rollout (probe blocks
+/// included) is the bytes `xtask plan` counts for the same config and prompt length.
+#[test]
+fn the_memory_plan_counts_the_pool_the_scheduler_builds() {
+    let m = markov_model(0.5);
+    let ps: Vec<Prompt> = (0..3u64)
+        .map(|i| Prompt {
+            id: i,
+            tokens: vec![2; 21],
+        })
+        .collect();
+    let mut p = step_params(0.9, true);
+    p.paging.block_size = 16;
+    p.paging.kv_budget = KvBudget::Blocks(1 << 20);
+    let (_, st) = generate_with_stats(&m, &ps, 4, &p, 3, &detok).expect("rollout");
+    let se = p.step_exit.clone().expect("exit");
+    let pool = paging::PoolPlan::new(
+        [(21, 3)],
+        4,
+        p.max_new_tokens,
+        Some(&se),
+        m.config.max_position_embeddings,
+        16,
+    );
+    assert!(pool.probe_blocks > 0);
+    assert_eq!(st.pool_blocks, pool.worst, "{pool:?}");
+
+    let mut cfg = terse_train::RunConfig::default();
+    cfg.grpo.prompts_per_step = 3;
+    cfg.grpo.group_size = 4;
+    cfg.grpo.max_new_tokens = p.max_new_tokens;
+    cfg.grpo.paging = p.paging.clone();
+    cfg.grpo.step_triggers = se.triggers.clone();
+    cfg.grpo.step_exit = Some(se);
+    let target = terse_train::planning::Target {
+        cuda: false,
+        device_bytes: None,
+        device_total: None,
+        gpus: 1,
+        prompt_tokens: 21,
+    };
+    let plan = terse_train::planning::plan(&cfg, &m.config, target);
+    let kv = plan
+        .components
+        .iter()
+        .find(|c| c.name.starts_with("rollout KV"))
+        .expect("the pool's line");
+    assert_eq!(
+        kv.bytes,
+        (st.pool_blocks * st.block_bytes) as u64,
+        "{}",
+        plan.table()
+    );
+}

@@ -137,8 +137,12 @@ fn step_grpo_config_matches_section_4_1() {
         .as_ref()
         .expect("dynamic truncated rollout");
     assert_eq!(se.delta, 0.95);
-    assert_eq!(se.triggers, ["Wait", "Alternatively"]);
     assert_eq!(c.grpo.step_triggers, ["Wait", "Alternatively"]);
+    // The exit fires at the same list (one source).
+    assert_eq!(
+        c.grpo.step_exit().expect("exit").triggers,
+        c.grpo.step_triggers
+    );
     assert!(se.induction.ends_with("\\boxed{") && se.include_trigger_on_exit);
     match &c.reward.shaper {
         Method::StepGrpo(s) => assert_eq!((s.alpha, s.beta, s.step_reward), (0.1, 0.5, true)),

@@ -19,8 +19,9 @@ fn step_grpo_truncated_rollout_runs_from_the_config() {
         r#"
         [reward.shaper]
         method = "step_grpo"
+        [grpo]
+        step_triggers = ["Wait"]
         [grpo.step_exit]
-        triggers = ["Wait"]
         induction = "</think> <answer>"
         close = "</answer> <|im_end|>"
         answer_stops = ["</answer>"]
@@ -31,6 +32,7 @@ fn step_grpo_truncated_rollout_runs_from_the_config() {
     .expect("toml");
     c.reward = extra.reward;
     c.grpo.step_exit = extra.grpo.step_exit;
+    c.grpo.step_triggers = extra.grpo.step_triggers;
     let s = terse_train::train(&c).expect("train");
     let lines = grpo_lines(&s.dir);
     let exits: f64 = lines.iter().map(|l| l.early_exit).sum();
@@ -47,7 +49,7 @@ fn step_grpo_truncated_rollout_runs_from_the_config() {
     }
 
     // Without the induction text the config is rejected with the key named.
-    let bad = "[grpo.step_exit]\ntriggers = [\"Wait\"]\n";
+    let bad = "[grpo.step_exit]\nmax_ans_tokens = 2\n";
     let e = RunConfig::from_toml(bad, Path::new("s.toml")).expect_err("no induction");
     assert!(format!("{e:#}").contains("induction"), "{e:#}");
 }

@@ -7,6 +7,7 @@ mod bench_memory;
 mod bench_rollout;
 mod bench_step;
 mod bench_verify;
+mod cells;
 mod check_model;
 mod eval;
 mod fake_gpu;
@@ -20,10 +21,12 @@ mod gpu_long;
 mod gpu_nccl;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod gpu_plan;
+mod kernel_model;
 mod launch;
 mod mem;
 mod methods;
 mod process;
+mod report_v4;
 mod repro;
 mod summary;
 
@@ -153,6 +156,10 @@ enum Cmd {
         #[arg(long, default_value_t = 512)]
         prompt_tokens: usize,
     },
+    /// A performance model of kernels/flash_tc.cu read from its sm_90 SASS: per loop
+    /// iteration, instructions, HMMA, shared-memory wavefronts, global accesses; the bound and
+    /// the estimated share of the H200's bf16 peak (needs nvcc and nvdisasm: installs them).
+    KernelModel,
     /// Benchmarks; `bench model` measures the training forward/backward and the log-prob path.
     Bench {
         #[command(subcommand)]
@@ -189,6 +196,7 @@ fn main() -> ExitCode {
         Cmd::ConfigDocs => config_docs(),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
+        Cmd::KernelModel => kernel_model::run(),
         Cmd::Plan {
             config,
             gpu_mem,

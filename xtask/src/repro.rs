@@ -8,27 +8,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::methods::{Method, Testbed};
+use crate::methods::{merge, Method, Testbed};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The testbed: v2 (every method, docs/results.md) or v3 (the four papers' length
-    /// methods on reflection that can overturn an answer, docs/v3/results.md; its SFT
-    /// checkpoint is trained first when missing).
+    /// The testbed: v2 (every method, docs/results.md), v3 (the four papers' length methods
+    /// on reflection that can overturn an answer, docs/v3/results.md; its SFT checkpoint is
+    /// trained first when missing), v4 (the confirmatory study of docs/v4/plan.md on v3's
+    /// design, seeds 100-108, docs/v4/results.md and seeds.csv) or v4-care (v4's CARE premise
+    /// condition, docs/v4/care/).
     #[arg(long, value_enum, default_value = "v2")]
     testbed: Testbed,
     /// Base run config; each method adds its overrides [default: the testbed's,
-    /// configs/repro.toml or configs/repro-v3.toml].
+    /// configs/repro.toml, configs/repro-v3.toml, configs/repro-v4.toml or
+    /// configs/repro-v4-care.toml].
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Seeds per method (the claims' paired t intervals need several; 5 fit in 30 minutes).
-    /// Another count writes results-seeds<N>.md, so results.md stays the default study's.
-    #[arg(long, default_value_t = crate::methods::DEFAULT_SEEDS)]
-    seeds: u64,
+    /// Seeds per method [default: 5 for v2 and v3 (the claims' paired t intervals need
+    /// several; 5 fit in 30 minutes), 9 for v4 (its plan fixes them)]. Another count writes
+    /// results-seeds<N>.md, so results.md stays the default study's.
+    #[arg(long)]
+    seeds: Option<u64>,
     /// Runs trained at once (each on one thread).
     #[arg(long, default_value_t = 2)]
     jobs: usize,
-    /// Where results.md and the curves go [default: the testbed's, docs or docs/v3].
+    /// Where results.md and the curves go [default: the testbed's, docs, docs/v3, docs/v4 or
+    /// docs/v4/care].
     #[arg(long)]
     out: Option<PathBuf>,
     /// A smaller study for a quick look: 1 seed, 12 steps, 4 problems per level; writes
@@ -40,7 +45,9 @@ pub struct Args {
     report_only: bool,
     /// Study only these methods (comma-separated names, e.g. `standard,cos_fn`); the report
     /// goes to results-focus.md, so more seeds for one claim leave results.md as it is.
-    /// `all`: every method and variant, reported in results-all.md.
+    /// `all`: every method and variant, reported in results-all.md. `v4-new`: v4's five newer
+    /// methods with Standard (`--testbed v4 --methods v4-new --keep` after the default v4
+    /// study; v4's report reads every finished run of its run directory).
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
     /// Keep a run that already finished with the same config (the study's configs/<run>.toml
@@ -49,10 +56,24 @@ pub struct Args {
     /// seeds 5..9 only. Runs from an older build are trusted as they are.
     #[arg(long)]
     keep: bool,
+    /// A robustness cell of docs/v4/plan.md section 8 (with `--testbed v4`): Standard and
+    /// P1-P4 on seeds 100-108 from another SFT checkpoint (sft1, sft2), with one knob of the
+    /// sensitivity grid moved (overturn-mid, overturn-flat, rounds1, rounds3, g16), or on v3's
+    /// designs 1-2 (v3-design1, v3-design2); its own run directory
+    /// (runs/repro-v4-<cell>) and report (docs/v4/robust/<cell>), its SFT checkpoint trained
+    /// first when it needs one and it is missing. Exploratory: Holm within the cell.
+    #[arg(long, value_enum)]
+    cell: Option<crate::cells::Cell>,
 }
 
-/// The run config TOML of `method` with `seed`: base ⊕ overrides ⊕ run name/seed (⊕ quick).
-pub fn method_config(base: &str, m: &Method, seed: u64, quick: bool) -> Result<String> {
+/// The run config TOML of `method`'s run `index` (named `<method>-s<index>`, the pairing key
+/// the reports read) with GRPO seed `seed`: base ⊕ overrides ⊕ run name/seed (⊕ quick).
+pub fn method_config(
+    base: &str,
+    m: &Method,
+    (index, seed): (u64, u64),
+    quick: bool,
+) -> Result<String> {
     let mut doc: toml::Table = toml::from_str(base).context("parsing the base config")?;
     // Quick runs live in a directory of their own, so they never replace the full study's
     // runs (a later --report-only would mix them).
@@ -66,7 +87,7 @@ pub fn method_config(base: &str, m: &Method, seed: u64, quick: bool) -> Result<S
         .entry("run")
         .or_insert_with(|| toml::Value::Table(Default::default()));
     if let toml::Value::Table(t) = run {
-        t.insert("name".into(), format!("{}-s{seed}", m.name).into());
+        t.insert("name".into(), format!("{}-s{index}", m.name).into());
         t.insert("seed".into(), (seed as i64).into());
         if quick {
             t.insert("dir".into(), dir.join("quick").display().to_string().into());
@@ -81,38 +102,75 @@ pub fn method_config(base: &str, m: &Method, seed: u64, quick: bool) -> Result<S
     Ok(toml::to_string(&doc)?)
 }
 
-/// Deep-merges `b` into `a` (tables merge, other values replace).
-fn merge(a: &mut toml::Table, b: toml::Table) {
-    for (k, v) in b {
-        match (a.get_mut(&k), v) {
-            (Some(toml::Value::Table(x)), toml::Value::Table(y)) => merge(x, y),
-            (_, v) => {
-                a.insert(k, v);
-            }
-        }
-    }
-}
-
 pub fn run(a: &Args) -> Result<ExitCode> {
     let t0 = Instant::now();
     let config = a
         .config
         .clone()
         .unwrap_or_else(|| a.testbed.config().into());
-    let out = a.out.clone().unwrap_or_else(|| a.testbed.out().into());
-    let base = std::fs::read_to_string(&config)
+    let cell = a.cell.map(|c| c.spec());
+    if cell.is_some() && a.testbed != Testbed::V4 {
+        bail!(
+            "repro --cell: a robustness cell is a variant of `--testbed v4`, not {:?}",
+            a.testbed
+        );
+    }
+    let out = a.out.clone().unwrap_or_else(|| match &cell {
+        Some(c) => c.out().into(),
+        None => a.testbed.out().into(),
+    });
+    let mut base = std::fs::read_to_string(&config)
         .with_context(|| format!("reading {}", config.display()))?;
+    let mut sft = a.testbed.sft().map(PathBuf::from);
+    let config = match &cell {
+        None => config,
+        Some(c) => {
+            // The cell's configs are derived, written beside its runs, and read from there.
+            let sft_path = sft.clone().context("testbed v4 has an SFT config")?;
+            let sft_text = std::fs::read_to_string(&sft_path)
+                .with_context(|| format!("reading {}", sft_path.display()))?;
+            let (cell_base, cell_sft) = c.configs(&base, &sft_text)?;
+            let dir = PathBuf::from(format!("runs/repro-v4-{}", c.name));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            if let Some(text) = cell_sft {
+                let path = dir.join("sft.toml");
+                std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                sft = Some(path);
+            }
+            let path = dir.join("base.toml");
+            std::fs::write(&path, &cell_base)
+                .with_context(|| format!("writing {}", path.display()))?;
+            base = cell_base;
+            path
+        }
+    };
     let base_cfg = terse_train::RunConfig::from_toml(&base, &config)?;
+    if let (Some(c), false) = (&cell, a.report_only) {
+        eprintln!(
+            "robustness cell {} ({}): about {} min on 2 cores",
+            c.name, c.what, c.minutes
+        );
+    }
     if !a.report_only {
-        ensure_sft(a.testbed, &base_cfg.model.path)?;
+        ensure_sft(sft.as_deref(), &base_cfg.model.path)?;
     }
     let root = if a.quick {
         base_cfg.run.dir.join("quick")
     } else {
         base_cfg.run.dir.clone()
     };
-    let seeds = if a.quick { 1 } else { a.seeds.max(1) };
-    let methods = crate::methods::select(&a.methods, a.testbed)?;
+    let seeds = if a.quick {
+        1
+    } else {
+        a.seeds.unwrap_or(a.testbed.default_seeds()).max(1)
+    };
+    let methods = match &cell {
+        Some(_) if a.methods.is_empty() => {
+            crate::methods::select(&crate::cells::ROWS.map(String::from), a.testbed)?
+        }
+        _ => crate::methods::select(&a.methods, a.testbed)?,
+    };
     let cfg_dir = root.join("configs");
     std::fs::create_dir_all(&cfg_dir).with_context(|| format!("creating {}", cfg_dir.display()))?;
 
@@ -121,7 +179,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     let to_train: &[&Method] = if a.report_only { &[] } else { &methods };
     for &m in to_train {
         for seed in 0..seeds {
-            let text = method_config(&base, m, seed, a.quick)?;
+            let text = method_config(&base, m, (seed, a.testbed.run_seed(seed)), a.quick)?;
             let cfg = terse_train::RunConfig::from_toml(&text, Path::new(m.name))?;
             let run_dir = cfg.run.dir.join(&cfg.run.name);
             let path = cfg_dir.join(format!("{}.toml", cfg.run.name));
@@ -149,7 +207,12 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         seeds,
         quick: a.quick,
     };
-    let md = crate::summary::write(&root, &methods, &study, &out)?;
+    let md = if a.testbed.is_v4() {
+        let steps = if a.quick { 12 } else { base_cfg.grpo.steps };
+        crate::report_v4::write(&root, &study, steps, &out, a.cell)?
+    } else {
+        crate::summary::write(&root, &methods, &study, &out)?
+    };
     println!("wrote {}", md.display());
     if !a.report_only {
         println!(
@@ -167,12 +230,13 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Trains the testbed's SFT checkpoint (`xtask sft`, logged to the console) when the base
-/// config starts from one that is not there yet.
-fn ensure_sft(testbed: Testbed, model: &Path) -> Result<()> {
-    let Some(sft) = testbed.sft() else {
+/// Trains the study's SFT checkpoint with the SFT config `sft` (`xtask sft`, logged to the
+/// console) when the base config starts from one that is not there yet.
+fn ensure_sft(sft: Option<&Path>, model: &Path) -> Result<()> {
+    let Some(sft) = sft else {
         return Ok(());
     };
+    let sft = sft.display();
     if model.join("model.safetensors").is_file() {
         return Ok(());
     }
@@ -182,7 +246,7 @@ fn ensure_sft(testbed: Testbed, model: &Path) -> Result<()> {
     );
     let exe = std::env::current_exe().context("locating the xtask binary")?;
     let status = Command::new(&exe)
-        .args(["sft", "--config", sft])
+        .args(["sft", "--config", &sft.to_string()])
         .stdin(Stdio::null())
         .status()
         .with_context(|| format!("starting {}", exe.display()))?;
@@ -257,20 +321,57 @@ fn run_children(jobs: &[(String, PathBuf)], max: usize, root: &Path) -> Result<(
 mod tests {
     use super::*;
 
-    /// Every method and variant, on either testbed's base config, is a valid run config (the
+    /// Every method and variant, on every testbed's base config, is a valid run config (the
     /// overrides name real keys, and `{l_max…}` fractions fit the limits they are checked
-    /// against, as ThinkPrune's rounds are).
+    /// against, as ThinkPrune's rounds are); v4's runs carry the plan's seeds under the
+    /// index's name, and every testbed's SFT config is a valid config too.
     #[test]
-    fn every_method_config_validates_on_both_testbeds() {
+    fn every_method_config_validates_on_every_testbed() {
+        use clap::ValueEnum;
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for testbed in [Testbed::V2, Testbed::V3] {
+        for &testbed in Testbed::value_variants() {
             let base = std::fs::read_to_string(root.join(testbed.config())).expect("base config");
-            for m in crate::methods::known() {
-                let text = method_config(&base, m, 0, false).expect("merged");
-                terse_train::RunConfig::from_toml(&text, Path::new(m.name))
+            for m in crate::methods::nameable() {
+                let text =
+                    method_config(&base, m, (8, testbed.run_seed(8)), false).expect("merged");
+                let cfg = terse_train::RunConfig::from_toml(&text, Path::new(m.name))
                     .unwrap_or_else(|e| panic!("{} on {testbed:?}: {e:#}", m.name));
+                assert_eq!(cfg.run.name, format!("{}-s8", m.name));
+                assert_eq!(cfg.run.seed, testbed.run_seed(8));
+            }
+            if let Some(sft) = testbed.sft() {
+                let text = std::fs::read_to_string(root.join(sft)).expect("sft config");
+                let cfg = terse_train::RunConfig::from_toml(&text, Path::new(sft)).expect(sft);
+                // The base config starts from the checkpoint the SFT config writes.
+                let base_cfg =
+                    terse_train::RunConfig::from_toml(&base, Path::new("base")).expect("base");
+                assert_eq!(
+                    base_cfg.model.path,
+                    cfg.run.dir.join(&cfg.run.name).join("sft"),
+                    "{testbed:?}"
+                );
             }
         }
+        let v4 = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+        // v4's main design is v3's base config but for its run directory (plan section 7a).
+        let (v3, main) = (v4("configs/repro-v3.toml"), v4("configs/repro-v4.toml"));
+        let body = |t: &str| t[t.find("[run]").expect("[run]")..].to_string();
+        assert_eq!(
+            body(&main).replace("runs/repro-v4\"", "runs/repro-v3\""),
+            body(&v3)
+        );
+        let care =
+            terse_train::RunConfig::from_toml(&v4("configs/repro-v4-care.toml"), Path::new("care"))
+                .expect("care");
+        let g16 = method_config(
+            &v4("configs/repro-v4-care.toml"),
+            crate::methods::select(&["care_g16".into()], Testbed::V4Care).expect("g16")[0],
+            (0, 100),
+            false,
+        )
+        .expect("merged");
+        let g16 = terse_train::RunConfig::from_toml(&g16, Path::new("g16")).expect("g16");
+        assert_eq!((care.grpo.group_size, g16.grpo.group_size), (6, 16));
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct Launch {
     pub module: &'static str,
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
+    /// Bytes of dynamic shared memory (kernels/mma.cuh's `TERSE_DYNAMIC_SHARED`); above 48 KB
+    /// the CUDA launch raises the function's limit first (fused/launching.rs).
+    pub shared: u32,
     pub args: Vec<Arg>,
 }
 
@@ -63,6 +66,7 @@ fn per_row(
         module,
         grid: (rows as u32, 1, 1),
         block: (block, 1, 1),
+        shared: 0,
         args,
     }
 }
@@ -74,6 +78,7 @@ fn elementwise(kernel: String, module: &'static str, n: usize, args: Vec<Arg>) -
         module,
         grid: ((n as u32).div_ceil(1024), 1, 1),
         block: (1024, 1, 1),
+        shared: 0,
         args,
     }
 }
@@ -85,6 +90,7 @@ fn flash_rows(kernel: String, rows: usize, heads: usize, args: Vec<Arg>) -> Laun
         module: "flash_attn",
         grid: (rows.div_ceil(FLASH_WARPS as usize) as u32, heads as u32, 1),
         block: (32 * FLASH_WARPS, 1, 1),
+        shared: 0,
         args,
     }
 }
@@ -287,6 +293,7 @@ fn flash_tc_rows(kernel: String, t: usize, heads: usize, args: Vec<Arg>) -> Laun
         module: "flash_tc",
         grid: (t.div_ceil(rows) as u32, heads as u32, 1),
         block: (32 * FLASH_TC_WARPS, 1, 1),
+        shared: 0,
         args,
     }
 }

@@ -189,7 +189,9 @@ impl DapoOverlong {
 pub struct Alp {
     /// Required: the sources give no default.
     pub beta: f64,
-    /// The normaliser N (the generation limit).
+    /// The normaliser N (the generation limit; a run config's default is
+    /// `grpo.max_new_tokens`, and 0, the bare default, is refused by `validate`).
+    #[serde(default)]
     pub l_max: usize,
 }
 

@@ -2,9 +2,11 @@
 //! KV budget (GiB, a share of device memory, or blocks), how many sequences decode at once and
 //! the prefill chunk; and the budget's resolution into a number of blocks for one `generate`.
 //!
-//! Data flow: config -> `KvPaging` -> `pool_blocks` (at the start of `generate`) ->
-//! `PagedKvCache::new` -> the scheduler's admission and preemption.
+//! Data flow: config -> `KvPaging` -> [`PoolPlan`] (the pool's blocks, probe blocks included;
+//! the scheduler sizes its pool by it and `xtask plan` counts it) -> `pool_blocks` (at the start
+//! of `generate`) -> `PagedKvCache::new` -> the scheduler's admission and preemption.
 
+use crate::step_exit::StepExit;
 use serde::{Deserialize, Serialize};
 
 /// How the rollout pages its KV cache.
@@ -135,6 +137,66 @@ pub fn all_at_once_blocks(
             p.div_ceil(block).saturating_add(g.saturating_mul(own))
         })
         .fold(0, usize::saturating_add)
+}
+
+/// The rollout pool's figures in blocks, computed once for the scheduler (which sizes its pool
+/// by them) and the memory plan (plan.rs, which counts them): every sequence at full length at
+/// once and one longest sequence, each with the blocks kept free for one Step-GRPO probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub block_size: usize,
+    /// Blocks kept free for one probe at a time (its fork copies one block); 0 without exits.
+    pub probe_blocks: usize,
+    /// Every sequence at full length at once, plus the probe blocks: the pool's cap.
+    pub worst: usize,
+    /// The longest sequence, in tokens (prompt, completion and an exit's tokens, within the
+    /// context limit).
+    pub longest: usize,
+    /// The least pool that holds the longest sequence with a probe.
+    pub one: usize,
+}
+
+impl PoolPlan {
+    /// `prompts`: (prompt tokens, prompts of that length), each sampled `g` times up to
+    /// `max_new_tokens` (plus an exit's induction and trial answer) within `limit`, the
+    /// model's context. Saturating: `xtask plan` feeds it config numbers, which may be absurd.
+    pub fn new(
+        prompts: impl IntoIterator<Item = (usize, usize)>,
+        g: usize,
+        max_new_tokens: usize,
+        step_exit: Option<&StepExit>,
+        limit: usize,
+        block_size: usize,
+    ) -> Self {
+        let bs = block_size;
+        let (induction, close) = step_exit.map_or((0, 0), StepExit::probe_text_tokens);
+        let probe_blocks = step_exit.map_or(0, |se| {
+            (1 + induction + se.max_ans_tokens + close)
+                .div_ceil(bs)
+                .saturating_add(1)
+        });
+        let extra = step_exit.map_or(0, |se| induction + se.max_ans_tokens + 2);
+        let full = |p: usize| {
+            p.saturating_add(max_new_tokens)
+                .saturating_add(extra)
+                .min(limit)
+        };
+        let (mut worst, mut longest) = (0usize, 0usize);
+        for (p, n) in prompts {
+            let each = all_at_once_blocks([(p, full(p))], g, bs);
+            worst = worst.saturating_add(each.saturating_mul(n));
+            if n > 0 {
+                longest = longest.max(full(p));
+            }
+        }
+        Self {
+            block_size: bs,
+            probe_blocks,
+            worst: worst.saturating_add(probe_blocks),
+            longest,
+            one: longest.div_ceil(bs).saturating_add(1 + probe_blocks),
+        }
+    }
 }
 
 /// Bytes of RAM under `key` of /proc/meminfo (`MemAvailable`, `MemTotal`), when the system says.

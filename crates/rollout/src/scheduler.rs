@@ -17,7 +17,7 @@
 //! stream is its own, and `forward_paged` gives a sequence's logits from its own tokens alone,
 //! bit for bit the same whether it was decoded token by token or recomputed as a prefill.
 
-use crate::paging::{all_at_once_blocks, pool_blocks};
+use crate::paging::{pool_blocks, PoolPlan};
 use crate::sampling::sample_stream;
 use crate::step::{sample_next, try_exit, Next};
 use crate::types::Detokenizer;
@@ -125,19 +125,17 @@ impl<'a> Scheduler<'a> {
             KvCacheDtype::F16 => DType::F16,
         };
         let block_bytes = model.kv_bytes_per_token(dtype) * bs;
-        let probe_blocks = params.step_exit.as_ref().map_or(0, |se| {
-            (1 + se.induction_ids.len() + se.max_ans_tokens + se.close_ids.len()).div_ceil(bs) + 1
-        });
-        let extra = params
-            .step_exit
-            .as_ref()
-            .map_or(0, |s| s.induction_ids.len() + s.max_ans_tokens + 2);
-        let full = |p: &Prompt| (p.tokens.len() + params.max_new_tokens + extra).min(limit);
-        let lens = prompts.iter().map(|p| (p.tokens.len(), full(p)));
-        let worst = all_at_once_blocks(lens, g, bs) + probe_blocks;
-        let longest = prompts.iter().map(full).max().unwrap_or(0);
-        let one = longest.div_ceil(bs) + 1 + probe_blocks;
-        let blocks = pool_blocks(pg.kv_budget, worst, block_bytes, model.device());
+        let lens = prompts.iter().map(|p| (p.tokens.len(), 1));
+        let plan = PoolPlan::new(
+            lens,
+            g,
+            params.max_new_tokens,
+            params.step_exit.as_ref(),
+            limit,
+            bs,
+        );
+        let (probe_blocks, longest, one) = (plan.probe_blocks, plan.longest, plan.one);
+        let blocks = pool_blocks(pg.kv_budget, plan.worst, block_bytes, model.device());
         if blocks < one {
             return Err(candle_core::Error::Msg(format!(
                 "rollout kv_budget: {blocks} blocks of {bs} tokens ({:.3} GiB) cannot hold one sequence of {longest} tokens, which needs {one} blocks",

@@ -19,7 +19,10 @@ pub enum ConfidencePolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepExit {
-    /// Trigger words, matched case-sensitively at the end of the decoded completion.
+    /// Trigger words, matched case-sensitively at the end of the decoded completion. Not a key
+    /// of `[grpo.step_exit]`: a run's triggers are one list, `grpo.step_triggers` (the step
+    /// reward, this exit and eval's reflections), which the trainer copies here.
+    #[serde(skip)]
     pub triggers: Vec<String>,
     /// The answer-induction text p_ind, e.g. "\n</think>\n\nThe final answer is \\boxed{";
     /// a run config names it as text and the trainer tokenizes it into `induction_ids`.
@@ -81,7 +84,10 @@ fn default_true() -> bool {
 impl StepExit {
     pub fn validate(&self) -> Result<(), String> {
         if self.triggers.iter().all(String::is_empty) {
-            return Err("step_exit.triggers must hold at least one non-empty word".into());
+            return Err(
+                "step_exit.triggers must hold at least one non-empty word (a run sets them as grpo.step_triggers)"
+                    .into(),
+            );
         }
         if self.induction_ids.is_empty() && self.induction.is_empty() {
             return Err("step_exit: set `induction` (text) or `induction_ids`".into());
@@ -107,6 +113,23 @@ impl StepExit {
             self.close_ids = encode(&self.close)?;
         }
         Ok(())
+    }
+
+    /// Tokens of the induction and close texts a probe feeds: their ids once `resolve`d, else
+    /// the texts' bytes (a bound: a token holds at least one byte), as the memory plan,
+    /// which has no tokenizer, counts them.
+    pub fn probe_text_tokens(&self) -> (usize, usize) {
+        let count = |ids: &[u32], text: &str| {
+            if ids.is_empty() {
+                text.len()
+            } else {
+                ids.len()
+            }
+        };
+        (
+            count(&self.induction_ids, &self.induction),
+            count(&self.close_ids, &self.close),
+        )
     }
 
     /// The trigger that `text` ends with, preceded by the start, whitespace or punctuation.

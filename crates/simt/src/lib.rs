@@ -106,7 +106,8 @@ pub enum Arg<'a> {
     U64(u64),
 }
 
-/// Runs kernel `name` over `grid` blocks of `block` threads with `args`, on the CPU. The
+/// Runs kernel `name` over `grid` blocks of `block` threads with `args` and `shared_bytes` of
+/// dynamic shared memory (the launch description's `shared`), on the CPU. The
 /// arguments are checked against the kernel's signature first (count, and each one's kind and
 /// element type), so a swapped or missing argument is an error naming it, never a wrong read.
 /// A barrier some threads never reach ends the launch after `deadline_ms` with an error naming
@@ -115,6 +116,7 @@ pub fn run(
     name: &str,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
+    shared_bytes: u32,
     args: &mut [Arg<'_>],
     deadline_ms: u32,
 ) -> Result<(), String> {
@@ -174,6 +176,7 @@ pub fn run(
             cname.as_ptr(),
             g.as_ptr(),
             b.as_ptr(),
+            shared_bytes,
             k.body,
             slots.as_mut_ptr(),
             deadline_ms,
@@ -206,6 +209,7 @@ unsafe extern "C" {
         name: *const c_char,
         grid: *const u32,
         block: *const u32,
+        shared_bytes: u32,
         body: unsafe extern "C" fn(*mut *mut c_void),
         args: *mut *mut c_void,
         deadline_ms: u32,

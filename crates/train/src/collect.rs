@@ -118,16 +118,30 @@ struct Share {
     faults: Faults,
 }
 
-/// The sampling settings of training rollouts: evaluation's plus Step-GRPO's early exit, its
-/// induction and close texts tokenized here.
+/// The sampling settings of the run's rollouts, training's and validation's alike (eval.rs
+/// and eval_protocol.rs call it): `[grpo]`'s sampling, token limit, KV cache and paging.
+pub fn gen_params(cfg: &RunConfig, model: &Qwen3) -> GenParams {
+    GenParams {
+        sampling: cfg.grpo.sampling.clone(),
+        max_new_tokens: cfg.grpo.max_new_tokens,
+        eos_ids: model.config.eos_token_ids.clone(),
+        stop_strings: vec![],
+        pad_id: model.config.pad_token_id.unwrap_or(0),
+        step_exit: None,
+        kv_cache: cfg.grpo.kv_cache,
+        paging: cfg.grpo.paging.clone(),
+    }
+}
+
+/// The sampling settings of training rollouts: [`gen_params`] plus Step-GRPO's early exit at
+/// the run's `grpo.step_triggers`, its induction and close texts tokenized here.
 pub fn rollout_params(
     cfg: &RunConfig,
     model: &Qwen3,
     tok: &tokenizers::Tokenizer,
 ) -> Result<GenParams> {
-    let mut gen = crate::eval::gen_params(cfg, model);
-    if let Some(se) = &cfg.grpo.step_exit {
-        let mut se = se.clone();
+    let mut gen = gen_params(cfg, model);
+    if let Some(mut se) = cfg.grpo.step_exit() {
         se.resolve(|text| encode(tok, text))?;
         gen.step_exit = Some(se);
     }
@@ -150,133 +164,32 @@ pub fn collect(
 ) -> Result<Collected> {
     let g = &cfg.grpo;
     let (rank, world) = dp.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
-    let detok = |ids: &[u32]| tok.decode(ids, false).unwrap_or_default();
     let max_rounds = 1 + g.dynamic_sampling.map_or(0, |d| d.max_rounds);
-    let mut out = Collected {
-        prompts: vec![],
-        samples: vec![],
-        held: vec![],
-        groups: vec![],
-        extras: vec![],
-        cursor,
-        rounds: 0,
-        dropped: 0,
-        generated_tokens: 0,
-        kv_peak_bytes: 0,
-        preemptions: 0,
-        faults: Faults::default(),
-    };
+    let mut out = Collected::empty(cursor);
     let mut last_round = vec![];
     while out.rounds < max_rounds && out.groups.len() < g.prompts_per_step {
         let need = g.prompts_per_step - out.groups.len();
-        let items: Vec<Item> = (cursor..cursor + need as u64)
-            .map(|i| task.train_item(i))
-            .collect::<Result<_>>()?;
-        // Prompt ids are data-cursor indices: unique across the run, so sample streams are too.
-        let prompts: Vec<Prompt> = items
-            .iter()
-            .zip(cursor..)
-            .map(|(it, id)| {
-                Ok(Prompt {
-                    id,
-                    tokens: encode(tok, &it.prompt)?,
-                })
-            })
-            .collect::<Result<_>>()?;
+        let (items, prompts) = round_prompts(task, tok, cursor, need)?;
         cursor += need as u64;
         // This rank's share of the round: every world-th group from its rank.
         let mine: Vec<usize> = (rank..need).step_by(world).collect();
-        let my_prompts: Vec<Prompt> = mine.iter().map(|&j| prompts[j].clone()).collect();
-        let (samples, used) = generate_with_stats(
+        let ctx = RoundCtx {
+            cfg,
+            task,
             model,
-            &my_prompts,
-            g.group_size,
+            tok,
             gen,
-            crate::data::mix(cfg.run.seed, crate::data::TRAIN, step),
-            &detok,
-        )?;
-        let mut share = Share {
-            groups: vec![],
-            generated_tokens: samples.iter().map(|s| s.tokens.len()).sum(),
-            kv_peak_bytes: used.peak_bytes(),
-            preemptions: used.preemptions,
-            faults: Faults::default(),
+            step,
         };
-        let mut my_samples: Vec<Vec<Sample>> = vec![];
-        let mut samples = samples.into_iter();
-        for (&j, p) in mine.iter().zip(&my_prompts) {
-            let group: Vec<Sample> = samples.by_ref().take(g.group_size).collect();
-            let stats = group
-                .iter()
-                .map(|s| {
-                    let text = detok(&s.tokens);
-                    let v = task.score(&items[j], &text);
-                    share.faults.count(v.fault);
-                    let mut stat = SampleStat {
-                        len: s.len(),
-                        correct: v.correct,
-                        base_reward: v.base_reward,
-                        format_ok: v.format_ok,
-                        steps: count_steps(&text, &g.step_triggers, StepScope::Thinking),
-                        truncated: s.finish == Finish::Length,
-                        scorable: true,
-                    };
-                    // Research code's weighted per-completion rewards, before any shaping.
-                    stat.base_reward = task.completion_reward(&text, &items[j].answer, &stat);
-                    stat
-                })
-                .collect();
-            let extras = group
-                .iter()
-                .map(|s| SampleExtra::of(s, gen.max_new_tokens))
-                .collect();
-            share.groups.push((j, Group::new(p.id, stats), extras));
-            my_samples.push(group);
-        }
+        let (share, my_samples) = generate_share(&ctx, &items, &prompts, &mine)?;
         let shares = match dp.as_deref_mut() {
             Some(c) if world > 1 => gather_shares(c, &share)?,
             _ => vec![share],
         };
-        // The round's groups in order, each with its extras and (if held here) its samples.
-        let mut round: Vec<Option<Slot>> = (0..need).map(|_| None).collect();
-        let mut my_samples = my_samples.into_iter();
-        for (r, sh) in shares.into_iter().enumerate() {
-            out.generated_tokens += sh.generated_tokens;
-            out.kv_peak_bytes = out.kv_peak_bytes.max(sh.kv_peak_bytes);
-            out.preemptions += sh.preemptions;
-            out.faults.add(sh.faults);
-            for (j, group, extras) in sh.groups {
-                let held = (r == rank).then(|| my_samples.next()).flatten();
-                match round.get_mut(j) {
-                    Some(slot @ None) => *slot = Some((group, extras, held)),
-                    _ => anyhow::bail!(
-                        "rank {r} sent group {j} of a round of {need} twice or out of range"
-                    ),
-                }
-            }
-        }
+        let round = out.assemble_round(shares, my_samples, rank, need)?;
         out.rounds += 1;
-        let keep_all = g.dynamic_sampling.is_none();
         // Only the last round's dropped groups can be needed again (see below).
-        last_round.clear();
-        for (j, (slot, p)) in round.into_iter().zip(prompts).enumerate() {
-            let (mut group, extras, held) =
-                slot.with_context(|| format!("no rank sent group {j} of the round"))?;
-            // DLER's and ThinkPrune's truncation rule, before dynamic sampling judges the group.
-            if g.zero_truncated() {
-                group.score_truncated_as_zero();
-            }
-            let informative = group
-                .samples
-                .iter()
-                .any(|x| x.base_reward != group.samples[0].base_reward);
-            if keep_all || informative {
-                out.push((group, extras, held), p);
-            } else {
-                out.dropped += 1;
-                last_round.push(((group, extras, held), p));
-            }
-        }
+        last_round = out.keep_informative(cfg, round, prompts)?;
     }
     // Nothing informative within the cap: train on the last round (its advantages are zero,
     // so only the KL term acts), rather than skipping the step and desynchronising schedules.
@@ -289,7 +202,188 @@ pub fn collect(
     Ok(out)
 }
 
+/// What generating and scoring a rank's share of a round reads.
+struct RoundCtx<'a> {
+    cfg: &'a RunConfig,
+    task: &'a Task,
+    model: &'a Qwen3,
+    tok: &'a tokenizers::Tokenizer,
+    gen: &'a GenParams,
+    step: u64,
+}
+
+/// The round's `need` items from the data cursor on, with their prompts. Prompt ids are
+/// data-cursor indices: unique across the run, so sample streams are too.
+fn round_prompts(
+    task: &Task,
+    tok: &tokenizers::Tokenizer,
+    cursor: u64,
+    need: usize,
+) -> Result<(Vec<Item>, Vec<Prompt>)> {
+    let items: Vec<Item> = (cursor..cursor + need as u64)
+        .map(|i| task.train_item(i))
+        .collect::<Result<_>>()?;
+    let prompts = items
+        .iter()
+        .zip(cursor..)
+        .map(|(it, id)| {
+            Ok(Prompt {
+                id,
+                tokens: encode(tok, &it.prompt)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok((items, prompts))
+}
+
+/// Generates the groups `mine` (indices into the round) and scores them: this rank's share of
+/// the round, and the samples it holds, group by group.
+fn generate_share(
+    ctx: &RoundCtx,
+    items: &[Item],
+    prompts: &[Prompt],
+    mine: &[usize],
+) -> Result<(Share, Vec<Vec<Sample>>)> {
+    let g = &ctx.cfg.grpo;
+    let detok = |ids: &[u32]| ctx.tok.decode(ids, false).unwrap_or_default();
+    let my_prompts: Vec<Prompt> = mine.iter().map(|&j| prompts[j].clone()).collect();
+    let (samples, used) = generate_with_stats(
+        ctx.model,
+        &my_prompts,
+        g.group_size,
+        ctx.gen,
+        crate::data::mix(ctx.cfg.run.seed, crate::data::TRAIN, ctx.step),
+        &detok,
+    )?;
+    let mut share = Share {
+        groups: vec![],
+        generated_tokens: samples.iter().map(|s| s.tokens.len()).sum(),
+        kv_peak_bytes: used.peak_bytes(),
+        preemptions: used.preemptions,
+        faults: Faults::default(),
+    };
+    let mut my_samples: Vec<Vec<Sample>> = vec![];
+    let mut samples = samples.into_iter();
+    for (&j, p) in mine.iter().zip(&my_prompts) {
+        let group: Vec<Sample> = samples.by_ref().take(g.group_size).collect();
+        let stats = group
+            .iter()
+            .map(|s| score_sample(ctx, &items[j], s, &detok(&s.tokens), &mut share.faults))
+            .collect();
+        let extras = group
+            .iter()
+            .map(|s| SampleExtra::of(s, ctx.gen.max_new_tokens))
+            .collect();
+        share.groups.push((j, Group::new(p.id, stats), extras));
+        my_samples.push(group);
+    }
+    Ok((share, my_samples))
+}
+
+/// One sample's statistics: the task's verdict (a fault counted in `faults`) and its steps at
+/// the run's trigger words.
+fn score_sample(
+    ctx: &RoundCtx,
+    item: &Item,
+    s: &Sample,
+    text: &str,
+    faults: &mut Faults,
+) -> SampleStat {
+    let v = ctx.task.score(item, text);
+    faults.count(v.fault);
+    let mut stat = SampleStat {
+        len: s.len(),
+        correct: v.correct,
+        base_reward: v.base_reward,
+        format_ok: v.format_ok,
+        steps: count_steps(text, &ctx.cfg.grpo.step_triggers, StepScope::Thinking),
+        truncated: s.finish == Finish::Length,
+        scorable: true,
+    };
+    // Research code's weighted per-completion rewards, before any shaping.
+    stat.base_reward = ctx.task.completion_reward(text, &item.answer, &stat);
+    stat
+}
+
 impl Collected {
+    fn empty(cursor: u64) -> Self {
+        Self {
+            prompts: vec![],
+            samples: vec![],
+            held: vec![],
+            groups: vec![],
+            extras: vec![],
+            cursor,
+            rounds: 0,
+            dropped: 0,
+            generated_tokens: 0,
+            kv_peak_bytes: 0,
+            preemptions: 0,
+            faults: Faults::default(),
+        }
+    }
+
+    /// The round's groups in order, each with its extras and (if held here) its samples, from
+    /// every rank's share; the shares' counters are added to the step's.
+    fn assemble_round(
+        &mut self,
+        shares: Vec<Share>,
+        my_samples: Vec<Vec<Sample>>,
+        rank: usize,
+        need: usize,
+    ) -> Result<Vec<Option<Slot>>> {
+        let mut round: Vec<Option<Slot>> = (0..need).map(|_| None).collect();
+        let mut my_samples = my_samples.into_iter();
+        for (r, sh) in shares.into_iter().enumerate() {
+            self.generated_tokens += sh.generated_tokens;
+            self.kv_peak_bytes = self.kv_peak_bytes.max(sh.kv_peak_bytes);
+            self.preemptions += sh.preemptions;
+            self.faults.add(sh.faults);
+            for (j, group, extras) in sh.groups {
+                let held = (r == rank).then(|| my_samples.next()).flatten();
+                match round.get_mut(j) {
+                    Some(slot @ None) => *slot = Some((group, extras, held)),
+                    _ => anyhow::bail!(
+                        "rank {r} sent group {j} of a round of {need} twice or out of range"
+                    ),
+                }
+            }
+        }
+        Ok(round)
+    }
+
+    /// Keeps the round's informative groups (all of them without dynamic sampling), after
+    /// DLER's and ThinkPrune's truncation rule; returns the dropped ones.
+    fn keep_informative(
+        &mut self,
+        cfg: &RunConfig,
+        round: Vec<Option<Slot>>,
+        prompts: Vec<Prompt>,
+    ) -> Result<Vec<(Slot, Prompt)>> {
+        let g = &cfg.grpo;
+        let keep_all = g.dynamic_sampling.is_none();
+        let mut dropped = vec![];
+        for (j, (slot, p)) in round.into_iter().zip(prompts).enumerate() {
+            let (mut group, extras, held) =
+                slot.with_context(|| format!("no rank sent group {j} of the round"))?;
+            // DLER's and ThinkPrune's truncation rule, before dynamic sampling judges the group.
+            if g.zero_truncated() {
+                group.score_truncated_as_zero();
+            }
+            let informative = group
+                .samples
+                .iter()
+                .any(|x| x.base_reward != group.samples[0].base_reward);
+            if keep_all || informative {
+                self.push((group, extras, held), p);
+            } else {
+                self.dropped += 1;
+                dropped.push(((group, extras, held), p));
+            }
+        }
+        Ok(dropped)
+    }
+
     fn push(&mut self, (group, extras, held): Slot, p: Prompt) {
         if let Some(s) = held {
             self.held.push(self.groups.len());

@@ -3,6 +3,7 @@
 //! `cargo xtask eval` call [`evaluate`]; the protocol evaluation (eval_protocol.rs: R1 sampling,
 //! token budgets, efficiency metrics) reuses its sampling and per-level aggregation.
 
+use crate::collect::gen_params;
 use crate::config::RunConfig;
 use crate::data;
 use crate::load::encode;
@@ -11,7 +12,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use terse_model::Qwen3;
 use terse_reward::metrics::pass_at_k;
-use terse_reward::step_grpo::{count_steps, default_triggers, StepScope};
+use terse_reward::step_grpo::{count_steps, StepScope};
 use terse_rollout::{generate, GenParams, Prompt, Sample};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,8 +21,9 @@ pub struct LevelReport {
     pub pass1: f64,
     pub pass_k: f64,
     pub len_mean: f64,
-    /// Mean reflections per completion: Step-GRPO's default trigger words ("Wait",
-    /// "Alternatively") before `</think>`; on the testbed, the `Wait` re-checks.
+    /// Mean reflections per completion: the run's trigger words (`grpo.step_triggers`, by
+    /// default "Wait" and "Alternatively") before `</think>`; on the testbed, the `Wait`
+    /// re-checks.
     #[serde(default)]
     pub reflections_mean: f64,
     /// The first completion of the first few items, and whether it was correct (for a look at
@@ -35,20 +37,6 @@ pub struct EvalReport {
     pub accuracy: f64,
     pub len_mean: f64,
     pub by_level: Vec<LevelReport>,
-}
-
-/// The sampling settings of the run's rollouts (training and validation alike).
-pub fn gen_params(cfg: &RunConfig, model: &Qwen3) -> GenParams {
-    GenParams {
-        sampling: cfg.grpo.sampling.clone(),
-        max_new_tokens: cfg.grpo.max_new_tokens,
-        eos_ids: model.config.eos_token_ids.clone(),
-        stop_strings: vec![],
-        pad_id: model.config.pad_token_id.unwrap_or(0),
-        step_exit: None,
-        kv_cache: cfg.grpo.kv_cache,
-        paging: cfg.grpo.paging.clone(),
-    }
 }
 
 /// One level's items with their prompts and completions (`n` per item, item-major), as
@@ -123,16 +111,21 @@ pub fn verdicts(
         .collect()
 }
 
-/// pass@1, pass@n, mean length and reflections of one level from its verdicts.
-pub fn level_report(level: &LevelSamples, verdicts: &[(String, bool)], n: usize) -> LevelReport {
-    let triggers = default_triggers();
+/// pass@1, pass@n, mean length and reflections (the run's `grpo.step_triggers` before
+/// `</think>`) of one level from its verdicts.
+pub fn level_report(
+    level: &LevelSamples,
+    verdicts: &[(String, bool)],
+    n: usize,
+    triggers: &[String],
+) -> LevelReport {
     let (mut p1, mut pk, mut len, mut refl) = (0.0, 0.0, 0.0, 0.0);
     let mut examples = vec![];
     for (group, verdicts) in level.samples.chunks(n).zip(verdicts.chunks(n)) {
         let c = verdicts.iter().filter(|v| v.1).count();
         refl += verdicts
             .iter()
-            .map(|(text, _)| (count_steps(text, &triggers, StepScope::Thinking) - 1) as f64)
+            .map(|(text, _)| (count_steps(text, triggers, StepScope::Thinking) - 1) as f64)
             .sum::<f64>()
             / n as f64;
         if examples.len() < 3 {
@@ -176,7 +169,7 @@ pub fn evaluate(
     Ok(summarize(
         levels
             .iter()
-            .map(|l| level_report(l, &verdicts(task, l, n, tok), n))
+            .map(|l| level_report(l, &verdicts(task, l, n, tok), n, &cfg.grpo.step_triggers))
             .collect(),
     ))
 }

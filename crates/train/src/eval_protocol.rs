@@ -4,8 +4,9 @@
 //! retention; the PNG curves. Data flow: a run config + checkpoint directories -> eval.rs's
 //! sampling and verdicts -> here -> eval_table.rs's markdown and JSON.
 
+use crate::collect::gen_params;
 use crate::config::{Init, RunConfig};
-use crate::eval::{gen_params, level_report, sample_levels, summarize, verdicts, EvalReport};
+use crate::eval::{level_report, sample_levels, summarize, verdicts, EvalReport};
 use crate::eval_budget::{finished_within, AtBudget, Forcing};
 use crate::eval_metrics::{
     aes, efficiency, pass_k_retention, Aes, AesWeights, Efficiency, SampleOutcome,
@@ -165,7 +166,7 @@ pub fn evaluate_model(
     let mut at: Vec<Vec<AtBudget>> = vec![vec![]; budgets.len()];
     for level in sample_levels(cfg, task, model, tok, &gen, n)? {
         let v = verdicts(task, &level, n, tok);
-        by_level.push(level_report(&level, &v, n));
+        by_level.push(level_report(&level, &v, n, &cfg.grpo.step_triggers));
         problems.extend(
             level
                 .samples

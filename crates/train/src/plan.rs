@@ -248,15 +248,22 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
         2 * (c.num_hidden_layers * c.num_key_value_heads * c.head_dim) as u64 * kv_value;
     let block = g.paging.block_size as u64;
     let pt = t.prompt_tokens as u64;
-    let full = pt.saturating_add(g.max_new_tokens as u64);
-    // Every prompt plans the same blocks: one prompt's times the prompts (summing them one by
-    // one ran for hours on a fuzzed prompts_per_step of 4e11).
-    let worst = prompts.saturating_mul(terse_rollout::paging::all_at_once_blocks(
-        [(pt as usize, full as usize)],
+    // The scheduler's own figures (terse_rollout::paging::PoolPlan), Step-GRPO's exit tokens
+    // and probe blocks included. Every prompt plans the same blocks, so one prompt's count
+    // times the prompts (summing them one by one ran for hours on a fuzzed prompts_per_step
+    // of 4e11).
+    let pool_plan = terse_rollout::paging::PoolPlan::new(
+        [(
+            t.prompt_tokens,
+            usize::try_from(prompts).unwrap_or(usize::MAX),
+        )],
         g.group_size,
+        g.max_new_tokens,
+        g.step_exit().as_ref(),
+        c.max_position_embeddings,
         g.paging.block_size,
-    ) as u64);
-    let one = full.div_ceil(block).saturating_add(1);
+    );
+    let (worst, one) = (pool_plan.worst as u64, pool_plan.one as u64);
     let block_bytes = block.saturating_mul(per_token);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     // The rollout's own conversion (paging::budget_blocks); "auto" is what is left then.
@@ -272,8 +279,12 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
         "rollout KV cache (paged)",
         pool.saturating_mul(block_bytes),
         format!(
-            "{rows} sequences x (prompt {pt} shared + {} new); all at once {:.2} GiB; budget {}{}",
+            "{rows} sequences x (prompt {pt} shared + {} new){}; all at once {:.2} GiB; budget {}{}",
             g.max_new_tokens,
+            match pool_plan.probe_blocks {
+                0 => String::new(),
+                n => format!(", {n} blocks kept for a probe"),
+            },
             gib(worst.saturating_mul(block_bytes)),
             match budget {
                 None => "auto: the memory left at rollout time (counted here: one sequence)".into(),

@@ -45,6 +45,10 @@ pub(crate) fn start(
     dp: Option<&mut dyn terse_dist::Collective>,
 ) -> Result<Started> {
     b.check()?;
+    b.cfg
+        .l_max_notes()
+        .iter()
+        .for_each(|n| tracing::info!("{n}"));
     // The task first: a missing dataset fails before anything is written, and `data_epochs`
     // resolves into a step count saved with the run.
     let mut task = b.take_task()?;

@@ -126,74 +126,129 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
         let mut at = 0; // the first of this mini-batch's sequences in `seqs`
         for first in (0..n_groups).step_by(per_mb) {
             let last = (first + per_mb).min(n_groups);
-            // The aggregation weights of the whole mini-batch (every rank's samples).
-            let lens: Vec<usize> = extras[first * gs..last * gs]
-                .iter()
-                .map(|e| e.loss_tokens)
-                .collect();
-            let w = agg_weights(g.loss_agg, &lens, g.norm_len.unwrap_or(g.max_new_tokens));
-            // This rank's part: the sequences of the mini-batch's groups it holds.
-            let n_held = held[at / gs..].iter().take_while(|&&k| k < last).count();
-            let part = &mut seqs[at..at + n_held * gs];
-            for (i, s) in part.iter_mut().enumerate() {
-                let k = held[at / gs + i / gs];
-                s.weight = w[(k - first) * gs + i % gs] as f32;
-            }
-            at += n_held * gs;
-            let part = &*part;
+            let part = weigh_mini_batch(g, extras, held, &mut seqs, &mut at, first..last);
             let objective = match (custom_loss, &gspo) {
                 (Some(l), _) => Objective::Policy(l),
                 (None, Some(gs)) => Objective::Policy(gs),
                 (None, None) => Objective::Ppo(ppo),
             };
             let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
-            let (mut grads, mut st) = gradients(model, part, objective, how)?;
-            // A collective (any world size, 1 included): ZeRO-2 (gradients reduce-scattered,
-            // each rank's optimizer shard stepped, the new weights all-gathered); the step is
-            // skipped when the loss or the global norm is not finite. None: clip and step here.
-            let grad_norm = match dp.as_deref_mut() {
-                Some(c) => {
-                    st = crate::dp::all_reduce_stats(c, st)?;
-                    let ok = st.loss.is_finite();
-                    crate::zero::sharded_step(c, model.vars(), opt, &grads, g.grad_clip, lr, ok)?
-                }
-                _ => clip_grad_norm(&mut grads, g.grad_clip)?,
+            let (grads, st) = gradients(model, part, objective, how)?;
+            let at_step = Stepping {
+                g,
+                model,
+                lr,
+                step,
+                run_dir,
             };
-            if !st.loss.is_finite() || !grad_norm.is_finite() {
-                bail!(
-                    "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating; {}",
-                    if st.loss.is_finite() { "gradient" } else { "loss" },
-                    st.loss,
-                    crate::checkpoint::last_good(run_dir)
-                );
-            }
-            if dp.is_none() {
-                opt.step(model.vars(), &grads, lr)?;
-            }
-            // A finite gradient can still make infinite weights (an absurd learning rate):
-            // stop here, before a checkpoint or an evaluation sees them.
-            if let Some(name) = model.first_non_finite()? {
-                bail!(
-                    "step {step}: the update made the weights non-finite (first: {name}; learning rate {lr:e}); stopped before writing anything; {}",
-                    crate::checkpoint::last_good(run_dir)
-                );
-            }
-            if out.updates == 0 {
-                out.logp_gap = st.logp_gap_sum / st.tokens.max(1) as f64;
-            }
-            out.updates += 1;
-            out.loss += st.loss;
-            out.grad_norm += grad_norm;
-            out.stats.tokens += st.tokens;
-            out.stats.clipped_low += st.clipped_low;
-            out.stats.clipped_high += st.clipped_high;
-            out.stats.kl_sum += st.kl_sum;
+            let (st, grad_norm) = at_step.apply(opt, dp.as_deref_mut(), grads, st)?;
+            out.record(&st, grad_norm);
         }
     }
     let u = out.updates.max(1) as f64;
     out.loss /= u;
     out.grad_norm /= u;
     Ok(out)
+}
+
+/// Sets the aggregation weights of the mini-batch of `groups` (computed over every rank's
+/// samples, so they are the global ones) on this rank's part of it, the sequences of the
+/// groups it holds from `*at` on, and moves `*at` past them.
+fn weigh_mini_batch<'s>(
+    g: &GrpoSection,
+    extras: &[SampleExtra],
+    held: &[usize],
+    seqs: &'s mut [Seq],
+    at: &mut usize,
+    groups: std::ops::Range<usize>,
+) -> &'s [Seq] {
+    let gs = g.group_size.max(1);
+    let (first, last) = (groups.start, groups.end);
+    let lens: Vec<usize> = extras[first * gs..last * gs]
+        .iter()
+        .map(|e| e.loss_tokens)
+        .collect();
+    let w = agg_weights(g.loss_agg, &lens, g.norm_len.unwrap_or(g.max_new_tokens));
+    let n_held = held[*at / gs..].iter().take_while(|&&k| k < last).count();
+    let start = *at;
+    let part = &mut seqs[start..start + n_held * gs];
+    for (i, s) in part.iter_mut().enumerate() {
+        let k = held[start / gs + i / gs];
+        s.weight = w[(k - first) * gs + i % gs] as f32;
+    }
+    *at += n_held * gs;
+    part
+}
+
+/// What one optimizer update applies its gradients with.
+struct Stepping<'a> {
+    g: &'a GrpoSection,
+    model: &'a Qwen3,
+    lr: f64,
+    step: u64,
+    run_dir: Option<&'a Path>,
+}
+
+impl Stepping<'_> {
+    /// Reduces (with a collective) and applies one mini-batch's gradients; returns the
+    /// (reduced) loss statistics and the pre-clip gradient norm. A collective (any world size,
+    /// 1 included): ZeRO-2 (gradients reduce-scattered, each rank's optimizer shard stepped,
+    /// the new weights all-gathered), the step skipped when the loss or the global norm is not
+    /// finite. None: clip and step here.
+    fn apply<'c>(
+        &self,
+        opt: &mut AdamW,
+        dp: Option<&mut (dyn Collective + 'c)>,
+        mut grads: std::collections::BTreeMap<String, candle_core::Tensor>,
+        mut st: LossStats,
+    ) -> Result<(LossStats, f64)> {
+        let (g, model, lr, step) = (self.g, self.model, self.lr, self.step);
+        let local = dp.is_none();
+        let grad_norm = match dp {
+            Some(c) => {
+                st = crate::dp::all_reduce_stats(c, st)?;
+                let ok = st.loss.is_finite();
+                crate::zero::sharded_step(c, model.vars(), opt, &grads, g.grad_clip, lr, ok)?
+            }
+            _ => clip_grad_norm(&mut grads, g.grad_clip)?,
+        };
+        if !st.loss.is_finite() || !grad_norm.is_finite() {
+            bail!(
+                "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating; {}",
+                if st.loss.is_finite() { "gradient" } else { "loss" },
+                st.loss,
+                crate::checkpoint::last_good(self.run_dir)
+            );
+        }
+        if local {
+            opt.step(model.vars(), &grads, lr)?;
+        }
+        // A finite gradient can still make infinite weights (an absurd learning rate):
+        // stop here, before a checkpoint or an evaluation sees them.
+        if let Some(name) = model.first_non_finite()? {
+            bail!(
+                "step {step}: the update made the weights non-finite (first: {name}; learning rate {lr:e}); stopped before writing anything; {}",
+                crate::checkpoint::last_good(self.run_dir)
+            );
+        }
+        Ok((st, grad_norm))
+    }
+}
+
+impl UpdateStats {
+    /// Adds one optimizer update's figures (the log-prob gap from the first only).
+    fn record(&mut self, st: &LossStats, grad_norm: f64) {
+        if self.updates == 0 {
+            self.logp_gap = st.logp_gap_sum / st.tokens.max(1) as f64;
+        }
+        self.updates += 1;
+        self.loss += st.loss;
+        self.grad_norm += grad_norm;
+        self.stats.tokens += st.tokens;
+        self.stats.clipped_low += st.clipped_low;
+        self.stats.clipped_high += st.clipped_high;
+        self.stats.kl_sum += st.kl_sum;
+    }
 }
 
 /// What the sequences need before the first update, from the policy as it sampled them: the

@@ -4,7 +4,7 @@
 //! on LD_LIBRARY_PATH (docs/gpu.md says what this checks and what it cannot).
 
 mod compare;
-mod kernels;
+pub(crate) mod kernels;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};

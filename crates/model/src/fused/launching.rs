@@ -51,7 +51,8 @@ pub(crate) fn module_ptx(module: &str) -> Result<&'static str> {
 }
 
 /// The function a launch description names, loaded once per device by candle's cache (a
-/// macro: candle does not export the function type).
+/// macro: candle does not export the function type), with its dynamic shared memory limit
+/// raised when the description asks for more than the default 48 KB.
 macro_rules! func {
     ($dev:expr, $l:expr) => {
         $dev.get_or_load_custom_func(
@@ -59,7 +60,28 @@ macro_rules! func {
             &format!("terse_{}", $l.module),
             crate::fused::launching::module_ptx($l.module)?,
         )
+        .and_then(|f| {
+            crate::fused::launching::allow_shared(&f, &$l)?;
+            Ok(f)
+        })
     };
+}
+
+/// Dynamic shared memory above 48 KB needs the function's attribute first
+/// (cuFuncSetAttribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+pub(crate) fn allow_shared(
+    f: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+    l: &Launch,
+) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+    if l.shared > 48 * 1024 {
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            l.shared as i32,
+        )
+        .w()?;
+    }
+    Ok(())
 }
 pub(crate) use func;
 
@@ -128,7 +150,7 @@ impl<'a> Described<'a> {
         let cfg = LaunchConfig {
             grid_dim: self.l.grid,
             block_dim: self.l.block,
-            shared_mem_bytes: 0,
+            shared_mem_bytes: self.l.shared,
         };
         // SAFETY: the argument kinds and order are the description's (checked above), which
         // the shim's tests run against the kernels' signatures; sizes are the caller's promise.

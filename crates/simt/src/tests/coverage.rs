@@ -42,12 +42,15 @@ pub(crate) const COVERED: &[&str] = &[
     "flash_tc_bwd_dkdv_d128",
 ];
 
+/// crates/simt's own test kernels (build.rs compiles them beside kernels/*.cu): not kernels/'s.
+const FIXTURES: [&str; 2] = ["faulty.cu", "fragments.cu"];
+
 /// A kernel in kernels/ with no test fails here; so does a listed one that no longer exists.
 #[test]
 fn every_kernel_entry_point_has_a_shim_test() {
     let mut found: Vec<&str> = KERNELS
         .iter()
-        .filter(|k| k.file != "faulty.cu")
+        .filter(|k| !FIXTURES.contains(&k.file))
         .map(|k| k.name)
         .collect();
     let mut listed = COVERED.to_vec();
@@ -59,21 +62,59 @@ fn every_kernel_entry_point_has_a_shim_test() {
     );
 }
 
+/// The one header that may hold inline PTX (its shim twin is kernels/shim/mma_sync.h).
+const PTX_HEADER: &str = "mma.cuh";
+
+/// The PTX instructions PTX_HEADER may use: those the shim emulates (kernels/shim/mma_sync.h).
+const PTX_ALLOWED: [&str; 8] = [
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ",
+    "ldmatrix.sync.aligned.m8n8.x4.shared.b16 ",
+    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 ",
+    "ldmatrix.sync.aligned.m8n8.x2.shared.b16 ",
+    "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 ",
+    "cp.async.cg.shared.global [%0], [%1], 16;",
+    "cp.async.commit_group;",
+    "cp.async.wait_group %0;",
+];
+
+/// An `asm` line of PTX_HEADER: one string literal holding exactly one allowed instruction.
+fn allowed_ptx(code: &str) -> bool {
+    let Some(text) = code.split('"').nth(1) else {
+        return false;
+    };
+    let text = text.trim_end_matches("\\n");
+    PTX_ALLOWED.iter().any(|a| text.starts_with(a)) && text.matches(';').count() == 1
+}
+
 /// The portable subset: what the shim cannot run must not appear in kernels/; WMMA is in it
-/// (kernels/shim/wmma.h), used only through its layout-free operations.
+/// (kernels/shim/wmma.h), used only through its layout-free operations. Inline PTX, cp.async
+/// and dynamic shared memory are in it only through PTX_HEADER, and only the instructions the
+/// shim's twin emulates (PTX_ALLOWED).
 #[test]
 fn kernels_stay_within_the_portable_subset() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
     let mut checked = 0;
+    let mut ptx = 0;
     for e in std::fs::read_dir(&dir).expect("kernels/") {
         let p = e.expect("entry").path();
         if !p.extension().is_some_and(|x| x == "cu" || x == "cuh") {
             continue;
         }
+        let header = p.file_name().is_some_and(|n| n == PTX_HEADER);
         let text = std::fs::read_to_string(&p).expect("read");
         for (i, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or_default();
             let at = format!("{}:{}", p.display(), i + 1);
+            if header {
+                if code.contains("asm") {
+                    assert!(
+                        allowed_ptx(code),
+                        "{at}: inline PTX other than {PTX_ALLOWED:?}"
+                    );
+                    ptx += 1;
+                }
+                continue;
+            }
             for banned in [
                 "asm(",
                 "asm volatile",
@@ -89,6 +130,8 @@ fn kernels_stay_within_the_portable_subset() {
                 "clock64",
                 "atomicCAS",
                 "__ldg",
+                "__cvta_generic_to_shared",
+                "asm ",
             ] {
                 assert!(
                     !code.contains(banned),
@@ -127,6 +170,7 @@ fn kernels_stay_within_the_portable_subset() {
         checked += 1;
     }
     assert!(checked >= 6, "{checked} kernel files");
+    assert_eq!(ptx, PTX_ALLOWED.len(), "asm lines in {PTX_HEADER}");
 }
 
 /// The arguments are checked against the kernel's signature: a swapped pair (cols and eps) or
@@ -149,10 +193,10 @@ fn a_launch_that_disagrees_with_the_signature_is_refused() {
         Arg::F32(1e-6),
         Arg::I32(cols as i32),
     ];
-    let e = run(&l.kernel, l.grid, l.block, &mut args, 10_000).expect_err("swapped");
+    let e = run(&l.kernel, l.grid, l.block, l.shared, &mut args, 10_000).expect_err("swapped");
     assert!(e.contains("argument 4") && e.contains("I32"), "{e}");
     args.pop();
-    let e = run(&l.kernel, l.grid, l.block, &mut args, 10_000).expect_err("missing");
+    let e = run(&l.kernel, l.grid, l.block, l.shared, &mut args, 10_000).expect_err("missing");
     assert!(e.contains("takes 6 arguments, got 5"), "{e}");
     let mut bf = vec![0u16; rows * cols];
     let mut args = vec![
@@ -163,7 +207,7 @@ fn a_launch_that_disagrees_with_the_signature_is_refused() {
         Arg::I32(cols as i32),
         Arg::F32(1e-6),
     ];
-    let e = run(&l.kernel, l.grid, l.block, &mut args, 10_000).expect_err("dtype");
+    let e = run(&l.kernel, l.grid, l.block, l.shared, &mut args, 10_000).expect_err("dtype");
     assert!(e.contains("argument 0"), "{e}");
 }
 
@@ -201,7 +245,7 @@ fn a_wrong_grid_fails_the_comparison() {
 fn fault(name: &str, block: u32, deadline_ms: u32) -> String {
     let mut out = vec![0f32; block as usize];
     let mut args = vec![Arg::Buf(Buf::F32(&mut out))];
-    run(name, (2, 1, 1), (block, 1, 1), &mut args, deadline_ms).expect_err(name)
+    run(name, (2, 1, 1), (block, 1, 1), 0, &mut args, deadline_ms).expect_err(name)
 }
 
 #[test]
@@ -246,6 +290,7 @@ fn broken_synchronisation_is_an_error_naming_the_kernel_the_block_and_the_line()
         "fault_none",
         (blocks as u32, 1, 1),
         (threads as u32, 1, 1),
+        0,
         &mut args,
         20_000,
     )

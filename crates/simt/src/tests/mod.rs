@@ -9,6 +9,7 @@
 mod coverage;
 mod decode;
 mod flash;
+mod fragments;
 mod norm;
 
 use crate::{run, Arg, Buf};
@@ -41,7 +42,7 @@ pub(crate) fn launch(l: &Launch, bufs: Vec<Buf<'_>>) -> Result<(), String> {
             terse_model::launch::Arg::U64(v) => Arg::U64(v),
         });
     }
-    run(&l.kernel, l.grid, l.block, &mut args, DEADLINE_MS)
+    run(&l.kernel, l.grid, l.block, l.shared, &mut args, DEADLINE_MS)
 }
 
 /// `launch`, panicking with the shim's error.

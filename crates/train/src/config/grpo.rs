@@ -142,9 +142,10 @@ pub struct GrpoSection {
     /// Global gradient-norm clip.
     pub grad_clip: f64,
     /// Step-GRPO's dynamic truncated rollout (docs/methods.md, Step-GRPO); absent = plain sampling.
+    /// It exits at `step_triggers` (it has no trigger key of its own).
     pub step_exit: Option<StepExit>,
-    /// Trigger words counted as reasoning steps (docs/methods.md, Step-GRPO), for Step-GRPO's reward and the
-    /// `steps_mean` metric.
+    /// Trigger words (docs/methods.md, Step-GRPO): the one list for Step-GRPO's step count and
+    /// reward, the `steps_mean` metric, `grpo.step_exit`'s exits and eval's reflections.
     pub step_triggers: Vec<String>,
     /// DAPO's dynamic sampling: drop groups whose rewards are all equal and refill the step
     /// with new prompts, at most `max_rounds` extra rollouts; absent = off.
@@ -236,7 +237,7 @@ impl Default for GrpoSection {
             packing: true,
             grad_clip: 1.0,
             step_exit: None,
-            step_triggers: vec!["Wait".into(), "Alternatively".into()],
+            step_triggers: terse_reward::step_grpo::default_triggers(),
             dynamic_sampling: None,
             truncated_reward: TruncatedReward::Verifier,
             think_prune: None,

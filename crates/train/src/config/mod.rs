@@ -2,6 +2,7 @@
 //! rejected, validated into the resolved config that is saved with the run. The sections and
 //! their closed enums (the TOML face) live in sections.rs and grpo.rs.
 
+mod checks;
 mod device;
 pub mod docs;
 mod grpo;
@@ -64,8 +65,16 @@ impl Default for RunConfig {
 
 impl RunConfig {
     /// Parses TOML; errors name the file and the key.
+    /// Every `l_max` the file leaves out is `grpo.max_new_tokens` (length.rs).
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self> {
-        let cfg = Self::parse(text).map_err(|e| anyhow::anyhow!("{}: {e}", origin.display()))?;
+        let at = |e: String| anyhow::anyhow!("{}: {e}", origin.display());
+        let raw: toml::Table = toml::from_str(text)
+            .map_err(|e: toml::de::Error| at(e.message().trim().to_string()))?;
+        if let Some(e) = moved_key(&raw) {
+            bail!("{}: {e}", origin.display());
+        }
+        let mut cfg = Self::parse(text).map_err(at)?;
+        cfg.default_l_max(&raw);
         cfg.validate()
             .with_context(|| origin.display().to_string())?;
         Ok(cfg)
@@ -108,6 +117,8 @@ impl RunConfig {
         Self::from_toml(&text, path)
     }
 
+    /// Checks every section (each validates itself, checks.rs) and the reward, advantage and
+    /// optimizer sections of the other crates; the error names the key and its value.
     pub fn validate(&self) -> Result<()> {
         // Every float key, wherever it sits: NaN compares false, so `nan` would silently switch
         // a limit off (`clip_high`, `dual_clip`, `log_ratio_clamp`, ...).
@@ -115,79 +126,9 @@ impl RunConfig {
         if let Some((key, v)) = non_finite(&tree, "") {
             bail!("{key} must be a finite number, got {v}");
         }
-        if self.run.lock_wait_s < 0.0 {
-            bail!("run.lock_wait_s must be >= 0, got {}", self.run.lock_wait_s);
-        }
-        let g = &self.grpo;
-        if g.group_size < 2 {
-            bail!("grpo.group_size must be >= 2, got {}", g.group_size);
-        }
-        if g.prompts_per_step == 0
-            || g.max_new_tokens == 0
-            || g.micro_batch_tokens == 0
-            || g.epochs == 0
-            || g.mini_batch_prompts == Some(0)
-        {
-            bail!("grpo.prompts_per_step, max_new_tokens, micro_batch_tokens, epochs and mini_batch_prompts must be > 0");
-        }
-        if !(0.0..1.0).contains(&g.gspo_clip_low) || g.gspo_clip_high < 0.0 {
-            bail!(
-                "grpo.gspo_clip_low must be in [0, 1) and gspo_clip_high >= 0, got {} and {}",
-                g.gspo_clip_low,
-                g.gspo_clip_high
-            );
-        }
-        if let Some(l) = &self.model.lora {
-            l.to_config()?;
-        }
-        if let Some(rc) = &g.rollout_correction {
-            if rc.cap <= 1.0 {
-                bail!("grpo.rollout_correction.cap must be > 1, got {}", rc.cap);
-            }
-        }
-        if !(0.0..1.0).contains(&g.clip_low) || g.clip_high < 0.0 {
-            bail!(
-                "grpo.clip_low must be in [0, 1) and clip_high >= 0, got {} and {}",
-                g.clip_low,
-                g.clip_high
-            );
-        }
-        if let Some(c) = g.dual_clip {
-            if c <= 1.0 {
-                bail!("grpo.dual_clip must be > 1, got {c}");
-            }
-        }
-        g.paging
-            .validate()
-            .map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
-        if !(g.kl_coef >= 0.0 && g.kl_coef.is_finite()) {
-            bail!(
-                "grpo.kl_coef must be a finite number >= 0, got {}",
-                g.kl_coef
-            );
-        }
-        if g.grad_clip.is_nan() || g.grad_clip <= 0.0 {
-            bail!("grpo.grad_clip must be > 0, got {}", g.grad_clip);
-        }
-        g.sampling.validate().map_err(anyhow::Error::msg)?;
-        if let Some(e) = g.data_epochs {
-            if !(e > 0.0 && e.is_finite()) || self.data.train.is_none() {
-                bail!("grpo.data_epochs = {e}: needs a number > 0 and a data.train file");
-            }
-        }
-        if let Some(se) = &g.step_exit {
-            se.validate().map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
-        }
-        g.validate_length_methods()?;
-        g.schedule
-            .validate()
-            .map_err(|e| anyhow::anyhow!("grpo.{e}"))?;
-        if self.sft.steps > 0 {
-            self.sft
-                .schedule
-                .validate()
-                .map_err(|e| anyhow::anyhow!("sft.{e}"))?;
-        }
+        self.run.validate()?;
+        self.model.validate()?;
+        self.grpo.validate(self.data.train.is_some())?;
         self.reward
             .validate()
             .map_err(|e| anyhow::anyhow!("reward.{e}"))?;
@@ -195,60 +136,29 @@ impl RunConfig {
         self.optim
             .validate()
             .map_err(|e| anyhow::anyhow!("optim.{}", e.to_string().trim_start_matches("adamw.")))?;
-        let max_level = match self.data.task {
-            TaskKind::Testbed => terse_tasks::testbed::MAX_LEVEL,
-            TaskKind::Kk | TaskKind::Math => 8,
-        };
-        let min_level = if self.data.task == TaskKind::Kk { 2 } else { 1 };
-        let generated = self.data.task == TaskKind::Testbed
-            || (self.data.task == TaskKind::Kk && self.data.train.is_none());
-        for (key, v) in [
-            ("recheck_prob", self.data.recheck_prob),
-            ("hard_rate", self.data.hard_rate),
-            (
-                "recheck_hard_prob",
-                self.data.recheck_hard_prob.unwrap_or(0.0),
-            ),
-            ("overturn_easy", self.data.overturn_easy),
-            ("overturn_hard", self.data.overturn_hard),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                bail!("data.{key} = {v}: must be a probability in [0, 1]");
-            }
-        }
-        if self.data.overturn_from_round == 0 {
-            bail!("data.overturn_from_round = 0: rounds count from 1");
-        }
-        if generated {
-            if self.data.levels.is_empty() {
-                bail!("data.levels must not be empty");
-            }
-            if let Some(l) = self
-                .data
-                .levels
-                .iter()
-                .find(|l| !(min_level..=max_level).contains(*l))
-            {
-                bail!("data.levels: level {l} is outside {min_level}..={max_level}");
-            }
-        }
-        if self.data.task != TaskKind::Testbed && self.sft.steps > 0 {
-            bail!(
-                "sft.steps = {}: SFT warm-up needs teacher traces, which only data.task = \"testbed\" has; set sft.steps = 0",
-                self.sft.steps
-            );
-        }
-        // per_level sizes the generated held-out set (a dataset's eval file has its own size).
-        let generated_eval = self.data.task == TaskKind::Testbed
-            || (self.data.task == TaskKind::Kk && self.data.eval.is_none());
-        if generated_eval && self.eval.per_level == 0 {
-            bail!("eval.per_level (--per-level) must be > 0 for generated problems, got 0");
-        }
-        if self.eval.samples == 0 {
-            bail!("eval.samples (--samples) must be > 0, got 0");
-        }
-        Ok(())
+        self.data.validate()?;
+        self.sft.validate(self.data.task)?;
+        self.eval.validate(self.data.generated_eval())
     }
+}
+
+/// The keys a config may no longer set, each with the one that replaced it.
+const MOVED: [(&[&str], &str); 1] = [(
+    &["grpo", "step_exit", "triggers"],
+    "grpo.step_triggers (Step-GRPO's one trigger list: the step reward, the exit and eval's reflections)",
+)];
+
+/// The first moved key `raw` sets, as a one-line error naming its replacement.
+fn moved_key(raw: &toml::Table) -> Option<String> {
+    MOVED.iter().find_map(|(path, new)| {
+        let (last, parents) = path.split_last()?;
+        let mut t = raw;
+        for k in parents {
+            t = t.get(*k)?.as_table()?;
+        }
+        t.contains_key(*last)
+            .then(|| format!("{} is no longer a key: set {new}", path.join(".")))
+    })
 }
 
 /// The dotted key of the first non-finite float under `v`, with its value.

@@ -1,19 +1,18 @@
-//! The study's claims, decided from the runs instead of read by hand: for each claim of the
-//! papers the testbed can test, the paired difference against its comparison (seed s of a
-//! method against seed s of the other: same SFT start, same data order), a 95 % interval
-//! (Student t over the seeds' differences), and a verdict: "holds" when the interval lies on
-//! the claimed side, "fails" when it lies on the opposite side, "unresolved" otherwise (or with
-//! one seed). Beside it, a robust verdict from an exact paired sign-flip permutation test of
-//! the mean difference (one-sided, 5 %, in each direction): one seed that collapses on the
-//! claimed side widens the t interval past 0, but cannot move the sign-flip test, because
-//! flipping it only makes the mean less extreme. The test was chosen before testbed v3 had
-//! results (issue 36); with 5 seeds its smallest p-value is 1/32, so it can decide a claim
-//! only when every seed agrees. `cargo xtask repro` (xtask/src/summary.rs) puts the section
-//! into docs/results.md; research code calls `section`, `paired` or `sign_flip_p` on its own
-//! runs.
+//! v3's claims, decided from the runs instead of read by hand, as a table of data (`V3_CLAIMS`:
+//! claim, method, comparison, rule) read by one engine: for each claim the paired difference
+//! against its comparison (seed s of a method against seed s of the other: same SFT start, same
+//! data order), a 95 % interval (Student t over the seeds' differences), and a verdict: "holds"
+//! when the interval lies on the claimed side, "fails" when it lies on the opposite side,
+//! "unresolved" otherwise (or with one seed). Beside it, a robust verdict from the exact paired
+//! sign-flip test (stats.rs) at v3's level, one-sided 5 % in each direction (so the two verdicts
+//! run at different error rates; v4 fixes one α, confirmatory.rs). The test was chosen before
+//! testbed v3 had results (issue 36). `cargo xtask repro` (xtask/src/summary.rs) puts the
+//! section into docs/results.md and docs/v3/results.md, byte for byte as before.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+pub use super::stats::{paired, sign_flip_p, Interval, MAX_FLIP_SEEDS};
 
 /// What a claim reads from one run.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,93 +25,13 @@ pub struct RunStats {
     pub tokens_by_level: Vec<f64>,
 }
 
-/// A mean difference with its 95 % interval (None with fewer than two seeds), and how many of
-/// the `n` differences are below 0: a sign count that one outlier seed cannot move the way it
-/// widens a t interval.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Interval {
-    pub mean: f64,
-    pub ci: Option<(f64, f64)>,
-    pub below_zero: usize,
-    pub n: usize,
-    /// The differences themselves (the first `MAX_FLIP_SEEDS`), for the sign-flip test.
-    pub diffs: [f64; MAX_FLIP_SEEDS],
-}
-
-/// The most seeds the sign-flip test enumerates exactly (2^n sign patterns).
-pub const MAX_FLIP_SEEDS: usize = 20;
-
-/// The exact one-sided p-value of the paired sign-flip permutation test that the mean of
-/// `diffs` is below `x`: the share of the 2^n sign patterns s whose mean of s·(d − x) is at
-/// most the observed one (the observed pattern included, so never 0). None without
-/// differences or with more than `MAX_FLIP_SEEDS`. `above` is `sign_flip_p` of the negated
-/// differences at −x.
-pub fn sign_flip_p(diffs: &[f64], x: f64) -> Option<f64> {
-    let n = diffs.len();
-    if n == 0 || n > MAX_FLIP_SEEDS {
-        return None;
-    }
-    let d: Vec<f64> = diffs.iter().map(|v| v - x).collect();
-    let observed: f64 = d.iter().sum();
-    let eps = 1e-12 * d.iter().map(|v| v.abs()).sum::<f64>().max(1.0);
-    let extreme = (0u32..1 << n)
-        .filter(|mask| {
-            let s: f64 = d
-                .iter()
-                .enumerate()
-                .map(|(i, v)| if mask >> i & 1 == 1 { -v } else { *v })
-                .sum();
-            s <= observed + eps
-        })
-        .count();
-    Some(extreme as f64 / f64::from(1u32 << n))
-}
-
-/// The 0.975 quantile of Student's t with `df` degrees of freedom.
-fn t975(df: usize) -> f64 {
-    const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042,
-    ];
-    T.get(df.wrapping_sub(1)).copied().unwrap_or(1.960)
-}
-
-/// The mean of paired differences and its t interval.
-pub fn paired(diffs: &[f64]) -> Interval {
-    let n = diffs.len();
-    let mean = diffs.iter().sum::<f64>() / n.max(1) as f64;
-    let ci = (n >= 2).then(|| {
-        let sd = (diffs.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
-        let half = t975(n - 1) * sd / (n as f64).sqrt();
-        (mean - half, mean + half)
-    });
-    let mut kept = [0.0; MAX_FLIP_SEEDS];
-    for (k, d) in kept.iter_mut().zip(diffs) {
-        *k = *d;
-    }
-    Interval {
-        mean,
-        ci,
-        below_zero: diffs.iter().filter(|&&d| d < 0.0).count(),
-        n,
-        diffs: kept,
-    }
-}
-
 /// Which test a verdict reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Test {
     /// The 95 % t interval lies on a side.
     T,
-    /// The one-sided sign-flip p-value is below 0.05.
+    /// The one-sided sign-flip p-value is below 0.05 (v3's level).
     SignFlip,
-}
-
-impl Interval {
-    fn flips(&self) -> Option<&[f64]> {
-        (self.n <= MAX_FLIP_SEEDS).then(|| &self.diffs[..self.n])
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +42,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    fn text(self) -> &'static str {
+    pub(crate) fn text(self) -> &'static str {
         match self {
             Verdict::Holds => "**holds**",
             Verdict::Fails => "**fails**",
@@ -131,6 +50,9 @@ impl Verdict {
         }
     }
 }
+
+/// v3's sign-flip level, one-sided in each direction.
+const V3_FLIP_ALPHA: f64 = 0.05;
 
 /// "below x" / "above x" by a test (false without an interval, or with one seed).
 fn below(i: Interval, x: f64, test: Test) -> bool {
@@ -140,7 +62,7 @@ fn below(i: Interval, x: f64, test: Test) -> bool {
             i.n >= 2
                 && i.flips()
                     .and_then(|d| sign_flip_p(d, x))
-                    .is_some_and(|p| p < 0.05)
+                    .is_some_and(|p| p < V3_FLIP_ALPHA)
         }
     }
 }
@@ -149,7 +71,7 @@ fn above(i: Interval, x: f64, test: Test) -> bool {
         Test::T => i.ci.is_some_and(|(lo, _)| lo > x),
         Test::SignFlip => {
             let neg: Vec<f64> = i.flips().unwrap_or(&[]).iter().map(|v| -v).collect();
-            i.n >= 2 && sign_flip_p(&neg, -x).is_some_and(|p| p < 0.05)
+            i.n >= 2 && sign_flip_p(&neg, -x).is_some_and(|p| p < V3_FLIP_ALPHA)
         }
     }
 }
@@ -174,16 +96,79 @@ fn acc_within(acc: Interval, loss: f64, t: Test) -> bool {
     }
 }
 
-/// Shorter at no more than `loss` accuracy lost (holds), longer or clearly worse (fails).
-fn cuts_length(acc: Interval, len: Interval, loss: f64, t: Test) -> Verdict {
-    if below(len, 0.0, t) && acc_within(acc, loss, t) {
-        Verdict::Holds
-    } else if above(len, 0.0, t) || below(acc, -loss, t) {
-        Verdict::Fails
-    } else {
-        Verdict::Unresolved
+/// v3's decision rules, by name (the report's generic sentence describes them; v4 prints each
+/// rule in words beside its row).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Rule {
+    /// Accuracy lower (holds), higher (fails).
+    LosesAccuracy,
+    /// Shorter at no more than `loss` accuracy lost (holds), longer OR clearly worse (fails).
+    CutsLength { loss: f64 },
+    /// Accuracy higher (holds), lower (fails).
+    GainsAccuracy,
+    /// Accuracy higher OR shorter (holds), less accurate AND longer (fails): an OR rule.
+    AccuracyOrLength,
+}
+
+impl Rule {
+    fn decide(self, acc: Interval, len: Interval, t: Test) -> Verdict {
+        let pick = |holds: bool, fails: bool| {
+            if holds {
+                Verdict::Holds
+            } else if fails {
+                Verdict::Fails
+            } else {
+                Verdict::Unresolved
+            }
+        };
+        match self {
+            Rule::LosesAccuracy => pick(below(acc, 0.0, t), above(acc, 0.0, t)),
+            Rule::CutsLength { loss } => pick(
+                below(len, 0.0, t) && acc_within(acc, loss, t),
+                above(len, 0.0, t) || below(acc, -loss, t),
+            ),
+            Rule::GainsAccuracy => rises(acc, 0.0, t),
+            Rule::AccuracyOrLength => pick(
+                above(acc, 0.0, t) || below(len, 0.0, t),
+                below(acc, 0.0, t) && above(len, 0.0, t),
+            ),
+        }
     }
 }
+
+/// One row of v3's claim table: the claim's words, the method and its comparison, the rule.
+struct Claim {
+    claim: &'static str,
+    method: &'static str,
+    against: &'static str,
+    rule: Rule,
+}
+
+const B: &str = "(b) shorter at ≤ 2 points accuracy loss";
+const CUT2: Rule = Rule::CutsLength { loss: 0.02 };
+
+/// v3's claims in report order. Step-GRPO is two things, a step-count reward and an early-exit
+/// rollout; the `step_grpo_no_dtr` row decides (b) for the reward alone, so the report can say
+/// which part a failure of (b) comes from; `step_grpo_kept` keeps the trigger in the trained
+/// path (probed without it). (d) reads the levels and follows the table (`care_levels`).
+#[rustfmt::skip]
+const V3_CLAIMS: &[Claim] = &[
+    Claim { claim: "(a) length-blind penalty loses accuracy", method: "kimi", against: "standard", rule: Rule::LosesAccuracy },
+    Claim { claim: "(a) length-blind penalty loses accuracy", method: "cos_fn", against: "standard", rule: Rule::LosesAccuracy },
+    Claim { claim: B, method: "short_rl", against: "standard", rule: CUT2 },
+    Claim { claim: B, method: "grpo_lambda", against: "standard", rule: CUT2 },
+    Claim { claim: B, method: "care", against: "standard", rule: CUT2 },
+    Claim { claim: B, method: "step_grpo", against: "standard", rule: CUT2 },
+    Claim { claim:
+            "(b) shorter at ≤ 2 points accuracy loss (Step-GRPO's reward without its early exit)", method: "step_grpo_no_dtr", against: "standard", rule: CUT2 },
+    Claim { claim: "(b) shorter at ≤ 2 points accuracy loss (Step-GRPO, the trigger kept in the path)", method: "step_grpo_kept", against: "standard", rule: CUT2 },
+    Claim { claim: "(c) GRPO-λ beats its λ = 1 control", method: "grpo_lambda", against: "grpo_lambda_lp", rule: Rule::GainsAccuracy },
+    Claim { claim: "(e) D1 (length reward on correct answers only) adds accuracy or removes length", method: "short_rl_d1", against: "standard", rule: Rule::AccuracyOrLength },
+    Claim { claim: "(e) D2 (tolerance nucleus) adds accuracy or removes length", method: "short_rl_d1_d2", against: "short_rl_d1", rule: Rule::AccuracyOrLength },
+    Claim { claim: "(e) D3 (accuracy gate) adds accuracy or removes length", method: "short_rl_d1_d3", against: "short_rl_d1", rule: Rule::AccuracyOrLength },
+    Claim { claim: "(f) dynamic rollout beats its ablation", method: "step_grpo", against: "step_grpo_no_dtr", rule: CUT2 },
+    Claim { claim: "(f) dynamic rollout beats its ablation (the trigger kept in the path)", method: "step_grpo_kept", against: "step_grpo_no_dtr", rule: CUT2 },
+];
 
 /// One decided claim, as a table row.
 struct Row {
@@ -197,151 +182,75 @@ struct Row {
     robust: Verdict,
 }
 
-fn fmt(i: Interval, digits: usize) -> String {
+pub(crate) fn fmt(i: Interval, digits: usize) -> String {
     match i.ci {
         Some((lo, hi)) => format!("{:+.digits$} [{lo:+.digits$}, {hi:+.digits$}]", i.mean),
         None => format!("{:+.digits$}", i.mean),
     }
 }
 
+/// The paired differences of `f` between methods `a` and `b` (None when either is missing).
+fn diff(
+    runs: &BTreeMap<&str, Vec<RunStats>>,
+    a: &str,
+    b: &str,
+    f: fn(&RunStats) -> f64,
+) -> Option<Interval> {
+    let (x, y) = (runs.get(a)?, runs.get(b)?);
+    let d: Vec<f64> = x.iter().zip(y).map(|(p, q)| f(p) - f(q)).collect();
+    (!d.is_empty()).then(|| paired(&d))
+}
+
+/// (d): CARE's relative cut at the easiest level minus its relative cut at the hardest.
+fn care_levels(runs: &BTreeMap<&str, Vec<RunStats>>) -> Option<Row> {
+    let (c, s) = (runs.get("care")?, runs.get("standard")?);
+    let cut =
+        |x: &RunStats, y: &RunStats, i: usize| 1.0 - x.tokens_by_level[i] / y.tokens_by_level[i];
+    let d: Vec<f64> = c
+        .iter()
+        .zip(s)
+        .filter(|(x, _)| !x.tokens_by_level.is_empty())
+        .map(|(x, y)| cut(x, y, 0) - cut(x, y, x.tokens_by_level.len() - 1))
+        .collect();
+    let (da, dl) = (
+        diff(runs, "care", "standard", |r| r.acc)?,
+        diff(runs, "care", "standard", |r| r.tokens)?,
+    );
+    if d.is_empty() {
+        return None;
+    }
+    let e = paired(&d);
+    Some(Row {
+        claim: "(d) CARE cuts easy-level length more than hard-level length".into(),
+        comparison: "care vs standard".into(),
+        acc: da,
+        len: dl,
+        verdict: rises(e, 0.0, Test::T),
+        robust: rises(e, 0.0, Test::SignFlip),
+        extra: Some(("relative cut, easiest − hardest level".into(), e)),
+    })
+}
+
 /// The claims section of the report, from each method's runs by seed (keyed by method name).
 /// Methods a claim needs but the study lacks skip that claim.
 pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
-    let diff = |a: &str, b: &str, f: &dyn Fn(&RunStats) -> f64| -> Option<Interval> {
-        let (x, y) = (runs.get(a)?, runs.get(b)?);
-        let d: Vec<f64> = x.iter().zip(y).map(|(p, q)| f(p) - f(q)).collect();
-        (!d.is_empty()).then(|| paired(&d))
-    };
-    let acc = |r: &RunStats| r.acc;
-    let tok = |r: &RunStats| r.tokens;
-    let mut rows = vec![];
-    type Decide<'a> = &'a dyn Fn(Interval, Interval, Test) -> Verdict;
-    let mut push = |claim: &str, a: &str, b: &str, decide: Decide| {
-        if let (Some(da), Some(dl)) = (diff(a, b, &acc), diff(a, b, &tok)) {
-            rows.push(Row {
-                claim: claim.into(),
-                comparison: format!("{a} − {b}"),
+    let mut rows: Vec<Row> = V3_CLAIMS
+        .iter()
+        .filter_map(|c| {
+            let da = diff(runs, c.method, c.against, |r| r.acc)?;
+            let dl = diff(runs, c.method, c.against, |r| r.tokens)?;
+            Some(Row {
+                claim: c.claim.into(),
+                comparison: format!("{} − {}", c.method, c.against),
                 acc: da,
                 len: dl,
                 extra: None,
-                verdict: decide(da, dl, Test::T),
-                robust: decide(da, dl, Test::SignFlip),
-            });
-        }
-    };
-    for m in ["kimi", "cos_fn"] {
-        push(
-            "(a) length-blind penalty loses accuracy",
-            m,
-            "standard",
-            &|a, _, t| {
-                if below(a, 0.0, t) {
-                    Verdict::Holds
-                } else if above(a, 0.0, t) {
-                    Verdict::Fails
-                } else {
-                    Verdict::Unresolved
-                }
-            },
-        );
-    }
-    for m in ["short_rl", "grpo_lambda", "care", "step_grpo"] {
-        push(
-            "(b) shorter at ≤ 2 points accuracy loss",
-            m,
-            "standard",
-            &|a, l, t| cuts_length(a, l, 0.02, t),
-        );
-    }
-    // Step-GRPO is two things, a step-count reward and an early-exit rollout; this row decides
-    // (b) for the reward alone, so the report can say which part a failure of (b) comes from.
-    push(
-        "(b) shorter at ≤ 2 points accuracy loss (Step-GRPO's reward without its early exit)",
-        "step_grpo_no_dtr",
-        "standard",
-        &|a, l, t| cuts_length(a, l, 0.02, t),
-    );
-    // The same with the trigger kept in the trained path (probed without it), the paper's text.
-    push(
-        "(b) shorter at ≤ 2 points accuracy loss (Step-GRPO, the trigger kept in the path)",
-        "step_grpo_kept",
-        "standard",
-        &|a, l, t| cuts_length(a, l, 0.02, t),
-    );
-    push(
-        "(c) GRPO-λ beats its λ = 1 control",
-        "grpo_lambda",
-        "grpo_lambda_lp",
-        &|a, _, t| rises(a, 0.0, t),
-    );
-    for (m, b, what) in [
-        (
-            "short_rl_d1",
-            "standard",
-            "(e) D1 (length reward on correct answers only)",
-        ),
-        (
-            "short_rl_d1_d2",
-            "short_rl_d1",
-            "(e) D2 (tolerance nucleus)",
-        ),
-        ("short_rl_d1_d3", "short_rl_d1", "(e) D3 (accuracy gate)"),
-    ] {
-        push(
-            &format!("{what} adds accuracy or removes length"),
-            m,
-            b,
-            &|a, l, t| {
-                if above(a, 0.0, t) || below(l, 0.0, t) {
-                    Verdict::Holds
-                } else if below(a, 0.0, t) && above(l, 0.0, t) {
-                    Verdict::Fails
-                } else {
-                    Verdict::Unresolved
-                }
-            },
-        );
-    }
-    push(
-        "(f) dynamic rollout beats its ablation",
-        "step_grpo",
-        "step_grpo_no_dtr",
-        &|a, l, t| cuts_length(a, l, 0.02, t),
-    );
-    push(
-        "(f) dynamic rollout beats its ablation (the trigger kept in the path)",
-        "step_grpo_kept",
-        "step_grpo_no_dtr",
-        &|a, l, t| cuts_length(a, l, 0.02, t),
-    );
-    // (d): CARE's relative cut at the easiest level minus its relative cut at the hardest.
-    if let (Some(c), Some(s)) = (runs.get("care"), runs.get("standard")) {
-        let cut = |x: &RunStats, y: &RunStats, i: usize| {
-            1.0 - x.tokens_by_level[i] / y.tokens_by_level[i]
-        };
-        let d: Vec<f64> = c
-            .iter()
-            .zip(s)
-            .filter(|(x, _)| !x.tokens_by_level.is_empty())
-            .map(|(x, y)| cut(x, y, 0) - cut(x, y, x.tokens_by_level.len() - 1))
-            .collect();
-        if let (false, Some(da), Some(dl)) = (
-            d.is_empty(),
-            diff("care", "standard", &acc),
-            diff("care", "standard", &tok),
-        ) {
-            let e = paired(&d);
-            rows.push(Row {
-                claim: "(d) CARE cuts easy-level length more than hard-level length".into(),
-                comparison: "care vs standard".into(),
-                acc: da,
-                len: dl,
-                verdict: rises(e, 0.0, Test::T),
-                robust: rises(e, 0.0, Test::SignFlip),
-                extra: Some(("relative cut, easiest − hardest level".into(), e)),
-            });
-        }
-    }
+                verdict: c.rule.decide(da, dl, Test::T),
+                robust: c.rule.decide(da, dl, Test::SignFlip),
+            })
+        })
+        .collect();
+    rows.extend(care_levels(runs));
     let mut s = String::new();
     let seeds = runs.values().map(Vec::len).min().unwrap_or(0);
     let _ = writeln!(
@@ -390,24 +299,6 @@ pub fn section(runs: &BTreeMap<&str, Vec<RunStats>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn t_intervals_match_the_closed_form() {
-        // Differences 1, 2, 3: mean 2, sd 1, half-width 4.303 / sqrt(3).
-        let i = paired(&[1.0, 2.0, 3.0]);
-        let h = 4.303 / 3f64.sqrt();
-        let (lo, hi) = i.ci.expect("ci");
-        assert!(
-            (i.mean - 2.0).abs() < 1e-12
-                && (lo - (2.0 - h)).abs() < 1e-12
-                && (hi - (2.0 + h)).abs() < 1e-12
-        );
-        assert_eq!((i.below_zero, i.n), (0, 3));
-        assert_eq!(paired(&[0.5]).ci, None);
-        let j = paired(&[-1.0, 0.0, -0.5, 2.0]);
-        assert_eq!((j.below_zero, j.n), (2, 4), "0 is not below 0");
-        assert_eq!(t975(100), 1.960);
-    }
 
     fn stats(acc: f64, tokens: f64, by_level: [f64; 2]) -> RunStats {
         RunStats {
@@ -498,19 +389,6 @@ mod tests {
         // One seed: every verdict unresolved.
         let one: BTreeMap<_, _> = runs.iter().map(|(k, v)| (*k, v[..1].to_vec())).collect();
         assert!(section(&one).contains("0 hold, 0 fail"));
-    }
-
-    #[test]
-    fn sign_flip_p_values_by_hand() {
-        // Three negative differences: only the observed pattern is as low -> 1/8.
-        assert_eq!(sign_flip_p(&[-1.0, -2.0, -3.0], 0.0), Some(0.125));
-        // Shifting by x tests "below x": [-1, -2, -3] is not below -2.5 (mean -2).
-        let p = sign_flip_p(&[-1.0, -2.0, -3.0], -2.5).expect("p");
-        assert!(p > 0.5, "{p}");
-        // Mixed signs: (+1, −1) -> patterns with sum <= 0 are 3 of 4.
-        assert_eq!(sign_flip_p(&[1.0, -1.0], 0.0), Some(0.75));
-        assert_eq!(sign_flip_p(&[], 0.0), None);
-        assert_eq!(sign_flip_p(&[1.0; MAX_FLIP_SEEDS + 1], 0.0), None);
     }
 
     /// A claim whose every seed agrees, one of them by far more (a collapsed seed): the t

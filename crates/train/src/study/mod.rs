@@ -1,10 +1,20 @@
-//! The reproduction study's statistics as a library: the papers' claims decided from paired
-//! runs with 95 % intervals and seed counts (`claims`), and whether outcome-only GRPO
-//! overthinks (`overthink`). Typed inputs (`RunStats`, `overthink::Run`), markdown out; `cargo
-//! xtask repro` reads the runs and writes docs/results.md with them, and research code can
-//! compute the same verdicts on its own runs without the CLI.
+//! The reproduction study's statistics as a library: per-seed paired differences, t intervals,
+//! sign-flip tests and Holm's correction (`stats`); v3's claims (`claims`, its report's α kept);
+//! v4's confirmatory claims as planned in docs/v4/plan.md (`confirmatory`), decided from the
+//! per-seed table docs/v4/seeds.csv (`seeds`), with each run's trajectory (`trajectory`) for
+//! CARE's premise checks (`premise`) and the effect sizes against the papers' (`effect`); and
+//! whether outcome-only GRPO overthinks (`overthink`). Typed inputs, markdown out; `cargo xtask
+//! repro` reads the runs and writes the reports with them, and research code can compute the
+//! same verdicts on its own runs.
 
 pub mod claims;
+pub mod confirmatory;
+pub mod effect;
 pub mod overthink;
+pub mod premise;
+pub mod recompute;
+pub mod seeds;
+pub mod stats;
+pub mod trajectory;
 
 pub use claims::{paired, Interval, RunStats, Verdict};

@@ -137,7 +137,7 @@ fn terse_modules(root: &Path, defines: &[(String, String)]) -> Result<Vec<Module
     Ok(out)
 }
 
-fn terse_defines(root: &Path) -> Result<Vec<(String, u64)>> {
+pub(crate) fn terse_defines(root: &Path) -> Result<Vec<(String, u64)>> {
     let checks = root.join("crates/model/src/kernel_checks.rs");
     let text = std::fs::read_to_string(&checks)
         .with_context(|| format!("reading {}", checks.display()))?;

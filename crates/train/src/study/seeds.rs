@@ -1,0 +1,198 @@
+//! The per-seed table of a study (docs/v4/seeds.csv): one row per (method, seed) with every
+//! metric the v4 tables read, Standard's included, so every interval and verdict of the report
+//! can be recomputed from the repository. Data flow: each run's metrics.jsonl -> [`from_run`]
+//! -> [`write_csv`] -> seeds.csv -> [`read_csv`] -> confirmatory.rs's report; recompute.rs checks a
+//! committed report against its CSV.
+
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One run's final numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedRow {
+    pub method: String,
+    /// The run's index in the study (`-s<index>`), the pairing key.
+    pub seed: u64,
+    /// Final evaluation pass@1, mean over levels.
+    pub accuracy: f64,
+    /// Final evaluation completion tokens.
+    pub eval_tokens: f64,
+    /// Rollout length: averaged over steps, and at the last step.
+    pub len_avg: f64,
+    pub len_last: f64,
+    /// Step-GRPO's share of rollouts that exited early, mean over steps (None without exits).
+    pub exit_rate: Option<f64>,
+    /// Final pass@1 and completion tokens by level, easiest first.
+    pub pass1_by_level: Vec<f64>,
+    pub tokens_by_level: Vec<f64>,
+}
+
+/// Reads one finished run's row from its metrics.jsonl.
+pub fn from_run(method: &str, seed: u64, metrics: &Path) -> Result<SeedRow> {
+    let steps = crate::report::read_steps(metrics)?;
+    let evals = crate::report::read_evals(metrics)?;
+    let last = evals
+        .last()
+        .with_context(|| format!("{} has no evaluation", metrics.display()))?;
+    let lens: Vec<f64> = steps
+        .iter()
+        .map(|l| l.len_mean.unwrap_or(f64::NAN))
+        .collect();
+    let rate = steps.iter().map(|l| l.early_exit).sum::<f64>() / steps.len().max(1) as f64;
+    Ok(SeedRow {
+        method: method.into(),
+        seed,
+        accuracy: last.report.accuracy,
+        eval_tokens: last.report.len_mean,
+        len_avg: terse_reward::metrics::averaged_by_steps(&lens).0,
+        len_last: lens.last().copied().unwrap_or(f64::NAN),
+        exit_rate: (rate > 0.0).then_some(rate),
+        pass1_by_level: last.report.by_level.iter().map(|l| l.pass1).collect(),
+        tokens_by_level: last.report.by_level.iter().map(|l| l.len_mean).collect(),
+    })
+}
+
+const FIXED: [&str; 7] = [
+    "method",
+    "seed",
+    "accuracy",
+    "eval_tokens",
+    "len_avg",
+    "len_last",
+    "exit_rate",
+];
+
+/// The CSV text: a header, then the rows in the order given. Numbers are written in Rust's
+/// shortest round-trip form, so reading them back gives the same f64 bits.
+pub fn write_csv(rows: &[SeedRow]) -> Result<String> {
+    let levels = rows.first().map_or(0, |r| r.pass1_by_level.len());
+    let mut s = FIXED.join(",");
+    for l in 1..=levels {
+        write!(s, ",pass1_L{l}")?;
+    }
+    for l in 1..=levels {
+        write!(s, ",tokens_L{l}")?;
+    }
+    s.push('\n');
+    for r in rows {
+        if r.pass1_by_level.len() != levels || r.tokens_by_level.len() != levels {
+            bail!(
+                "seeds.csv: {} seed {} has {} levels, the table {levels}",
+                r.method,
+                r.seed,
+                r.pass1_by_level.len()
+            );
+        }
+        if r.method.contains([',', '\n', '"']) {
+            bail!(
+                "seeds.csv: method name `{}` holds a comma or quote",
+                r.method
+            );
+        }
+        let exit = r.exit_rate.map_or(String::new(), |e| e.to_string());
+        write!(
+            s,
+            "{},{},{},{},{},{},{exit}",
+            r.method, r.seed, r.accuracy, r.eval_tokens, r.len_avg, r.len_last
+        )?;
+        for v in r.pass1_by_level.iter().chain(&r.tokens_by_level) {
+            write!(s, ",{v}")?;
+        }
+        s.push('\n');
+    }
+    Ok(s)
+}
+
+/// Parses seeds.csv text (`what` names it in errors) into each method's rows in seed order.
+pub fn read_csv(text: &str, what: &str) -> Result<BTreeMap<String, Vec<SeedRow>>> {
+    let mut lines = text.lines().enumerate();
+    let header: Vec<&str> = lines
+        .next()
+        .with_context(|| format!("{what}: empty file"))?
+        .1
+        .split(',')
+        .collect();
+    if header.len() < FIXED.len() || header[..FIXED.len()] != FIXED {
+        bail!("{what}: the header must start with {}", FIXED.join(","));
+    }
+    let levels = (header.len() - FIXED.len()) / 2;
+    let mut out: BTreeMap<String, Vec<SeedRow>> = BTreeMap::new();
+    for (no, line) in lines.filter(|(_, l)| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != header.len() {
+            bail!(
+                "{what}:{}: {} fields, the header has {}",
+                no + 1,
+                f.len(),
+                header.len()
+            );
+        }
+        let num = |i: usize| -> Result<f64> {
+            f[i].parse::<f64>().with_context(|| {
+                format!(
+                    "{what}:{}: {} = `{}` is not a number",
+                    no + 1,
+                    header[i],
+                    f[i]
+                )
+            })
+        };
+        let seed = f[1]
+            .parse::<u64>()
+            .with_context(|| format!("{what}:{}: seed = `{}` is not an integer", no + 1, f[1]))?;
+        let row = SeedRow {
+            method: f[0].to_string(),
+            seed,
+            accuracy: num(2)?,
+            eval_tokens: num(3)?,
+            len_avg: num(4)?,
+            len_last: num(5)?,
+            exit_rate: if f[6].is_empty() { None } else { Some(num(6)?) },
+            pass1_by_level: (0..levels)
+                .map(|l| num(FIXED.len() + l))
+                .collect::<Result<_>>()?,
+            tokens_by_level: (0..levels)
+                .map(|l| num(FIXED.len() + levels + l))
+                .collect::<Result<_>>()?,
+        };
+        out.entry(row.method.clone()).or_default().push(row);
+    }
+    for (m, rows) in &mut out {
+        rows.sort_by_key(|r| r.seed);
+        if rows.windows(2).any(|w| w[0].seed == w[1].seed) {
+            bail!("{what}: method {m} lists a seed twice");
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIXTURE_CSV: &str = include_str!("testdata/v3-fixture-seeds.csv");
+
+    #[test]
+    fn the_csv_round_trips_and_bad_input_names_the_place() {
+        let runs = read_csv(FIXTURE_CSV, "fixture").expect("csv");
+        let rows: Vec<SeedRow> = runs.values().flatten().cloned().collect();
+        let again = read_csv(&write_csv(&rows).expect("write"), "again").expect("read");
+        assert_eq!(runs, again);
+        let e = read_csv("method,seed\n", "x.csv")
+            .expect_err("bad header")
+            .to_string();
+        assert!(e.contains("x.csv") && e.contains("header"), "{e}");
+        let head = FIXTURE_CSV.lines().next().expect("header");
+        let bad = format!(
+            "{head}\nstandard,0,abc{}\n",
+            ",1".repeat(head.split(',').count() - 3)
+        );
+        let e = read_csv(&bad, "x.csv").expect_err("bad number").to_string();
+        assert!(
+            e.contains("x.csv:2") && e.contains("accuracy = `abc`"),
+            "{e}"
+        );
+    }
+}
