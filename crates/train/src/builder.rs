@@ -8,10 +8,10 @@
 //! trainers through the same builder (`assemble`), from the parts they loaded.
 
 use crate::config::RunConfig;
-use crate::loss::PolicyLoss;
-use crate::observe::Observer;
+use crate::records::observe::Observer;
+use crate::step::loss::PolicyLoss;
+use crate::step::trainer::GrpoTrainer;
 use crate::task::Task;
-use crate::trainer::GrpoTrainer;
 use anyhow::Result;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -123,15 +123,15 @@ impl TrainerBuilder {
         let (dev, dtype) = cfg.run.device_and_dtype()?;
         let path = cfg.model.path.clone();
         let mut policy = Qwen3::load(&path, &dev, dtype)?;
-        crate::load::add_configured_lora(cfg, &mut policy)?;
-        let reference = if crate::load::needs_reference(cfg) {
+        crate::run::load::add_configured_lora(cfg, &mut policy)?;
+        let reference = if crate::run::load::needs_reference(cfg) {
             Some(Qwen3::load(&path, &dev, dtype)?)
         } else {
             None
         };
         let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
         let task = self.take_task()?;
-        let tok = crate::load::load_tokenizer(&path)?;
+        let tok = crate::run::load::load_tokenizer(&path)?;
         let loaded = Loaded {
             tok,
             policy,
@@ -190,7 +190,7 @@ impl TrainerBuilder {
         };
         let mut policy = l.policy;
         policy.options = self.cfg.model.forward_options(policy.device());
-        let gen = crate::collect::rollout_params(&self.cfg, &policy, &l.tok)?;
+        let gen = crate::step::collect::rollout_params(&self.cfg, &policy, &l.tok)?;
         Ok(GrpoTrainer {
             cfg: self.cfg,
             task,

@@ -9,7 +9,7 @@
 //! the kind's names, raised before anything is loaded or written.
 
 use crate::config::{RunConfig, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, BUILTIN_SHAPERS};
-use crate::loss::PolicyLoss;
+use crate::step::loss::PolicyLoss;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};

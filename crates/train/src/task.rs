@@ -4,7 +4,7 @@
 
 use crate::config::{DataSection, MathScorer, TaskKind};
 use crate::data;
-use crate::score_fault::quiet_catch;
+use crate::step::score_fault::quiet_catch;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -316,7 +316,7 @@ impl Task {
                     correct,
                     base_reward: r,
                     format_ok: r > -3.0,
-                    fault: why.map(crate::score_fault::of_unverifiable),
+                    fault: why.map(crate::step::score_fault::of_unverifiable),
                     ..Default::default()
                 }
             }
@@ -333,7 +333,7 @@ impl Task {
                     correct: acc > 0.0,
                     base_reward: overall,
                     format_ok: format > 0.0,
-                    fault: why.map(crate::score_fault::of_unverifiable),
+                    fault: why.map(crate::step::score_fault::of_unverifiable),
                     ..Default::default()
                 }
             }
@@ -349,7 +349,7 @@ impl Task {
                     format_ok: boxed.is_some(),
                     fault: verdict
                         .and_then(math::Verdict::unverifiable)
-                        .map(crate::score_fault::of_unverifiable),
+                        .map(crate::step::score_fault::of_unverifiable),
                     ..Default::default()
                 }
             }
@@ -418,6 +418,7 @@ impl Task {
 
 mod rows;
 #[cfg(test)]
+#[path = "task_tests.rs"]
 mod tests;
 
 use rows::{fill, load, text_template};

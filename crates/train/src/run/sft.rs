@@ -3,15 +3,15 @@
 //! or alone (`cargo xtask sft`), leaving an HF-layout checkpoint a GRPO run can start from.
 //! On data-parallel ranks every rank takes part (its share of each batch, ZeRO-2 steps).
 
-use crate::batches::{gradients, MicroBatching, Objective, Seq};
-use crate::checkpoint::save_model_dir;
 use crate::config::RunConfig;
 use crate::data;
-use crate::load::{encode, init_model, load_tokenizer};
-use crate::loss::agg_weights;
-use crate::metrics::MetricsWriter;
-use crate::observe::{progress_bar, Observer};
+use crate::records::metrics::MetricsWriter;
+use crate::records::observe::{progress_bar, Observer};
 use crate::report::{MetricsLine, SftReport};
+use crate::run::checkpoint::save_model_dir;
+use crate::run::load::{encode, init_model, load_tokenizer};
+use crate::step::batches::{gradients, MicroBatching, Objective, Seq};
+use crate::step::loss::agg_weights;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use terse_dist::Collective;
@@ -28,11 +28,13 @@ pub fn sft_only(cfg: &RunConfig) -> Result<PathBuf> {
     }
     let (dev, dtype) = cfg.run.device_and_dtype()?;
     let dir = cfg.run.dir.join(&cfg.run.name);
-    let _lock = crate::lock::RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
+    let _lock = crate::run::lock::RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
     let tok = load_tokenizer(&cfg.model.path)?;
     let model = init_model(cfg, &dev, dtype)?;
-    let (mut metrics, _) =
-        MetricsWriter::open(&dir.join("sft_metrics.jsonl"), crate::metrics::Start::Fresh)?;
+    let (mut metrics, _) = MetricsWriter::open(
+        &dir.join("sft_metrics.jsonl"),
+        crate::records::metrics::Start::Fresh,
+    )?;
     sft(cfg, &model, &tok, &mut metrics, None)?;
     save_model_dir(&dir.join("sft"), &model, &cfg.model.path, |_| Ok(()))
 }
@@ -96,9 +98,9 @@ pub(crate) fn sft(
         let (mut grads, mut st) = gradients(model, part, Objective::Sft, micro)?;
         let norm = match dp.as_deref_mut() {
             Some(c) => {
-                st = crate::dp::all_reduce_stats(c, st)?;
+                st = crate::step::dp::all_reduce_stats(c, st)?;
                 let ok = st.loss.is_finite();
-                crate::zero::sharded_step(
+                crate::step::zero::sharded_step(
                     c,
                     model.vars(),
                     &mut opt,

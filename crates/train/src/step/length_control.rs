@@ -8,8 +8,8 @@
 //! judges them) -> `gfpo_filter` (in `GrpoTrainer::rollout`) -> shaping and advantages, which
 //! skip unscorable samples (terse_reward::shape_scorable, `Advantage::compute`).
 
-use crate::collect::{Collected, SampleExtra};
 use crate::config::Gfpo;
+use crate::step::collect::{Collected, SampleExtra};
 use anyhow::{bail, Result};
 use terse_reward::gfpo::keep_mask;
 use terse_reward::Group;

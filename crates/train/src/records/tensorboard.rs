@@ -7,7 +7,7 @@
 //! crate does the same through prost-build, whose build script needs a `protoc` binary these
 //! machines do not have; CRC-32C comes from the `crc` crate.
 
-use crate::observe::Observer;
+use crate::records::observe::Observer;
 use crate::report::MetricsLine;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;

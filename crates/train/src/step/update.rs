@@ -7,10 +7,10 @@
 //! the optimizer step is ZeRO-2 (`zero::sharded_step`: gradients reduce-scattered, the global
 //! norm clipped, each rank's parameter shard updated, the new weights all-gathered).
 
-use crate::batches::{gradients, logprobs, MicroBatching, Objective, Seq};
-use crate::collect::{Collected, SampleExtra};
 use crate::config::GrpoSection;
-use crate::loss::{agg_weights, LossStats, PolicyLoss, PpoParams};
+use crate::step::batches::{gradients, logprobs, MicroBatching, Objective, Seq};
+use crate::step::collect::{Collected, SampleExtra};
+use crate::step::loss::{agg_weights, LossStats, PolicyLoss, PpoParams};
 use anyhow::{bail, Result};
 use std::path::Path;
 use terse_dist::Collective;
@@ -31,7 +31,7 @@ pub struct UpdateStats {
     /// policy changes; later mini-batches see an updated policy).
     pub logp_gap: f64,
     /// Rollout correction's statistics over every rank's sequences (None when it is off).
-    pub correction: Option<crate::correction::CorrectionStats>,
+    pub correction: Option<crate::step::correction::CorrectionStats>,
 }
 
 /// The training sequences of the groups this rank holds (all of them on one process): prompt ⊕
@@ -111,7 +111,7 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
     let (logprob_s, correction) = prepare(g, model, reference, dp.as_deref_mut(), &mut seqs)?;
     (out.logprob_s, out.correction) = (logprob_s, correction);
     let ppo = PpoParams::from(g);
-    let gspo = crate::gspo::GspoParams::of_grpo(g);
+    let gspo = crate::step::gspo::GspoParams::of_grpo(g);
     let gs = g.group_size.max(1);
     let per_mb = g.mini_batch_prompts.unwrap_or(usize::MAX).max(1);
     let n_groups = extras.len() / gs;
@@ -206,9 +206,9 @@ impl Stepping<'_> {
         let local = dp.is_none();
         let grad_norm = match dp {
             Some(c) => {
-                st = crate::dp::all_reduce_stats(c, st)?;
+                st = crate::step::dp::all_reduce_stats(c, st)?;
                 let ok = st.loss.is_finite();
-                crate::zero::sharded_step(c, model.vars(), opt, &grads, g.grad_clip, lr, ok)?
+                crate::step::zero::sharded_step(c, model.vars(), opt, &grads, g.grad_clip, lr, ok)?
             }
             _ => clip_grad_norm(&mut grads, g.grad_clip)?,
         };
@@ -217,7 +217,7 @@ impl Stepping<'_> {
                 "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating; {}",
                 if st.loss.is_finite() { "gradient" } else { "loss" },
                 st.loss,
-                crate::checkpoint::last_good(self.run_dir)
+                crate::run::checkpoint::last_good(self.run_dir)
             );
         }
         if local {
@@ -228,7 +228,7 @@ impl Stepping<'_> {
         if let Some(name) = model.first_non_finite()? {
             bail!(
                 "step {step}: the update made the weights non-finite (first: {name}; learning rate {lr:e}); stopped before writing anything; {}",
-                crate::checkpoint::last_good(self.run_dir)
+                crate::run::checkpoint::last_good(self.run_dir)
             );
         }
         Ok((st, grad_norm))
@@ -261,7 +261,7 @@ fn prepare<'c>(
     reference: Option<&Qwen3>,
     dp: Option<&mut (dyn Collective + 'c)>,
     seqs: &mut [Seq],
-) -> Result<(f64, Option<crate::correction::CorrectionStats>)> {
+) -> Result<(f64, Option<crate::step::correction::CorrectionStats>)> {
     let mut logprob_s = 0.0;
     let lora_reference = reference.is_none() && g.kl_coef > 0.0 && model.lora().is_some();
     if let Some(r) = reference.or(lora_reference.then_some(model)) {
@@ -282,9 +282,9 @@ fn prepare<'c>(
     // The old policy's log-probs as the trainer computes them, before any update.
     let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
     let trainer_lp = logprobs(model, seqs, how)?;
-    let st = crate::correction::apply(rc, seqs, &trainer_lp);
+    let st = crate::step::correction::apply(rc, seqs, &trainer_lp);
     let st = match dp {
-        Some(c) => crate::dp::all_reduce_correction(c, st)?,
+        Some(c) => crate::step::dp::all_reduce_correction(c, st)?,
         None => st,
     };
     Ok((logprob_s, Some(st)))

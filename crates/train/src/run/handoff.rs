@@ -6,8 +6,8 @@
 
 use crate::builder::Loaded;
 use crate::config::RunConfig;
-use crate::trainer::GrpoTrainer;
-use crate::zero::Partition;
+use crate::step::trainer::GrpoTrainer;
+use crate::step::zero::Partition;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};

@@ -4,13 +4,13 @@
 //! retention; the PNG curves. Data flow: a run config + checkpoint directories -> eval.rs's
 //! sampling and verdicts -> here -> eval_table.rs's markdown and JSON.
 
-use crate::collect::gen_params;
 use crate::config::{Init, RunConfig};
-use crate::eval::{level_report, sample_levels, summarize, verdicts, EvalReport};
-use crate::eval_budget::{finished_within, AtBudget, Forcing};
-use crate::eval_metrics::{
+use crate::eval::budget::{finished_within, AtBudget, Forcing};
+use crate::eval::metrics::{
     aes, efficiency, pass_k_retention, Aes, AesWeights, Efficiency, SampleOutcome,
 };
+use crate::eval::{level_report, sample_levels, summarize, verdicts, EvalReport};
+use crate::step::collect::gen_params;
 use crate::task::Task;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -244,7 +244,7 @@ fn evaluate_dir(cfg: &RunConfig, dir: &Path, budgets: &[usize]) -> Result<ModelE
     let (dev, dtype) = cfg.run.device_and_dtype()?;
     let model = Qwen3::load(dir, &dev, dtype)
         .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
-    let tok = crate::load::load_tokenizer(dir)?;
+    let tok = crate::run::load::load_tokenizer(dir)?;
     evaluate_model(&cfg, &task, &model, &tok, budgets)
 }
 
@@ -293,9 +293,9 @@ fn plots(dir: &Path, m: &ModelEval, b: Option<&ModelEval>) -> Result<Vec<PathBuf
         .collect();
     let reports: Vec<(String, &EvalReport)> =
         runs.iter().map(|(n, r)| (n.clone(), &r.report)).collect();
-    let mut out = crate::plot::plot_eval(dir, &reports)?;
+    let mut out = crate::records::plot::plot_eval(dir, &reports)?;
     if !m.budgets.is_empty() {
-        let curves: Vec<(String, crate::plot::Series)> = runs
+        let curves: Vec<(String, crate::records::plot::Series)> = runs
             .iter()
             .map(|(n, r)| {
                 let pts = r
@@ -307,7 +307,7 @@ fn plots(dir: &Path, m: &ModelEval, b: Option<&ModelEval>) -> Result<Vec<PathBuf
             })
             .collect();
         let path = dir.join("eval_budgets.png");
-        crate::plot::line_chart(
+        crate::records::plot::line_chart(
             &path,
             "Accuracy at a token budget (answer forced at the cut)",
             "token budget",

@@ -4,13 +4,13 @@
 //! AdamW, the task, the tokenizer and the data cursor; knows nothing of files (run.rs writes
 //! checkpoints and metrics around it).
 
-use crate::collect::{collect, Collected};
 use crate::config::RunConfig;
-use crate::failure::SampleFault;
-use crate::loss::PolicyLoss;
 use crate::report::{StepReport, Timing};
+use crate::run::failure::SampleFault;
+use crate::step::collect::{collect, Collected};
+use crate::step::loss::PolicyLoss;
+use crate::step::update::{policy_update, sequences, Learner, UpdateBatch, UpdateStats};
 use crate::task::Task;
-use crate::update::{policy_update, sequences, Learner, UpdateBatch, UpdateStats};
 use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -134,7 +134,7 @@ impl GrpoTrainer {
         })?;
         // GFPO: train on the kept samples of each group alone (length_control.rs).
         if let Some(f) = &self.cfg.grpo.gfpo {
-            crate::length_control::gfpo_filter(f, &mut c, self.cfg.grpo.group_size)?;
+            crate::step::length_control::gfpo_filter(f, &mut c, self.cfg.grpo.group_size)?;
         }
         Ok(c)
     }
@@ -211,7 +211,7 @@ impl GrpoTrainer {
     }
 
     fn last_good(&self) -> String {
-        crate::checkpoint::last_good(self.run_dir.as_deref())
+        crate::run::checkpoint::last_good(self.run_dir.as_deref())
     }
 
     /// One whole GRPO step; advances the step and the data cursor.

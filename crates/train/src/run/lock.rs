@@ -159,4 +159,5 @@ impl Drop for RunLock {
 }
 
 #[cfg(test)]
+#[path = "lock_tests.rs"]
 mod tests;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+static FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();

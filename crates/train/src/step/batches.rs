@@ -3,7 +3,7 @@
 //! completion tokens are scored with the fused log-prob path, a loss with global weights,
 //! backward, and gradient accumulation. The same function serves SFT and GRPO.
 
-use crate::loss::{sft_loss, LossInputs, LossStats, PolicyLoss, PpoParams};
+use crate::step::loss::{sft_loss, LossInputs, LossStats, PolicyLoss, PpoParams};
 use candle_core::{Result, Tensor};
 use terse_model::{Batch, Padding, Qwen3};
 use terse_optim::{accumulate, Grads};

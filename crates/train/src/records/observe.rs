@@ -3,7 +3,7 @@
 //! at the end — and research code adds its own (`TrainerBuilder::observer`). The loop in run.rs hands
 //! each record to every observer in order.
 
-use crate::metrics::MetricsWriter;
+use crate::records::metrics::MetricsWriter;
 use crate::report::MetricsLine;
 use anyhow::Result;
 use std::path::Path;
@@ -87,7 +87,7 @@ impl Observer for Plots {
     }
 
     fn finish(&mut self, run_dir: &Path) -> Result<()> {
-        if let Err(e) = crate::plot::plot_run(&run_dir.join("metrics.jsonl"), run_dir) {
+        if let Err(e) = crate::records::plot::plot_run(&run_dir.join("metrics.jsonl"), run_dir) {
             tracing::warn!("{e:#}");
         }
         Ok(())

@@ -11,7 +11,7 @@
 //! with one advantage per sequence (GRPO's) its gradient equals GSPO's (paper §4.3).
 
 use crate::config::{GrpoSection, KlEstimator, PolicyLossKind};
-use crate::loss::{clip_counts, finish, LossInputs, LossStats, PolicyLoss};
+use crate::step::loss::{clip_counts, finish, LossInputs, LossStats, PolicyLoss};
 use candle_core::{Result, Tensor};
 
 /// GSPO's settings (the TOML face: `grpo.loss`, `grpo.gspo_clip_low` / `_high`, the KL).

@@ -5,7 +5,7 @@
 //! mini-batch (to float rounding). The tests here also check the split rollout (collect.rs)
 //! and whole data-parallel steps (ZeRO-2 in zero.rs) against one process.
 
-use crate::loss::LossStats;
+use crate::step::loss::LossStats;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, Var};
 use std::collections::BTreeMap;
@@ -74,15 +74,15 @@ pub fn all_reduce_stats(c: &mut dyn Collective, st: LossStats) -> Result<LossSta
 /// Rollout correction's statistics over every rank: sums, and the largest ratio.
 pub fn all_reduce_correction(
     c: &mut dyn Collective,
-    st: crate::correction::CorrectionStats,
-) -> Result<crate::correction::CorrectionStats> {
+    st: crate::step::correction::CorrectionStats,
+) -> Result<crate::step::correction::CorrectionStats> {
     let mut v = [st.gap_sum, st.tokens as f64, st.capped as f64];
     c.all_reduce_sum_f64(&mut v)
         .with_context(|| format!("rank {}: summing rollout-correction statistics", c.rank()))?;
     let maxima = c
         .all_gather(&[st.ratio_max as f32])
         .with_context(|| format!("rank {}: gathering the largest ratios", c.rank()))?;
-    Ok(crate::correction::CorrectionStats {
+    Ok(crate::step::correction::CorrectionStats {
         gap_sum: v[0],
         tokens: v[1] as usize,
         capped: v[2] as usize,
@@ -95,9 +95,9 @@ pub fn all_reduce_correction(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batches::{gradients, MicroBatching, Objective, Seq};
     use crate::config::{GrpoSection, LossAgg};
-    use crate::loss::{agg_weights, PpoParams};
+    use crate::step::batches::{gradients, MicroBatching, Objective, Seq};
+    use crate::step::loss::{agg_weights, PpoParams};
     use std::time::Duration;
     use terse_dist::TcpGroup;
     use terse_model::testing::relative_diff;

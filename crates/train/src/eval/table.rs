@@ -3,7 +3,7 @@
 //! (AES with its constants, pass@k retention) and accuracy by token budget, in markdown; and
 //! the same as one JSON object for `--json`.
 
-use crate::eval_protocol::{EvalOutcome, ModelEval};
+use crate::eval::protocol::{EvalOutcome, ModelEval};
 use std::fmt::Write as _;
 
 /// `x` with `digits` decimals, or "-" when undefined.
@@ -226,9 +226,9 @@ pub fn json(o: &EvalOutcome) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::eval::metrics::{efficiency, AesWeights, SampleOutcome};
+    use crate::eval::protocol::{versus, BudgetPoint, Protocol, Setup};
     use crate::eval::{EvalReport, LevelReport};
-    use crate::eval_metrics::{efficiency, AesWeights, SampleOutcome};
-    use crate::eval_protocol::{versus, BudgetPoint, Protocol, Setup};
 
     fn run(len: usize, correct: bool) -> ModelEval {
         let s = SampleOutcome {

@@ -3,14 +3,14 @@
 //! (metrics.jsonl, progress bar, TensorBoard, plots), checkpoints and evaluations around it.
 
 use crate::builder::TrainerBuilder;
-use crate::checkpoint::{prune, save_checkpoint, TrainState};
 use crate::config::RunConfig;
 use crate::eval::{evaluate, EvalReport};
-use crate::metrics::mid_run_eval;
-use crate::observe::{Observer, Plots, Progress};
+use crate::records::metrics::mid_run_eval;
+use crate::records::observe::{Observer, Plots, Progress};
 use crate::report::{read_steps, EvalLine, MetricsLine};
-use crate::start::{start, Started};
-use crate::trainer::GrpoTrainer;
+use crate::run::checkpoint::{prune, save_checkpoint, TrainState};
+use crate::run::start::{start, Started};
+use crate::step::trainer::GrpoTrainer;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -54,7 +54,7 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     } = start(&mut b, extra, terse_dist::lend(&mut collective))?;
     if let Some(c) = collective.as_deref_mut() {
         let shaper = b.shaper_mut()?.state();
-        crate::handoff::send_start(&b.cfg, &loaded, shaper, c)?;
+        crate::run::handoff::send_start(&b.cfg, &loaded, shaper, c)?;
     }
     b.collective = collective;
     let mut trainer = b.assemble(task, loaded)?;
@@ -80,12 +80,12 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     };
     if let Err(e) = drive(&mut trainer, &mut leader) {
         // A failure that repeats on resume is named, with the sample that causes it.
-        return Err(crate::failure::record(&dir, trainer.step, e));
+        return Err(crate::run::failure::record(&dir, trainer.step, e));
     }
     let after = eval_of(&trainer)?;
     observers.record(&eval_line(steps, &after))?;
     observers.finish(&dir)?;
-    crate::failure::clear(&dir)?;
+    crate::run::failure::clear(&dir)?;
     // The summary reads the whole run's steps (a resumed run's earlier ones too).
     let steps_read = read_steps(&dir.join("metrics.jsonl"))?;
     let lens: Vec<f64> = steps_read.iter().filter_map(|s| s.len_mean).collect();
@@ -118,7 +118,7 @@ pub(crate) fn drive(t: &mut GrpoTrainer, role: &mut dyn Role) -> Result<()> {
         let report = t.step()?;
         role.stepped(report)?;
         let done = t.step;
-        if crate::handoff::checkpoint_due(done, steps, ckpt_every) {
+        if crate::run::handoff::checkpoint_due(done, steps, ckpt_every) {
             role.checkpoint(t)?;
         }
         if mid_run_eval(done, steps, every) {
@@ -130,7 +130,7 @@ pub(crate) fn drive(t: &mut GrpoTrainer, role: &mut dyn Role) -> Result<()> {
 
 /// Rank 0 (or the only process): writes.
 struct Leader<'a> {
-    observers: &'a mut crate::observe::Observers,
+    observers: &'a mut crate::records::observe::Observers,
     dir: &'a Path,
 }
 
@@ -154,7 +154,7 @@ impl Role for Follower {
         Ok(())
     }
     fn checkpoint(&mut self, t: &mut GrpoTrainer) -> Result<()> {
-        crate::handoff::gather_optimizer(t).map(|_| ())
+        crate::run::handoff::gather_optimizer(t).map(|_| ())
     }
     fn evaluate(&mut self, _: &GrpoTrainer) -> Result<()> {
         Ok(())
@@ -176,7 +176,7 @@ fn save(t: &mut GrpoTrainer, dir: &Path) -> Result<()> {
         data_cursor: Some(t.cursor),
     };
     let opt =
-        crate::handoff::gather_optimizer(t)?.context("rank 0 holds the gathered optimizer")?;
+        crate::run::handoff::gather_optimizer(t)?.context("rank 0 holds the gathered optimizer")?;
     save_checkpoint(dir, t.step, &t.policy, &opt, &state, &t.cfg.model.path)?;
     prune(dir, t.cfg.checkpoint.keep_last)
 }

@@ -8,8 +8,8 @@
 //! per token or per sequence (the product of the token ratios). The loss (loss.rs `finish`)
 //! multiplies each token's policy-gradient term by that weight. Pure: no tensors.
 
-use crate::batches::Seq;
 use crate::config::{CorrectionLevel, CorrectionMethod, RolloutCorrection};
+use crate::step::batches::Seq;
 
 /// What the correction saw over one step's sequences (this rank's).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

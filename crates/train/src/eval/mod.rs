@@ -3,10 +3,15 @@
 //! `cargo xtask eval` call [`evaluate`]; the protocol evaluation (eval_protocol.rs: R1 sampling,
 //! token budgets, efficiency metrics) reuses its sampling and per-level aggregation.
 
-use crate::collect::gen_params;
+pub(crate) mod budget;
+pub(crate) mod metrics;
+pub(crate) mod protocol;
+pub(crate) mod table;
+
 use crate::config::RunConfig;
 use crate::data;
-use crate::load::encode;
+use crate::run::load::encode;
+use crate::step::collect::gen_params;
 use crate::task::{Item, Task};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};

@@ -4,15 +4,15 @@
 //! failed start loses nothing. Fresh runs get their SFT warm-up and step 0's checkpoint here.
 
 use crate::builder::{Loaded, TrainerBuilder};
-use crate::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
 use crate::config::{Resume, RunConfig};
-use crate::load::{encode, init_model, load_tokenizer};
-use crate::lock::RunLock;
-use crate::metrics::{MetricsWriter, Start};
-use crate::observe::{Observer, Observers};
-use crate::sft::sft;
+use crate::records::metrics::{MetricsWriter, Start};
+use crate::records::observe::{Observer, Observers};
+use crate::records::tensorboard::TensorBoard;
+use crate::run::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
+use crate::run::load::{encode, init_model, load_tokenizer};
+use crate::run::lock::RunLock;
+use crate::run::sft::sft;
 use crate::task::Task;
-use crate::tensorboard::TensorBoard;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use terse_model::Qwen3;
@@ -127,7 +127,7 @@ fn check_fits(
     }
     // On a GPU, the memory plan before any weight is loaded: a run that cannot fit stops here.
     if let Some((free, total)) = terse_model::device::memory(dev) {
-        crate::plan::check_device(cfg, longest.get(), free, total)?;
+        crate::plan::memory::check_device(cfg, longest.get(), free, total)?;
     }
     Ok(())
 }
@@ -243,14 +243,14 @@ fn begin(
             reference,
         } => {
             if let Some(c) = dp {
-                crate::handoff::announce_sft(c, None)?;
+                crate::run::handoff::announce_sft(c, None)?;
             }
             (policy, step, cursor, opt, reference)
         }
         Origin::Fresh(m) => {
             let warm_up = cfg.sft.steps > 0;
             if let Some(c) = dp.as_deref_mut() {
-                crate::handoff::announce_sft(c, warm_up.then_some(&m))?;
+                crate::run::handoff::announce_sft(c, warm_up.then_some(&m))?;
             }
             if warm_up {
                 sft(cfg, &m, tok, observers, dp)?;
@@ -278,7 +278,7 @@ fn resume_point(
 ) -> Result<Option<(PathBuf, TrainState, Qwen3)>> {
     for ckpt in checkpoints_newest_first(dir)? {
         let state = read_state(&ckpt)?;
-        let m = crate::load::load_checkpoint_model(cfg, &ckpt, dev, dtype)?;
+        let m = crate::run::load::load_checkpoint_model(cfg, &ckpt, dev, dtype)?;
         match m.first_non_finite()? {
             None => return Ok(Some((ckpt, state, m))),
             Some(name) => tracing::warn!(
@@ -312,10 +312,10 @@ fn load_reference(
     dev: &candle_core::Device,
     dtype: candle_core::DType,
 ) -> Result<Option<Qwen3>> {
-    if !crate::load::needs_reference(cfg) {
+    if !crate::run::load::needs_reference(cfg) {
         return Ok(None);
     }
-    let path = dir.join(crate::checkpoint::step_name(0));
+    let path = dir.join(crate::run::checkpoint::step_name(0));
     let m = Qwen3::load(&path, dev, dtype)
         .with_context(|| format!("loading the KL reference {}", path.display()))?;
     Ok(Some(m))

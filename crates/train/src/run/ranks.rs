@@ -14,16 +14,16 @@
 
 use crate::builder::{Loaded, TrainerBuilder};
 use crate::config::RunConfig;
-use crate::handoff::{receive_header, receive_weights};
-use crate::load::{init_model, load_tokenizer};
-use crate::run::RunSummary;
+use crate::run::handoff::{receive_header, receive_weights};
+use crate::run::load::{init_model, load_tokenizer};
+use crate::run::run_loop::RunSummary;
 use anyhow::{Context, Result};
 use terse_optim::AdamW;
 
 /// The observer of a rank that writes nothing.
 struct NoRecords;
 
-impl crate::observe::Observer for NoRecords {
+impl crate::records::observe::Observer for NoRecords {
     fn record(&mut self, _: &crate::report::MetricsLine) -> Result<()> {
         Ok(())
     }
@@ -37,7 +37,7 @@ impl TrainerBuilder {
     pub fn run(self) -> Result<Option<RunSummary>> {
         match &self.collective {
             Some(c) if c.rank() != 0 => follow(self).map(|()| None),
-            _ => crate::run::train_loop(self).map(Some),
+            _ => crate::run::run_loop::train_loop(self).map(Some),
         }
     }
 }
@@ -70,7 +70,7 @@ fn follow(mut b: TrainerBuilder) -> Result<()> {
         let model = init_model(&cfg, &dev, dtype)?;
         receive_weights(&mut *c, model.vars(), "weights to warm up")?;
         let tok = load_tokenizer(&cfg.model.path)?;
-        crate::sft::sft(&cfg, &model, &tok, &mut NoRecords, Some(&mut *c))?;
+        crate::run::sft::sft(&cfg, &model, &tok, &mut NoRecords, Some(&mut *c))?;
     }
     let (header, mut cfg) = receive_header(&mut *c, mine)?;
     // The trained weights come from rank 0. The device is this rank's own (the launcher gives
@@ -108,5 +108,5 @@ fn follow(mut b: TrainerBuilder) -> Result<()> {
         run_dir: None,
     };
     let mut t = b.assemble(task, loaded)?;
-    crate::run::drive(&mut t, &mut crate::run::Follower)
+    crate::run::run_loop::drive(&mut t, &mut crate::run::run_loop::Follower)
 }
