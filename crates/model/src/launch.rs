@@ -335,6 +335,27 @@ pub fn flash_tc_bwd_dkdv(dm: FlashDims) -> Launch {
     )
 }
 
+/// Keys per tile of `flash_fa2_fwd_*`: kernels/flash_fa2.cu's `FA2_KEYS` (crates/simt's
+/// tests check the two agree).
+pub const FLASH_FA2_KEYS: usize = 64;
+
+/// Dynamic shared memory of `flash_fa2_fwd_d{d}`: 2 stages x (K, V) x FLASH_FA2_KEYS rows of
+/// d + 8 bf16 (the padded rows of kernels/flash_fa2.cu): 36,864 bytes at d = 64, 69,632 at 128.
+pub fn flash_fa2_shared(d: usize) -> u32 {
+    (2 * 2 * FLASH_FA2_KEYS * (d + 8) * 2) as u32
+}
+
+/// bf16, head size 64 or 128 (`flash_tc_covers`): the forward in FlashAttention-2's structure
+/// (kernels/flash_fa2.cu), rows and grid as `flash_tc_fwd`. Buffers as `flash_fwd`.
+pub fn flash_fa2_fwd(dm: FlashDims) -> Launch {
+    let args = bufs(6).chain(tc_tail(&dm)).collect();
+    Launch {
+        module: "flash_fa2",
+        shared: flash_fa2_shared(dm.d),
+        ..flash_tc_rows(format!("flash_fa2_fwd_d{}", dm.d), dm.t, dm.b * dm.hq, args)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

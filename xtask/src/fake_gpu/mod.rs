@@ -117,6 +117,7 @@ const TESTS: &[(&str, &[&str])] = &[
         &["-l:libnccl.so.2", "-l:libcuda.so.1", "-lrt", "-pthread"],
     ),
     ("kernels_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
+    ("flash_fa2_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
 ];
 
 pub fn run(args: Args) -> Result<ExitCode> {

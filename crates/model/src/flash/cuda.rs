@@ -1,6 +1,9 @@
 //! Launches of kernels/flash_attn.cu behind the flash custom ops (the `cuda` feature only):
 //! the forward (out, lse), then for the backward delta = rowsum(dO * O), dQ per query row and
 //! dK/dV per key row. q/k/v f32 or bf16, contiguous; everything the kernels write is f32.
+//! bf16 at head sizes 64 and 128 takes the tensor-core kernels (`super::tensor_cores`): the
+//! forward of kernels/flash_fa2.cu (FlashAttention-2's structure; `TERSE_FLASH_FA2=0` takes
+//! flash_tc.cu's instead, the reference it replaces) and flash_tc.cu's backward.
 
 #![allow(unsafe_code)] // kernel launches into device buffers the kernels fill
 
@@ -31,6 +34,15 @@ fn check(dm: Dims) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether the tensor-core forward is kernels/flash_fa2.cu's (the default) or flash_tc.cu's
+/// (`TERSE_FLASH_FA2=0`, read once: the fallback if the new kernel faults on a device).
+fn fa2_forward() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        super::tensor_cores_by_default(std::env::var("TERSE_FLASH_FA2").ok().as_deref())
+    })
 }
 
 /// A contiguous f32 or u32 tensor's device buffer, read under its storage lock.
@@ -69,7 +81,15 @@ pub(super) fn forward(
         let dev: &CudaDevice = q.0.device();
         // Tensor cores for bf16 at head sizes 64 and 128; the scalar kernel otherwise.
         let l = if launch::flash_tc_covers(st, dm.d) && super::tensor_cores() {
-            launch::flash_tc_fwd(dm)
+            // cp.async copies 16 bytes: K and V rows must start 16-byte aligned (candle's
+            // allocations are; a view starting at a multiple of 8 bf16 keeps them so).
+            let aligned =
+                k.1.start_offset().is_multiple_of(8) && v.1.start_offset().is_multiple_of(8);
+            if fa2_forward() && aligned {
+                launch::flash_fa2_fwd(dm)
+            } else {
+                launch::flash_tc_fwd(dm)
+            }
         } else {
             launch::flash_fwd(st, dm)
         };

@@ -46,6 +46,7 @@ pub(crate) fn module_ptx(module: &str) -> Result<&'static str> {
         "paged_attention" => ptx::PAGED_ATTENTION,
         "flash_attn" => ptx::FLASH_ATTN,
         "flash_tc" => ptx::FLASH_TC,
+        "flash_fa2" => ptx::FLASH_FA2,
         other => crate::fail!("no PTX module for kernels/{other}.cu"),
     })
 }

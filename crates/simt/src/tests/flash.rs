@@ -9,26 +9,26 @@ use terse_model::launch::{self, FlashDims, Storage};
 use terse_model::testing::references as r;
 
 /// Per (row, query position), the first key it attends.
-fn causal(b: usize, t: usize) -> Vec<u32> {
+pub(super) fn causal(b: usize, t: usize) -> Vec<u32> {
     vec![0; b * t]
 }
 
 /// Left padding of `pad[r]` tokens: padding rows attend nothing (start i + 1).
-fn left(t: usize, pad: &[usize]) -> Vec<u32> {
+pub(super) fn left(t: usize, pad: &[usize]) -> Vec<u32> {
     pad.iter()
         .flat_map(|&p| (0..t).map(move |i| if i < p { i as u32 + 1 } else { p as u32 }))
         .collect()
 }
 
 /// Right padding after `len[r]` real tokens.
-fn right(t: usize, len: &[usize]) -> Vec<u32> {
+pub(super) fn right(t: usize, len: &[usize]) -> Vec<u32> {
     len.iter()
         .flat_map(|&l| (0..t).map(move |i| if i < l { 0 } else { i as u32 + 1 }))
         .collect()
 }
 
 /// One row of sequences of `lens`, packed: each row starts at its sequence's first token.
-fn packed(lens: &[usize]) -> Vec<u32> {
+pub(super) fn packed(lens: &[usize]) -> Vec<u32> {
     let mut out = vec![];
     let mut at = 0u32;
     for &l in lens {
@@ -40,7 +40,7 @@ fn packed(lens: &[usize]) -> Vec<u32> {
 
 /// lse may be −∞ (rows with no key): those must match exactly, the rest within `tol`.
 #[track_caller]
-fn close_lse(got: &[f32], want: &[f32], tol: f32) {
+pub(super) fn close_lse(got: &[f32], want: &[f32], tol: f32) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let ok = if w.is_finite() {
             (g - w).abs() <= tol

@@ -9,6 +9,7 @@
 mod coverage;
 mod decode;
 mod flash;
+mod flash_fa2;
 mod fragments;
 mod norm;
 
