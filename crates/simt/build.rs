@@ -80,10 +80,10 @@ fn main() {
     println!("cargo::rerun-if-changed={}", kernels.display());
     println!("cargo::rerun-if-changed={}", shim.display());
     println!("cargo::rerun-if-env-changed=TERSE_SIMT_SANITIZE");
-    let checks = root.join("crates/model/src/kernel_checks.rs");
+    let checks = root.join("crates/model/src/kernels/geometry.rs");
     println!("cargo::rerun-if-changed={}", checks.display());
     let defines =
-        geometry::kernel_defines(&std::fs::read_to_string(&checks).expect("kernel_checks.rs"));
+        geometry::kernel_defines(&std::fs::read_to_string(&checks).expect("kernels/geometry.rs"));
 
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
         .expect("kernels/")

@@ -6,13 +6,13 @@
 //! (evaluation, small vocabularies). Attention is flash attention over key ranges where the
 //! device and dtype have it (`flash/`), else the composite reference. `logprob_backward`
 //! (backward.rs) is the training step's forward+backward, with layer checkpointing;
-//! `forward_cached` (cached.rs) runs the same blocks over new slots of a `KvCache`.
+//! `forward_cached` (cache/forward.rs) runs the same blocks over new slots of a `KvCache`.
 
 use crate::batch::Batch;
 use crate::checkpoint::{read_weights, write_checkpoint, SaveOptions};
 use crate::config::Config;
-use crate::flash::{self, KeyRanges};
-use crate::fused;
+use crate::kernels as fused;
+use crate::kernels::flash::{self, KeyRanges};
 use crate::logprob;
 use crate::ops::{attention_bias, gqa_attention, rms_norm, rope, rope_tables};
 use candle_core::{DType, Device, Result, Tensor, Var};
@@ -70,7 +70,7 @@ pub(crate) enum LayerKv<'a> {
     Paged(
         &'a Tensor,
         &'a Tensor,
-        &'a std::sync::Arc<crate::fused::paged::PagedMeta>,
+        &'a std::sync::Arc<crate::kernels::PagedMeta>,
     ),
 }
 
@@ -357,10 +357,9 @@ impl Qwen3 {
             None => (k, v),
             Some(LayerKv::Paged(pk, pv, meta)) => {
                 // One new token per sequence, into its block; attention over its block table.
-                crate::fused::paged::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
-                crate::fused::paged::paged_kv_write(pv, &v.squeeze(2)?, meta)?;
-                let attn =
-                    crate::fused::paged::paged_decode_attention(&q.squeeze(2)?, pk, pv, meta)?; // (B, Hq, hd)
+                fused::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
+                fused::paged_kv_write(pv, &v.squeeze(2)?, meta)?;
+                let attn = fused::paged_decode_attention(&q.squeeze(2)?, pk, pv, meta)?; // (B, Hq, hd)
                 let attn = attn.reshape((b, 1, hq * hd))?;
                 let x =
                     (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;

@@ -1,5 +1,5 @@
-//! The CPU references of kernels.rs against the composite candle ops (ops.rs).
-use super::*;
+//! The CPU references of the kernel families against the composite candle ops (ops.rs).
+use super::references::*;
 use crate::ops;
 use candle_core::{DType, Device, Tensor, Var};
 

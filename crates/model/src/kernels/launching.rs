@@ -5,7 +5,7 @@
 
 #![allow(unsafe_code)] // kernel launches
 
-use crate::launch::{Arg, Launch, Storage as Store};
+use super::describe::{Arg, Launch, Storage as Store};
 use candle_core::cuda_backend::cudarc::driver::{
     CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
 };
@@ -57,7 +57,7 @@ macro_rules! func {
         $dev.get_or_load_custom_func(
             &$l.kernel,
             &format!("terse_{}", $l.module),
-            crate::fused::launching::module_ptx($l.module)?,
+            crate::kernels::launching::module_ptx($l.module)?,
         )
     };
 }

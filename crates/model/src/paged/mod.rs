@@ -5,10 +5,16 @@
 //!
 //! Data flow: rollout's scheduler reserves blocks (`reserve`), forks tables (`fork`, prompt
 //! prefixes and Step-GRPO probes; `fork_prefix`, a probe that leaves out the trigger) and
-//! releases them (`release`); `Qwen3::forward_paged` (paged_forward.rs) writes each new token's
-//! K/V into its table's blocks and attends over them.
+//! releases them (`release`); `Qwen3::forward_paged` (forward.rs) writes each new token's
+//! K/V into its table's blocks and attends over them, through the CPU step (decode/paged.rs),
+//! the kernels (fused_step.rs, kernels/paged_attention.rs) or the composite reference.
 
+mod forward;
+mod fused_step;
+
+pub use crate::kernels::paged_attention::PagedMeta;
 use candle_core::{DType, Device, Result, Tensor};
+pub use forward::PagedSeq;
 
 /// The blocks of one sequence, in order, and how many tokens they hold. Made empty
 /// (`BlockTable::default`), grown by `PagedKvCache::reserve` + `forward_paged`, copied only by
@@ -270,19 +276,6 @@ impl PagedKvCache {
     }
 }
 
-/// One step's block tables, a row per new token: row r attends `lens[r]` slots of its
-/// sequence's blocks (`tables[r * maxb..]`, padded with block 0) and writes its token's K/V at
-/// `slots[r]`.
-pub struct PagedMeta {
-    pub(crate) tables: Vec<u32>,
-    pub(crate) maxb: usize,
-    pub(crate) lens: Vec<u32>,
-    pub(crate) slots: Vec<u32>,
-    /// The same three on the pools' device (u32, read as i32 by the kernels).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) dev: [Tensor; 3],
-}
-
 impl PagedMeta {
     /// One row per new token: `rows[i]` = (its sequence's table, its position). The row writes
     /// its K/V at that position and attends to positions 0..=it of its table, so a prefill
@@ -314,7 +307,13 @@ impl PagedMeta {
             lens.push((pos + 1) as u32);
             slots.push(t.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
         }
-        crate::kernel_checks::paged_tables(&flat, maxb, &lens, &slots, [cache.num_blocks(), bs])?;
+        crate::kernels::paged_attention::check::paged_tables(
+            &flat,
+            maxb,
+            &lens,
+            &slots,
+            [cache.num_blocks(), bs],
+        )?;
         let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
         let dev = [up(&flat)?, up(&lens)?, up(&slots)?];
         Ok(Self {

@@ -4,9 +4,13 @@
 //! advance through the same slot index; rows at different positions are expressed by per-row
 //! position ids and a per-row validity mask (left padding, injected or finished rows), so one
 //! decode step is one batched forward. `select_rows` copies rows (a prompt's prefill into its G
-//! samples) or drops them (finished samples stop costing compute).
+//! samples) or drops them (finished samples stop costing compute). Its forward, `forward_cached`,
+//! is forward.rs.
+
+mod forward;
 
 use candle_core::{DType, Device, Result, Tensor};
+pub(crate) use forward::DecodePath;
 
 /// Per-layer K/V buffers plus which slots of each row hold real tokens. A cache belongs to the
 /// weights it was filled with: after an optimizer step, make a new one (and a new

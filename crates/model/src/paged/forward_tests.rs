@@ -1,8 +1,8 @@
-//! Tests of the paged KV cache (paged.rs) and `forward_paged` (paged_forward.rs): block-table
+//! Tests of the paged KV cache (mod.rs) and `forward_paged` (forward.rs): block-table
 //! bookkeeping, the CPU step against the preallocated cache and the composite reference, chunked
 //! prefill against token-by-token decoding, and independence from the other sequences.
 
-use crate::paged_forward::PagedPath;
+use crate::paged::forward::PagedPath;
 use crate::{BlockTable, Config, PagedKvCache, PagedSeq, Qwen3};
 use candle_core::{DType, Device, Tensor};
 

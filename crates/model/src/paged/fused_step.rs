@@ -1,17 +1,17 @@
 //! `forward_paged`'s step off the CPU step (CUDA, or any model whose cache is in its compute
 //! dtype): every new token of every sequence is one row of a batch (decodes and prefill chunks
 //! alike), each layer writing the rows' K/V into their blocks and attending over their block
-//! tables through the fused paged ops (`fused::paged`: kernels/paged_attention.cu on CUDA,
-//! kernels.rs' loops on the CPU). The tables, lengths and write slots are uploaded once per
+//! tables through the fused paged ops (`kernels::paged_attention`: kernels/paged_attention.cu on CUDA,
+//! their references on the CPU). The tables, lengths and write slots are uploaded once per
 //! step (`PagedMeta`).
 //!
 //! Data flow: `forward_paged` (`PagedPath::Kernels`) -> here -> `Qwen3::layer` with
 //! `LayerKv::Paged` -> logits (B, V).
 
-use crate::fused::paged::PagedMeta;
+use super::{BlockTable, PagedKvCache};
+use crate::kernels::PagedMeta;
 use crate::model::{LayerKv, Qwen3};
 use crate::ops::{rms_norm, rope_tables};
-use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{Result, Tensor};
 
 impl Qwen3 {

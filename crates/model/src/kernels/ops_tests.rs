@@ -1,9 +1,10 @@
-//! Tests of fused.rs: each op's forward (the CPU reference) and backward against the
+//! Tests of the kernel families' ops: each op's forward (the CPU reference) and backward against the
 //! composite candle ops, the one-op RMSNorm backward, the in-place KV write.
 
+use super::rmsnorm::RmsNormBwd;
 use super::*;
 use crate::ops;
-use candle_core::{DType, Device, Var};
+use candle_core::{DType, Device, Tensor, Var};
 
 fn vals(shape: &[usize], seed: usize) -> Tensor {
     let n: usize = shape.iter().product();
@@ -52,7 +53,7 @@ fn fused_ops_and_their_backward_equal_the_composite_ops() {
         assert!(d < 1e-4, "rmsnorm grad {d}");
     }
     // The one-op backward (what CUDA runs) on its CPU reference: (12 + 1, 16) = [dx; dw].
-    let both = crate::custom_op::apply3(&x, &w, &g, RmsNormBwd { eps: 1e-6 }).expect("bwd");
+    let both = crate::kernels::op::apply3(&x, &w, &g, RmsNormBwd { eps: 1e-6 }).expect("bwd");
     let dx = both
         .narrow(0, 0, 12)
         .expect("n")

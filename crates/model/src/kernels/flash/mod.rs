@@ -15,11 +15,13 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod launch;
 #[cfg(test)]
+#[path = "flash_tests.rs"]
 mod tests;
 
-use crate::custom_op::{apply3, Arg, Kernel};
-use crate::fused::cpu::f32s;
+use crate::kernels::cpu::f32s;
+use crate::kernels::op::{apply3, Arg, Kernel};
 use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor};
 use std::sync::Arc;
 
@@ -70,7 +72,7 @@ mod tensor_core_switch {
 }
 
 /// The shape of one attention call (the launch descriptions' `FlashDims`, one type for both).
-pub(crate) use crate::launch::FlashDims as Dims;
+pub(crate) use launch::FlashDims as Dims;
 
 /// Per query row of a (B, T) batch, the first key it may attend (it attends [start, i]); a
 /// row whose start is i + 1 attends nothing (padding). Starts never decrease along a row and

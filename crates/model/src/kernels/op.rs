@@ -1,4 +1,4 @@
-//! candle's custom-op plumbing, written once. Every terse kernel op (fused/, flash/, the
+//! candle's custom-op plumbing, written once. Every terse kernel op (the families of kernels/, flash/, the
 //! log-prob's chunked backward) implements [`Kernel`]: its name, its CPU path, its CUDA launch
 //! and optionally its backward, each over an array of (storage, layout) pairs; [`apply2`] /
 //! [`apply3`] run it as a candle `CustomOp2` / `CustomOp3` through the [`Op`] wrapper. The

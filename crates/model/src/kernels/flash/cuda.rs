@@ -4,10 +4,11 @@
 
 #![allow(unsafe_code)] // kernel launches into device buffers the kernels fill
 
+use super::launch;
 use super::Dims;
-use crate::fused::launching::{func, view, Described};
-use crate::kernel_checks::DECODE_MAX_HEAD_DIM;
-use crate::launch::{self, Storage as Store};
+use crate::kernels::describe::Storage as Store;
+use crate::kernels::geometry::DECODE_MAX_HEAD_DIM;
+use crate::kernels::launching::{func, view, Described};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
 use candle_core::cuda_backend::CudaDType;

@@ -3,7 +3,7 @@
 //! when prefilling), writes their K/V into the sequence's blocks of a `PagedKvCache` and
 //! returns each sequence's last logits. Three paths compute the same function: the CPU step of
 //! `decode::paged` (f32 on the CPU); elsewhere (CUDA), the fused paged ops over block tables,
-//! every new token a row of one batch, decodes and prefill chunks alike (paged_kernels.rs:
+//! every new token a row of one batch, decodes and prefill chunks alike (fused_step.rs:
 //! kernels/paged_attention.cu); and the composite reference (any device), which runs one
 //! sequence at a time through a gathered `KvCache` and `forward_cached`'s composite path,
 //! writing the touched blocks back.
@@ -11,11 +11,11 @@
 //! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged_step`,
 //! `paged_kernels_step` or per-sequence `forward_cached_with(Composite)` -> logits (B, V).
 
+use super::{BlockTable, PagedKvCache};
+use crate::cache::DecodePath;
 use crate::cache::KvCache;
-use crate::cached::DecodePath;
 use crate::decode::{self, paged::PagedRow, DecodeWeights};
 use crate::model::Qwen3;
-use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{DType, Result, Tensor};
 
 /// One sequence of a paged forward: its table and the tokens it feeds this step (positions
@@ -205,5 +205,5 @@ impl Qwen3 {
 }
 
 #[cfg(test)]
-#[path = "paged_tests.rs"]
+#[path = "forward_tests.rs"]
 mod tests;
