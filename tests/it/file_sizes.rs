@@ -42,7 +42,10 @@ fn exceptions(text: &str) -> BTreeMap<String, String> {
             continue;
         }
         let (path, reason) = line.split_once(" — ").unwrap_or_else(|| {
-            panic!("file_size_exceptions.txt:{}: `{line}` is not `path — reason`", i + 1)
+            panic!(
+                "file_size_exceptions.txt:{}: `{line}` is not `path — reason`",
+                i + 1
+            )
         });
         assert!(
             reason.trim().len() >= 10,
@@ -50,7 +53,11 @@ fn exceptions(text: &str) -> BTreeMap<String, String> {
             i + 1
         );
         let dup = out.insert(path.trim().to_string(), reason.trim().to_string());
-        assert!(dup.is_none(), "file_size_exceptions.txt:{}: `{path}` listed twice", i + 1);
+        assert!(
+            dup.is_none(),
+            "file_size_exceptions.txt:{}: `{path}` listed twice",
+            i + 1
+        );
     }
     out
 }
@@ -72,7 +79,9 @@ fn no_source_file_is_over_the_limit_without_a_listed_reason() {
         let text = std::fs::read_to_string(root.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         let lines = text.lines().count();
         if lines > LIMIT && !listed.contains_key(f) {
-            problems.push(format!("{f}: {lines} lines (split it by idea, or list it with a reason)"));
+            problems.push(format!(
+                "{f}: {lines} lines (split it by idea, or list it with a reason)"
+            ));
         }
     }
     for path in listed.keys() {
@@ -85,7 +94,11 @@ fn no_source_file_is_over_the_limit_without_a_listed_reason() {
             Ok(_) => {}
         }
     }
-    assert!(problems.is_empty(), "over {LIMIT} lines:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "over {LIMIT} lines:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]

@@ -8,7 +8,8 @@
 
 use crate::cache::KvCache;
 use crate::decode::{self, DecodeWeights};
-use crate::model::{LayerKv, Mask, Qwen3};
+use crate::model::forward::{LayerKv, Mask};
+use crate::model::Qwen3;
 use crate::ops::{attention_bias, rms_norm, rope_tables};
 use candle_core::{DType, Result, Tensor};
 

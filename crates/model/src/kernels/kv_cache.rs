@@ -270,12 +270,9 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use super::launch;
-    use crate::kernels::describe::Storage as Store;
+    use crate::kernels::kv_cache::launch;
     use crate::kernels::launching::{func, store, view, Described};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
-    use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
 
     pub fn kv_write(
@@ -285,7 +282,8 @@ mod cuda {
         ls: &Layout,
         slot: usize,
     ) -> Result<()> {
-        let [b, hkv, cap, d] = super::check::kv_write(lc.dims(), ls.dims(), slot)?;
+        let [b, hkv, cap, d] =
+            crate::kernels::kv_cache::check::kv_write(lc.dims(), ls.dims(), slot)?;
         if !lc.is_contiguous() || lc.start_offset() != 0 {
             crate::fail!("kv write: the cache {:?} must be contiguous", lc.shape());
         }
@@ -324,7 +322,7 @@ mod cuda {
         let dev: &CudaDevice = q.device();
         let (b, hq, d) = lq.shape().dims3()?;
         let (_, hkv, cap, _) = lk.shape().dims4()?;
-        super::check::decode_attention(
+        crate::kernels::kv_cache::check::decode_attention(
             lq.dims(),
             lk.dims(),
             lv.dims(),

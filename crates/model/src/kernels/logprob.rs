@@ -229,13 +229,10 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use super::launch;
-    use crate::kernels::describe::Storage as Store;
-    use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::launching::{func, view, Described};
+    use crate::kernels::logprob::launch;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
-    use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
     pub fn logprob_fwd(
         l: &CudaStorage,

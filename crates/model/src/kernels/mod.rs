@@ -39,22 +39,22 @@ pub(crate) use rope::rope;
 /// swapped argument or a wrong grid fails a CPU test. Each family's file holds its own; this is
 /// the one list of them.
 pub mod launch {
-    pub use super::describe::{Arg, Launch, Storage};
-    pub use super::flash::launch::*;
-    pub use super::kv_cache::launch::*;
-    pub use super::logprob::launch::*;
-    pub use super::paged_attention::launch::*;
-    pub use super::rmsnorm::launch::*;
-    pub use super::rope::launch::*;
+    pub use crate::kernels::describe::{Arg, Launch, Storage};
+    pub use crate::kernels::flash::launch::*;
+    pub use crate::kernels::kv_cache::launch::*;
+    pub use crate::kernels::logprob::launch::*;
+    pub use crate::kernels::paged_attention::launch::*;
+    pub use crate::kernels::rmsnorm::launch::*;
+    pub use crate::kernels::rope::launch::*;
 }
 
 /// The f32 CPU references of every kernel family (testing.rs re-exports them for crates/simt).
 pub(crate) mod references {
-    pub use super::kv_cache::reference::*;
-    pub use super::logprob::reference::*;
-    pub use super::paged_attention::reference::*;
-    pub use super::rmsnorm::reference::*;
-    pub use super::rope::reference::*;
+    pub use crate::kernels::kv_cache::reference::*;
+    pub use crate::kernels::logprob::reference::*;
+    pub use crate::kernels::paged_attention::reference::*;
+    pub use crate::kernels::rmsnorm::reference::*;
+    pub use crate::kernels::rope::reference::*;
 }
 
 #[cfg(test)]

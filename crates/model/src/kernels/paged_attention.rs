@@ -6,6 +6,7 @@
 //!
 //! Data flow: `forward_paged` (off the CPU step) -> `Qwen3::layer` with `LayerKv::Paged` -> here.
 
+use super::cpu::f32s;
 use super::op::{apply3, apply_inplace, Arg, InplaceKernel, Kernel};
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
@@ -59,7 +60,7 @@ impl InplaceKernel for PagedKvWrite<'_> {
 
     fn cpu(&self, (s1, l1): (&mut CpuStorage, &Layout), (s2, l2): Arg<CpuStorage>) -> Result<()> {
         let (_, hkv, bs, d) = l1.shape().dims4()?;
-        let src = super::cpu::f32s(s2, l2, "paged kv src")?;
+        let src = f32s(s2, l2, "paged kv src")?;
         match (s1, l1.is_contiguous() && l1.start_offset() == 0) {
             (CpuStorage::F32(p), true) => {
                 reference::paged_kv_write(src, p, &self.meta.slots, hkv, bs, d);
@@ -75,7 +76,7 @@ impl InplaceKernel for PagedKvWrite<'_> {
         (s1, l1): (&mut candle_core::CudaStorage, &Layout),
         (s2, l2): Arg<candle_core::CudaStorage>,
     ) -> Result<()> {
-        super::cuda::paged_kv_write(s1, l1, s2, l2, self.meta)
+        cuda::paged_kv_write(s1, l1, s2, l2, self.meta)
     }
 }
 
@@ -95,9 +96,9 @@ impl Kernel<3> for PagedAttention {
         let (_, hkv, bs, _) = l2.shape().dims4()?;
         let m = &self.meta;
         let out = reference::paged_decode_attention(
-            super::cpu::f32s(s1, l1, "q")?,
-            super::cpu::f32s(s2, l2, "k pool")?,
-            super::cpu::f32s(s3, l3, "v pool")?,
+            f32s(s1, l1, "q")?,
+            f32s(s2, l2, "k pool")?,
+            f32s(s3, l3, "v pool")?,
             &m.tables,
             m.maxb,
             &m.lens,
@@ -111,7 +112,7 @@ impl Kernel<3> for PagedAttention {
         &self,
         [(s1, l1), (s2, l2), (s3, l3)]: [Arg<candle_core::CudaStorage>; 3],
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
+        cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
     }
 }
 
@@ -302,13 +303,11 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use super::launch;
-    use super::PagedMeta;
-    use crate::kernels::describe::Storage as Store;
     use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::paged_attention::launch;
+    use crate::kernels::paged_attention::PagedMeta;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
-    use candle_core::cuda_backend::CudaDType;
+    use candle_core::cuda_backend::cudarc::driver::CudaView;
     use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
 
     /// One of a paged step's u32 tensors (tables, lengths, slots) as a device view.
@@ -330,7 +329,8 @@ mod cuda {
         ls: &Layout,
         meta: &PagedMeta,
     ) -> Result<()> {
-        let [b, hkv, _, bs, d] = super::check::paged_kv_write(lp.dims(), ls.dims())?;
+        let [b, hkv, _, bs, d] =
+            crate::kernels::paged_attention::check::paged_kv_write(lp.dims(), ls.dims())?;
         if !lp.is_contiguous() || lp.start_offset() != 0 {
             crate::fail!(
                 "paged kv write: the pool {:?} must be contiguous",
@@ -371,7 +371,12 @@ mod cuda {
     ) -> Result<(CudaStorage, Shape)> {
         let dev: &CudaDevice = q.device();
         let [b, hq, hkv, _, bs, d] =
-            super::check::paged_decode_attention(lq.dims(), lk.dims(), lv.dims(), meta.lens.len())?;
+            crate::kernels::paged_attention::check::paged_decode_attention(
+                lq.dims(),
+                lk.dims(),
+                lv.dims(),
+                meta.lens.len(),
+            )?;
         let st = store(q.dtype(), "paged attention")?;
         let l = launch::paged_decode_attention(st, [b, hq, hkv, bs, meta.maxb, d]);
         let f = func!(dev, l)?;

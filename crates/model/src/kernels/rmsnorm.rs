@@ -124,11 +124,6 @@ pub(crate) mod check {
 /// order in mind: the CPU path of the op, and the ground truth of `cargo xtask gpu-check` and
 /// of the SIMT shim's tests.
 pub mod reference {
-    //! CPU references of the CUDA kernels in kernels/*.cu, one function per kernel entry point,
-    //! written as plain loops in f32 with the kernels' layouts and accumulation order in mind. They
-    //! are the ground truth the GPU parity check (`cargo xtask gpu-check`) compares against, and
-    //! they are tested here against the composite candle ops the model's training path uses.
-
     /// RMSNorm forward over rows of `cols`: y = w * x * rstd with rstd = 1/sqrt(mean(x²) + eps);
     /// returns (y, rstd per row). kernels/rmsnorm.cu `rmsnorm_fwd_*`.
     pub fn rmsnorm_fwd(x: &[f32], w: &[f32], cols: usize, eps: f32) -> (Vec<f32>, Vec<f32>) {
@@ -212,11 +207,11 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use super::launch;
     use crate::kernels::describe::Storage as Store;
     use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::rmsnorm::launch;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
 

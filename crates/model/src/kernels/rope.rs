@@ -137,11 +137,11 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use super::launch;
     use crate::kernels::describe::Storage as Store;
     use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::rope::launch;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+    use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
 

@@ -10,7 +10,8 @@
 
 use super::{BlockTable, PagedKvCache};
 use crate::kernels::PagedMeta;
-use crate::model::{LayerKv, Qwen3};
+use crate::model::forward::LayerKv;
+use crate::model::Qwen3;
 use crate::ops::{rms_norm, rope_tables};
 use candle_core::{Result, Tensor};
 

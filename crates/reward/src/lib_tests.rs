@@ -1,5 +1,5 @@
-//! Spec the test vectors (crates/reward/src/tests.rs) test vectors (to 1e-6), advantages, config parsing and metrics. The edge-case rows
-//! of the methods' edge cases are in `edge_cases.rs`.
+//! Spec the test vectors (crates/reward/src/lib_tests.rs) test vectors (to 1e-6), advantages, config parsing and metrics. The edge-case rows
+//! of the methods' edge cases are in `edge_case_tests.rs`.
 
 use crate::baselines::{CosFn, DapoOverlong, Dast, Efficient, Kimi};
 use crate::care::{direction, Care};

@@ -1,7 +1,7 @@
 //! Tests of the math verifier: answer extraction, equivalence (the original 64-case table,
 //! updated where the verifier's rules changed: decimals written by the ground truth are
 //! approximate, exact ground truths are exact), and the Short-RL / EasyR1 scorers. The graded
-//! table of issue 21 is in graded.rs.
+//! table of issue 21 is in graded_tests.rs.
 
 use super::*;
 
