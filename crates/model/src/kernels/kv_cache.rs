@@ -3,7 +3,7 @@
 //! `decode_attention` (one query per row over the cache), with their shape checks, f32 CPU
 //! references, launch descriptions and CUDA launches.
 //!
-//! Data flow: `forward_cached` (kernels path) -> `Qwen3::layer` with `LayerKv::Cache` -> here.
+//! Data flow: `forward_cached` (kernels path) -> `Qwen3::layer` with `LayerKv::Flat` -> here.
 
 use super::cpu::f32s;
 use super::op::{apply3, apply_inplace, Arg, InplaceKernel, Kernel};

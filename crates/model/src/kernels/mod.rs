@@ -8,8 +8,8 @@
 //! description's vocabulary), geometry.rs (the block sizes nvcc is given), cpu.rs and
 //! launching.rs (reading CPU inputs, driving a CUDA launch).
 //!
-//! Data flow: ops.rs, model.rs (the cached and paged layers), logprob.rs -> a family's op ->
-//! its reference (CPU) or its kernel (CUDA).
+//! Data flow: ops.rs, model/forward.rs (the cached and paged layers), logprob.rs -> a family's
+//! op -> its reference (CPU) or its kernel (CUDA).
 
 mod cpu;
 mod describe;

@@ -1,8 +1,8 @@
-//! candle's custom-op plumbing, written once. Every terse kernel op (the families of kernels/, flash/, the
-//! log-prob's chunked backward) implements [`Kernel`]: its name, its CPU path, its CUDA launch
-//! and optionally its backward, each over an array of (storage, layout) pairs; [`apply2`] /
-//! [`apply3`] run it as a candle `CustomOp2` / `CustomOp3` through the [`Op`] wrapper. The
-//! in-place cache writes do the same with [`InplaceKernel`] and [`apply_inplace`].
+//! candle's custom-op plumbing, written once. Every terse kernel op (each kernel family's op,
+//! flash/, the log-prob's chunked backward) implements [`Kernel`]: its name, its CPU path, its
+//! CUDA launch and optionally its backward, each over an array of (storage, layout) pairs;
+//! [`apply2`] / [`apply3`] run it as a candle `CustomOp2` / `CustomOp3` through the [`Op`]
+//! wrapper. The in-place cache writes do the same with [`InplaceKernel`] and [`apply_inplace`].
 //!
 //! The wrapper exists because Rust's orphan rule forbids implementing candle's traits for every
 //! `K: Kernel` directly; it is invisible at the call sites.

@@ -1,5 +1,5 @@
-//! Tests of the kernel families' ops: each op's forward (the CPU reference) and backward against the
-//! composite candle ops, the one-op RMSNorm backward, the in-place KV write.
+//! Tests of the kernel families' ops: each op's forward (the CPU reference) and backward
+//! against the composite candle ops, the one-op RMSNorm backward, the in-place KV write.
 
 use super::rmsnorm::RmsNormBwd;
 use super::*;

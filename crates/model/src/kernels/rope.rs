@@ -2,7 +2,7 @@
 //! backward is the inverse rotation), its shape check, its f32 CPU reference, its launch
 //! description and its CUDA launch.
 //!
-//! Data flow: `ops::apply_rope` (fused path) -> `rope` -> CPU reference or CUDA kernel.
+//! Data flow: `ops::rope` (fused path) -> `rope` -> CPU reference or CUDA kernel.
 
 use super::cpu::f32s;
 use super::op::{apply3, Arg, Kernel};
