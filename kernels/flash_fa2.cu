@@ -2,9 +2,10 @@
 // accumulate) with the fragment layout of kernels/mma.cuh, S, P and O held in registers, K and V
 // through ldmatrix (V with .trans) from a padded shared layout filled by a 2-stage cp.async
 // pipeline. Head sizes 64 and 128 (a template on D). The interface and semantics are
-// flash_tc.cu's forward, which it can replace (flash/cuda.rs chooses): q, k, v (bf16), starts
-// (query i attends keys [starts[i], i], which covers causal, padding and packing), GQA without
-// repeating K/V, out (f32) and the log-sum-exp per row. The backward stays flash_tc.cu's.
+// flash_tc.cu's forward, which it can replace (crates/model's kernels/flash/cuda.rs chooses): q,
+// k, v (bf16), starts (query i attends keys [starts[i], i], which covers causal, padding and
+// packing), GQA without repeating K/V, out (f32) and the log-sum-exp per row. The backward stays
+// flash_tc.cu's.
 // CPU reference: terse_model's flash/cpu.rs; run on the CPU by crates/simt (kernels/shim).
 //
 // Tiles: a block is FA2_WARPS = TERSE_FLASH_TC_WARPS (4) warps x 16 query rows = 64 rows, each
@@ -32,7 +33,7 @@
 #define FA2_WARPS TERSE_FLASH_TC_WARPS
 #define FA2_ROWS (16 * FA2_WARPS)
 #define FA2_THREADS (32 * FA2_WARPS)
-// Keys per tile; launch.rs's FLASH_FA2_KEYS must agree (crates/simt's tests check it).
+// Keys per tile; crates/model's kernels/flash/launch.rs FLASH_FA2_KEYS must agree (simt checks).
 #define FA2_KEYS 64
 // Padding of each shared K/V row, bf16 elements (16 bytes; see above).
 #define FA2_PAD 8

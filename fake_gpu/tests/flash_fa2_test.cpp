@@ -22,8 +22,8 @@
 #include "fake_gpu.h"
 
 namespace {
-// crates/model's launch geometry for the tensor-core flash kernels (kernel_checks.rs's
-// FLASH_TC_WARPS = 4: 16 query rows a warp) and launch.rs's flash_fa2_shared.
+// crates/model's launch geometry for the tensor-core flash kernels (kernels/geometry.rs's
+// FLASH_TC_WARPS = 4: 16 query rows a warp) and kernels/flash/launch.rs's flash_fa2_shared.
 constexpr unsigned WARPS = 4, ROWS = 16 * WARPS, KEYS = 64;
 unsigned shared_bytes(int d) { return 2 * 2 * KEYS * (unsigned)(d + 8) * 2; }
 
