@@ -1,7 +1,7 @@
 // The CUDA driver API of the emulated device (libcuda.so.1): one device, "an H200" in its
-// attributes, whose memory (memory.cpp), streams and events (streams.cpp) and modules
-// (modules.cpp) live on the host. What the `cuda` binary calls and the emulation does not model
-// ends the run naming the function (driver_rest.cpp), never a silent success.
+// attributes (device_attributes.h), whose memory (memory.cpp), streams and events (streams.cpp)
+// and modules (modules.cpp) live on the host. What the `cuda` binary calls and the emulation
+// does not model ends the run naming the function (driver_rest.cpp), never a silent success.
 #include <cuda.h>
 
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "device_attributes.h"
 #include "fake_gpu.h"
 #include "modules.h"
 
@@ -47,46 +48,6 @@ CUresult trace(const char* f) {
 #define ENTER(name) \
     trace(name);    \
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED
-
-// The device's attributes: an H200 (sm_90) as far as a launch configuration cares.
-int attribute(CUdevice_attribute a) {
-    switch (a) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: return 64;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: return 2147483647;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: return 65535;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: return 65535;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: return 49152;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 232448;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: return 233472;
-    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: return 65536;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: return 65536;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: return 65536;
-    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: return 1980000;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 6144;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 52428800;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: return 32;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: return 0;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: return 0;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return 0;
-    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: return CU_COMPUTEMODE_DEFAULT;
-    default: return 0;
-    }
-}
 
 size_t total_memory() {
     const char* g = std::getenv("TERSE_FAKE_GPU_MEM_GIB");

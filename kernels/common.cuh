@@ -1,6 +1,6 @@
 // Shared by the kernels: f32 <-> storage-type conversions (float, bf16). Math is always f32.
 #pragma once
-// Launch geometry: passed by crates/model/build.rs from crates/model/src/kernel_checks.rs, the
+// Launch geometry: passed by crates/model/build.rs from crates/model/src/kernels/geometry.rs, the
 // constants the Rust launches use too, so the two sides cannot disagree.
 #ifndef TERSE_RMSNORM_BLOCK
 #error "TERSE_RMSNORM_BLOCK is passed by crates/model/build.rs"

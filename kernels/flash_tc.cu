@@ -3,7 +3,7 @@
 // start-per-row masking as flash_attn.cu (query i attends keys [starts[i], i]). The forward keeps
 // the log-sum-exp; the backward is deterministic: dK/dV per key block (walking the query rows
 // and the group's query heads) and dQ per query block (walking the key tiles), no atomics.
-// CPU reference: terse_model's flash/cpu.rs; run on the CPU by crates/simt (kernels/shim).
+// CPU reference: terse_model's kernels/flash/cpu.rs; run on the CPU by crates/simt (kernels/shim).
 //
 // The fragment layout is opaque (WMMA leaves it unspecified), so every row-wise step (masking,
 // max, exp, sums, the rescale of the output, the P that feeds the next mma) goes through shared

@@ -4,7 +4,7 @@
 // (host C++) the same names come from kernels/shim/mma_sync.h, which emulates mma.sync and
 // ldmatrix as warp collectives with the PTX ISA's element mapping and completes cp.async only
 // at its wait. crates/simt's portable-subset test allows `asm` only here and only these
-// instructions; crates/simt/src/tests/fragments.rs checks the shim's mapping against the ISA.
+// instructions; crates/simt/src/lib_tests/fragments.rs checks the shim's mapping against the ISA.
 //
 // Register conventions (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
 // type"): with g = lane / 4 and t = lane % 4, A (16 x 16, row-major) is 4 x .b32, each two

@@ -24,8 +24,8 @@ for pair in RMSNORM_BLOCK:TERSE_RMSNORM_BLOCK LOGPROB_BLOCK:TERSE_LOGPROB_BLOCK 
   FLASH_WARPS:TERSE_FLASH_WARPS FLASH_TC_WARPS:TERSE_FLASH_TC_WARPS \
   FLASH_TC_KEYS:TERSE_FLASH_TC_KEYS; do
   konst="${pair%%:*}"
-  value=$(sed -n "s/^pub const ${konst}: [a-z0-9]* = \([0-9]*\);/\1/p" crates/model/src/kernel_checks.rs)
-  [ -n "$value" ] || { echo "ptxas-check.sh: no ${konst} in kernel_checks.rs" >&2; exit 2; }
+  value=$(sed -n "s/^pub const ${konst}: [a-z0-9]* = \([0-9]*\);/\1/p" crates/model/src/kernels/geometry.rs)
+  [ -n "$value" ] || { echo "ptxas-check.sh: no ${konst} in kernels/geometry.rs" >&2; exit 2; }
   defines+=("-D${pair##*:}=${value}")
 done
 tmp=$(mktemp -d)

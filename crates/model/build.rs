@@ -13,13 +13,13 @@ fn main() {
         println!("cargo::rerun-if-changed=../../kernels");
         let out =
             std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("ptx.rs");
-        println!("cargo::rerun-if-changed=src/kernel_checks.rs");
+        println!("cargo::rerun-if-changed=src/kernels/geometry.rs");
         let mut builder = cudaforge::KernelBuilder::new()
             .source_dir("../../kernels")
             .arg("-O3")
             .arg("-std=c++17");
         // The launch geometry, from the constants the Rust launches use (one place).
-        for (name, value) in geometry::kernel_defines(include_str!("src/kernel_checks.rs")) {
+        for (name, value) in geometry::kernel_defines(include_str!("src/kernels/geometry.rs")) {
             builder = builder.arg(&format!("-D{name}={value}"));
         }
         let ptx = builder

@@ -1,9 +1,9 @@
-//! The kernels' launch geometry, read from src/kernel_checks.rs without building the crate:
+//! The kernels' launch geometry, read from src/kernels/geometry.rs without building the crate:
 //! the `-D` definitions kernels/common.cuh requires. Shared by this crate's build.rs (nvcc) and
 //! crates/simt's (the CPU shim), so the kernels see the constants the Rust launches use.
 
 /// (macro, value) for every constant kernels/common.cuh requires.
-pub fn kernel_defines(kernel_checks_rs: &str) -> Vec<(String, u64)> {
+pub fn kernel_defines(geometry_rs: &str) -> Vec<(String, u64)> {
     let names = [
         ("TERSE_RMSNORM_BLOCK", "RMSNORM_BLOCK"),
         ("TERSE_LOGPROB_BLOCK", "LOGPROB_BLOCK"),
@@ -16,15 +16,15 @@ pub fn kernel_defines(kernel_checks_rs: &str) -> Vec<(String, u64)> {
     names
         .iter()
         .map(|(macro_name, konst)| {
-            let line = kernel_checks_rs
+            let line = geometry_rs
                 .lines()
                 .find(|l| l.starts_with(&format!("pub const {konst}:")))
-                .unwrap_or_else(|| panic!("kernel_checks.rs has no `{konst}`"));
+                .unwrap_or_else(|| panic!("kernels/geometry.rs has no `{konst}`"));
             let value = line
                 .rsplit('=')
                 .next()
                 .and_then(|v| v.trim().trim_end_matches(';').parse().ok())
-                .unwrap_or_else(|| panic!("kernel_checks.rs: `{line}` is not a number"));
+                .unwrap_or_else(|| panic!("kernels/geometry.rs: `{line}` is not a number"));
             (macro_name.to_string(), value)
         })
         .collect()

@@ -13,7 +13,7 @@ use std::process::Command;
 #[path = "../model/build_geometry.rs"]
 mod geometry;
 
-/// crates/simt's own test kernels, beside kernels/*.cu (src/tests/coverage.rs names them too).
+/// crates/simt's own test kernels, beside kernels/*.cu (src/lib_tests/coverage.rs names them too).
 const FIXTURES: [&str; 2] = ["faulty.cu", "fragments.cu"];
 
 /// One kernel entry point as the preprocessor left it.
@@ -83,10 +83,10 @@ fn main() {
     println!("cargo::rerun-if-changed={}", kernels.display());
     println!("cargo::rerun-if-changed={}", shim.display());
     println!("cargo::rerun-if-env-changed=TERSE_SIMT_SANITIZE");
-    let checks = root.join("crates/model/src/kernel_checks.rs");
+    let checks = root.join("crates/model/src/kernels/geometry.rs");
     println!("cargo::rerun-if-changed={}", checks.display());
     let defines =
-        geometry::kernel_defines(&std::fs::read_to_string(&checks).expect("kernel_checks.rs"));
+        geometry::kernel_defines(&std::fs::read_to_string(&checks).expect("kernels/geometry.rs"));
 
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
         .expect("kernels/")

@@ -1,4 +1,4 @@
-// Probes of kernels/mma.cuh for crates/simt's fragment tests (src/tests/fragments.rs): one warp
+// Probes of kernels/mma.cuh for crates/simt's fragment tests (src/lib_tests/fragments.rs): one warp
 // runs mma.sync on fragments the test packs per lane, ldmatrix (plain and .trans, x4 and x2) on
 // a known tile, an mma whose operands come from shared memory through ldmatrix as the flash
 // kernels load Q, K and V, cp.async reads before and after its waits, dynamic shared memory,

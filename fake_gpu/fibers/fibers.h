@@ -84,7 +84,9 @@ struct Context {
 
 enum State : uint8_t { Fresh, Running, Ready, Waiting, Done };
 enum At : uint8_t { AtBlock, AtWarp };
-enum Collective : uint8_t { SyncWarp = 1, Shuffle = 2 };
+// Gather: terse_shim::gather, the exchange under kernels/shim/mma_sync.h's mma.sync and
+// ldmatrix (every lane hands the warp up to 64 bytes and reads all 32 lanes').
+enum Collective : uint8_t { SyncWarp = 1, Shuffle = 2, Gather = 3 };
 
 struct Warp;
 
@@ -110,9 +112,21 @@ struct Warp {
     unsigned size = 0;   // lanes the block gives it (32 but for a partial last warp)
     unsigned live = 0;   // lanes that have not returned
     unsigned count = 0;  // lanes waiting in its collective
+    unsigned gathers = 0;  // gathers completed: their parity picks the slots of the next
     uint64_t key = 0;    // which collective they wait in, from which line (collective_key)
     Collective kind() const { return (Collective)(key >> 32); }
     int line() const { return (int)(uint32_t)key; }
+};
+
+// One cp.async of kernels/shim/mma_sync.h: 16 bytes, copied when its group is waited for.
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+};
+// A thread's copies since its last commit, and its committed groups, oldest first.
+struct AsyncGroups {
+    std::vector<AsyncCopy> open;
+    std::vector<std::vector<AsyncCopy>> groups;
 };
 
 // The pool of fiber stacks: mapped on first need (context.cpp), kept for the process.
@@ -155,6 +169,14 @@ struct Run {
     std::string error;
     std::vector<unsigned char> shared;  // dynamic shared memory (128-byte aligned inside)
     unsigned char* shared_base = nullptr;
+    unsigned shared_bytes = 0;  // as the launch gave them
+    // Gather's slots: 64 bytes per thread, twice (by the parity of the warp's `gathers`: a lane
+    // that leaves a gather and reaches the next writes the other half while its warp still
+    // reads this one; it cannot reach a third before every lane has read).
+    std::vector<unsigned char> wide;
+    // cp.async per thread (sized on the first copy of a launch; emptied at each block's start,
+    // as copies a block left unwaited end with it).
+    std::vector<AsyncGroups> async;
 };
 
 // Defined in launch.cpp.

@@ -9,6 +9,7 @@
 // is described in fibers.h.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -99,6 +100,10 @@ extern "C" int terse_fake_run(const char* name, const unsigned grid[3], const un
     R.shared.assign((size_t)shared_bytes + 256, 0xff);
     R.shared_base =
         reinterpret_cast<unsigned char*>(((uintptr_t)R.shared.data() + 127) & ~(uintptr_t)127);
+    R.shared_bytes = shared_bytes;
+    // Gather's slots (scheduler.cpp): two halves of 64 bytes per thread of every warp.
+    size_t wide = 2 * R.warps.size() * 32 * 64;
+    if (R.wide.size() < wide) R.wide.resize(wide);
     terse_shim::grid_dim = dim3{grid[0], grid[1], grid[2]};
     terse_shim::block_dim = dim3{block[0], block[1], block[2]};
 
@@ -106,6 +111,8 @@ extern "C" int terse_fake_run(const char* name, const unsigned grid[3], const un
         for (unsigned y = 0; y < grid[1] && !R.failed; y++)
             for (unsigned x = 0; x < grid[0] && !R.failed; x++) {
                 terse_shim::block_idx = dim3{x, y, z};
+                // Undefined at every block's start on the device: NaN bytes again (as the shim).
+                if (shared_bytes) std::memset(R.shared_base, 0xff, shared_bytes);
                 run_block();
             }
 

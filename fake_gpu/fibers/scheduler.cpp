@@ -6,6 +6,7 @@
 // queue the fibers they release and switch (context.cpp) straight to the next one to run;
 // divergence, partial-warp collectives and deadlocks end the launch with an error (launch.cpp
 // records it).
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -14,7 +15,11 @@
 using namespace terse_fibers;
 
 namespace {
-const char* collective_name(Collective c) { return c == Shuffle ? "warp shuffle" : "__syncwarp"; }
+const char* collective_name(Collective c) {
+    return c == Shuffle  ? "warp shuffle"
+           : c == Gather ? "warp collective (mma.sync or ldmatrix)"
+                         : "__syncwarp";
+}
 
 // From a fiber whose launch has failed: back to the scheduler for good.
 [[noreturn]] void abandon(Fiber* f) {
@@ -114,6 +119,7 @@ inline void release_warp(Warp& wp) {
         if (wp.kind() == Shuffle) f.result = lanes[(unsigned)f.src].value;
         push_ready(f);
     }
+    if (wp.kind() == Gather) wp.gathers++;
     wp.count = 0;
 }
 
@@ -203,6 +209,12 @@ void terse_fibers::run_block() {
     for (Warp& w : R.warps) {
         w.live = w.size;
         w.count = 0;
+        w.gathers = 0;
+    }
+    // Copies a block left unwaited end with it.
+    for (AsyncGroups& a : R.async) {
+        a.open.clear();
+        a.groups.clear();
     }
     R.head = 0;
     R.queued = 0;
@@ -319,4 +331,58 @@ uint64_t exchange(uint64_t v, int src, int line) {
 }
 
 void* dynamic_shared_base() { return R.shared_base; }
+
+// kernels/shim/mma_sync.h's collectives and copies, with the semantics of the shim's threads
+// (kernels/shim/cuda_shim.cpp): a gather through the warp, cp.async completed at its wait.
+
+void gather(const void* mine, unsigned bytes, void* all, int line) {
+    Fiber* f = on_fiber("a warp collective (mma.sync or ldmatrix)");
+    const Warp& wp = *f->warp;
+    if (bytes > 64) fail_on(f, "a warp collective of more than 64 bytes per lane");
+    if (__builtin_expect(wp.live != 32, 0))
+        fail_on(f, "a warp collective (mma.sync or ldmatrix) at line " + std::to_string(line) +
+                       (wp.size != 32 ? " in the block's last, partial warp"
+                                      : " after some lanes of the warp returned") +
+                       " (a partial-warp collective)");
+    size_t warp = f->tid / 32, half = (size_t)R.warps.size() * 32 * 64;
+    unsigned char* slots = R.wide.data() + (wp.gathers & 1) * half + warp * 32 * 64;
+    std::memcpy(slots + (f->tid % 32) * 64, mine, bytes);
+    arrive_warp(f, Gather, line);
+    for (unsigned i = 0; i < 32; i++)
+        std::memcpy(static_cast<unsigned char*>(all) + i * bytes, slots + i * 64, bytes);
+}
+
+unsigned char* dynamic_shared() {
+    Fiber* f = on_fiber("dynamic shared memory");
+    if (R.shared_bytes == 0) fail_on(f, "dynamic shared memory, but the launch gave it 0 bytes");
+    return R.shared_base;
+}
+
+void async_copy16(void* dst, const void* src) {
+    Fiber* f = on_fiber("cp.async");
+    if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+        fail_on(f, "a 16-byte cp.async with an address that is not 16-byte aligned");
+    if (R.async.size() < R.n) R.async.resize(R.n);
+    // Until the wait, the destination holds 0xff bytes: a read before the wait sees NaN.
+    std::memset(dst, 0xff, 16);
+    R.async[f->tid].open.push_back({dst, src});
+}
+
+void async_commit() {
+    Fiber* f = on_fiber("cp.async.commit_group");
+    if (R.async.size() < R.n) R.async.resize(R.n);
+    AsyncGroups& a = R.async[f->tid];
+    a.groups.push_back(std::move(a.open));
+    a.open.clear();
+}
+
+void async_wait(int pending) {
+    Fiber* f = on_fiber("cp.async.wait_group");
+    if (R.async.size() < R.n) return;  // nothing was copied in this launch
+    AsyncGroups& a = R.async[f->tid];
+    size_t done = a.groups.size() > (size_t)pending ? a.groups.size() - (size_t)pending : 0;
+    for (size_t g = 0; g < done; g++)
+        for (const AsyncCopy& c : a.groups[g]) std::memcpy(c.dst, c.src, 16);
+    a.groups.erase(a.groups.begin(), a.groups.begin() + (std::ptrdiff_t)done);
+}
 }  // namespace terse_shim

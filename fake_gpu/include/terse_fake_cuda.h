@@ -56,8 +56,9 @@
 namespace terse_shim {
 // The launch's dynamic shared memory (cuLaunchKernel's sharedMemBytes), from the runtime.
 void* dynamic_shared_base();
-// `extern __shared__ T name[];` is rewritten by the generator to
-// `T *name = terse_shim::dynamic_shared();`.
+// `extern __shared__ T name[];` (candle's kernels) is rewritten by the generator to
+// `T *name = terse_shim::extern_shared();`; kernels/mma.cuh's TERSE_DYNAMIC_SHARED takes the
+// shim's `unsigned char* dynamic_shared()` (fibers/scheduler.cpp), which fails on 0 bytes.
 struct DynamicShared {
     void* p;
     template <typename T>
@@ -65,7 +66,7 @@ struct DynamicShared {
         return static_cast<T*>(p);
     }
 };
-inline DynamicShared dynamic_shared() { return {dynamic_shared_base()}; }
+inline DynamicShared extern_shared() { return {dynamic_shared_base()}; }
 }  // namespace terse_shim
 
 inline void __trap() { terse_shim::fail("__trap() called"); }

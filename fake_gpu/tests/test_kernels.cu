@@ -92,7 +92,7 @@ extern "C" __global__ void t_barrier_loop(float* out, int steps) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = v;
 }
 
-// The launch geometry the modules were built with (crates/model's kernel_checks.rs, passed by
+// The launch geometry the modules were built with (crates/model's kernels/geometry.rs, passed by
 // kernels.rs as -DTERSE_*), for the test's launches of terse's kernels.
 extern "C" __global__ void t_geometry(unsigned* out) {
     out[0] = TERSE_RMSNORM_BLOCK;

@@ -6,6 +6,7 @@ mod docs;
 mod eval_protocol;
 mod examples;
 mod faults;
+mod file_sizes;
 mod golden;
 mod gpu;
 mod gradients;

@@ -6,7 +6,7 @@
 //! peak memory is one (chunk, V) block instead of (N, V) -- for Qwen3's 151,936-token vocabulary
 //! the difference between megabytes and gigabytes. Accumulation is in f32 for half inputs.
 
-use crate::custom_op::{apply2, Arg, Kernel};
+use crate::kernels::op::{apply2, Arg, Kernel};
 use crate::ops::accum_dtype;
 use candle_core::{CpuStorage, Result, Shape, Storage, Tensor, D};
 
@@ -44,7 +44,7 @@ pub fn token_logprobs(
         let tg = targets.narrow(0, start, len)?;
         if fused {
             // One pass of the logprob_fwd kernel: [log p(target), log Z, entropy] per row.
-            let stats = crate::fused::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
+            let stats = crate::kernels::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
             parts.push(stats.narrow(1, 0, 1)?.squeeze(1)?);
             continue;
         }
@@ -181,9 +181,9 @@ impl Kernel<2> for FusedLogProb {
                 // The kernels: log Z from logprob_fwd, then logprob_bwd's one pass.
                 let logits = chunk_logits(&hc, &w)?; // (n, V)
                 let tg = self.targets.narrow(0, start, len)?;
-                let stats = crate::fused::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
+                let stats = crate::kernels::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
                 let lse_g = Tensor::cat(&[&stats.narrow(1, 1, 1)?, &g], 1)?; // (n, 2)
-                crate::fused::logprob_grad_of_checked(&logits, &tg, &lse_g.contiguous()?)?
+                crate::kernels::logprob_grad_of_checked(&logits, &tg, &lse_g.contiguous()?)?
             } else {
                 let logits = chunk_logits(&hc, &w)?; // (n, V)
                 let m = logits.max_keepdim(D::Minus1)?;

@@ -32,7 +32,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
         // Training: one custom op each way (`fused`; on CUDA the rmsnorm kernels, whose
         // backward is one pass over the rows) instead of seven composite ops and their graph
         // nodes.
-        return crate::fused::rms_norm(&x.contiguous()?, weight, eps as f32);
+        return crate::kernels::rms_norm(&x.contiguous()?, weight, eps as f32);
     }
     rms_norm_composite(x, weight, eps)
 }
@@ -76,7 +76,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if fused && cos.dtype() == x.dtype() {
         // Training: the fused rotation (on CUDA the rope kernels; its backward is the inverse
         // rotation) instead of narrow / cat / neg / two broadcast products.
-        return crate::fused::rope(&x.contiguous()?, cos, sin);
+        return crate::kernels::rope(&x.contiguous()?, cos, sin);
     }
     rope_composite(x, cos, sin)
 }

@@ -9,7 +9,7 @@ pub mod parity;
 /// The CPU references of the CUDA kernels (plain f32 loops) and of flash attention, for the
 /// SIMT shim's tests (crates/simt), which run kernels/*.cu on the CPU against them.
 pub mod references {
-    pub use crate::kernels::*;
+    pub use crate::kernels::references::*;
 
     /// Flash attention's forward on the CPU: (out, lse), as `flash::cpu` computes them.
     pub fn flash_forward(
@@ -17,9 +17,9 @@ pub mod references {
         k: &[f32],
         v: &[f32],
         starts: &[u32],
-        dm: crate::launch::FlashDims,
+        dm: crate::kernels::launch::FlashDims,
     ) -> (Vec<f32>, Vec<f32>) {
-        crate::flash::cpu::forward(q, k, v, starts, dm)
+        crate::kernels::flash::cpu::forward(q, k, v, starts, dm)
     }
 
     /// Flash attention's backward on the CPU: (dq, dk, dv).
@@ -32,9 +32,9 @@ pub mod references {
         lse: &[f32],
         dout: &[f32],
         starts: &[u32],
-        dm: crate::launch::FlashDims,
+        dm: crate::kernels::launch::FlashDims,
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        crate::flash::cpu::backward(q, k, v, out, lse, dout, starts, dm)
+        crate::kernels::flash::cpu::backward(q, k, v, out, lse, dout, starts, dm)
     }
 }
 

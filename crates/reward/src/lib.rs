@@ -59,10 +59,14 @@ pub use verdict::{combined_base_reward, CompletionReward, Outcome, RewardFn, Sco
 #[cfg(test)]
 mod batch_norm_tests;
 #[cfg(test)]
+#[path = "edge_case_tests.rs"]
 mod edge_cases;
 #[cfg(test)]
+#[path = "prop_tests.rs"]
 mod proptests;
 #[cfg(test)]
+#[path = "regression_tests.rs"]
 mod regressions;
 #[cfg(test)]
+#[path = "lib_tests.rs"]
 mod tests;

@@ -202,6 +202,7 @@ fn describe(a: &Arg<'_>) -> String {
 }
 
 #[cfg(test)]
+#[path = "lib_tests/mod.rs"]
 mod tests;
 
 unsafe extern "C" {

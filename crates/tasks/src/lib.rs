@@ -27,4 +27,5 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 #[cfg(test)]
+#[path = "prop_tests.rs"]
 mod proptests;

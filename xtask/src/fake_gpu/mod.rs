@@ -117,6 +117,7 @@ const TESTS: &[(&str, &[&str])] = &[
         &["-l:libnccl.so.2", "-l:libcuda.so.1", "-lrt", "-pthread"],
     ),
     ("kernels_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
+    ("flash_fa2_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
 ];
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -327,7 +328,13 @@ fn compile(out: &Path, sources: &[PathBuf], flags: &[String]) -> Result<()> {
             &std::fs::read_to_string(s).with_context(|| format!("reading {}", s.display()))?,
         );
     }
-    for h in headers(Path::new("fake_gpu"))? {
+    let mut deps = headers(Path::new("fake_gpu"), false)?;
+    // A self-test program also depends on the headers its scenarios are split into
+    // (fake_gpu/tests/*/), which the libraries' stamps leave out.
+    if sources.iter().any(|s| s.starts_with("fake_gpu/tests")) {
+        deps.extend(headers(Path::new("fake_gpu/tests"), true)?);
+    }
+    for h in deps {
         key.push_str(
             &std::fs::read_to_string(&h).with_context(|| format!("reading {}", h.display()))?,
         );
@@ -351,14 +358,14 @@ fn compile(out: &Path, sources: &[PathBuf], flags: &[String]) -> Result<()> {
     std::fs::write(&stamp, digest).with_context(|| format!("writing {}", stamp.display()))
 }
 
-/// Every header under `dir` (fake_gpu/'s own and its libraries' private ones), sorted, so a
-/// change to any of them rebuilds what includes it.
-fn headers(dir: &Path) -> Result<Vec<PathBuf>> {
+/// Every header under `dir` (fake_gpu/'s own and its libraries' private ones; the self-tests'
+/// only with `tests`), sorted, so a change to any of them rebuilds what includes it.
+fn headers(dir: &Path, tests: bool) -> Result<Vec<PathBuf>> {
     let mut out = vec![];
     for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let p = e?.path();
-        if p.is_dir() && p.file_name().is_some_and(|n| n != "tests") {
-            out.extend(headers(&p)?);
+        if p.is_dir() && (tests || p.file_name().is_some_and(|n| n != "tests")) {
+            out.extend(headers(&p, tests)?);
         } else if p.extension().is_some_and(|x| x == "h") {
             out.push(p);
         }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 /// The `-D` launch-geometry definitions the kernels are compiled with: the constants the Rust
-/// launches use (crates/model's kernel_checks.rs), read by the one function that knows where
+/// launches use (crates/model's kernels/geometry.rs), read by the one function that knows where
 /// they live (the emulated device's kernel build shares it).
 fn kernel_defines(root: &Path) -> Result<Vec<(String, u64)>> {
     super::fake_gpu::kernels::terse_defines(root)

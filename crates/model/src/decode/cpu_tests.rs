@@ -1,7 +1,7 @@
 //! Tests of the CPU decode step (`decode::cpu`): the three decode paths agree (with an f32 or
 //! an f16 cache), and a row's logits do not depend on the rows beside it.
 
-use crate::cached::DecodePath;
+use crate::cache::DecodePath;
 use crate::{Batch, Config, Padding, Qwen3};
 use candle_core::{DType, Device, Tensor};
 

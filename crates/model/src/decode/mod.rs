@@ -1,7 +1,7 @@
 //! The CPU decode path of `Qwen3::forward_cached` (`DecodePath::Cpu`) and of
-//! `Qwen3::forward_paged`, one folder: `cpu.rs` (the step over the preallocated cache and what
-//! both steps share: weights, scratch, the layer bodies, one fork-join per step), `paged.rs` (the
-//! step over block tables), `access.rs` (in-place cache access), `rows.rs` (row-local loops
+//! `Qwen3::forward_paged`, one folder: `cpu.rs` (the step over the preallocated cache),
+//! `paged.rs` (the step over block tables), `layer.rs` (what both steps share: weights, scratch,
+//! the layer bodies, one fork-join per step), `access.rs` (in-place cache access), `rows.rs` (row-local loops
 //! compiled for AVX2/AVX-512 at run time, the attention dispatch), `avx2.rs` and `avx512.rs`
 //! (the grouped-query attention kernels), `matmul.rs` (the projections' dispatcher),
 //! `panels.rs` (the projections over packed weight panels), `common.rs` (e^x, the cache views).
@@ -17,6 +17,7 @@ mod avx2;
 mod avx512;
 mod common;
 mod cpu;
+mod layer;
 pub(crate) mod matmul;
 pub(crate) mod paged;
 mod panels;
@@ -99,7 +100,7 @@ pub(crate) fn weight_names(c: &Config, head: &str) -> Vec<Option<String>> {
     ];
     for l in 0..c.num_hidden_layers {
         names.extend(
-            cpu::PER_LAYER
+            layer::PER_LAYER
                 .iter()
                 .map(|n| present(n).then(|| format!("model.layers.{l}.{n}"))),
         );

@@ -10,7 +10,7 @@
 
 use super::access::{pool_ptr, with_all_mut, write_paged};
 use super::common::PoolPtr;
-use super::cpu::{attend_mlp, check_ids, finish, qkv, run_parts, scratch, with_weights, Rows};
+use super::layer::{attend_mlp, check_ids, finish, qkv, run_parts, scratch, with_weights, Rows};
 use super::rows::{CacheRow, RowKv};
 use crate::config::Config;
 use crate::paged::PagedKvCache;

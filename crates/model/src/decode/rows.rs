@@ -389,7 +389,8 @@ mod tests {
         let q: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.3).sin()).collect();
         let k: Vec<f32> = (0..cap * d).map(|i| (i as f32 * 0.7).cos()).collect();
         let v: Vec<f32> = (0..cap * d).map(|i| i as f32 * 0.01 - 1.0).collect();
-        let want = crate::kernels::decode_attention(&q, &k, &v, valid, [2, 1], cap, len, d);
+        let want =
+            crate::kernels::references::decode_attention(&q, &k, &v, valid, [2, 1], cap, len, d);
         let mut masked = vec![];
         masked_slots(valid, len, &mut masked);
         let c = CacheRow {

@@ -59,7 +59,7 @@ pub(crate) fn bf16_round(t: &Tensor) -> Result<Tensor> {
 
 /// The tolerance of a bf16 output against the f32 reference on the same rounded inputs: the
 /// output's own rounding (2^-8 relative) plus accumulation order, as 2^-7 of the largest
-/// magnitude (tested on the CPU in fused/tests.rs).
+/// magnitude (tested on the CPU in kernels/ops_tests.rs).
 pub fn bf16_tolerance(reference: &Tensor) -> Result<f64> {
     let m = reference
         .abs()?

@@ -24,14 +24,16 @@ impl Mask {
         }
     }
 
-    fn ranges(self, t: usize, on: &Device) -> Result<crate::flash::KeyRanges> {
+    fn ranges(self, t: usize, on: &Device) -> Result<crate::kernels::flash::KeyRanges> {
         let mut mask = vec![1u8; 2 * t];
         match self {
             Mask::Left => mask[..17].fill(0),
             Mask::Right => mask[t + 101..].fill(0),
-            Mask::Packed => return crate::flash::KeyRanges::packed(&[37, 27, 1, t - 65], t, on),
+            Mask::Packed => {
+                return crate::kernels::flash::KeyRanges::packed(&[37, 27, 1, t - 65], t, on)
+            }
         }
-        match crate::flash::KeyRanges::from_mask(&mask, 2, t, on)? {
+        match crate::kernels::flash::KeyRanges::from_mask(&mask, 2, t, on)? {
             Some(r) => Ok(r),
             None => candle_core::bail!("parity: flash mask not contiguous"),
         }
@@ -57,7 +59,7 @@ fn flash(dev: &Device, dt: DType, kind: Mask) -> Result<Vec<Row>> {
             .map(|x| Var::from_tensor(&x.to_device(on)?.to_dtype(dt)?))
             .collect::<Result<Vec<_>>>()?;
         let ranges = kind.ranges(t, on)?;
-        let out = crate::flash::attention(
+        let out = crate::kernels::flash::attention(
             vars[0].as_tensor(),
             vars[1].as_tensor(),
             vars[2].as_tensor(),

@@ -1,5 +1,5 @@
-//! GPU parity, in groups of rows (name, max |difference|, tolerance): each fused op (fused.rs)
-//! on a device against its CPU reference (kernels.rs), forward and backward, in f32 and in bf16
+//! GPU parity, in groups of rows (name, max |difference|, tolerance): each kernel family's op (kernels/)
+//! on a device against its CPU reference (kernels/), forward and backward, in f32 and in bf16
 //! (the dtype the model computes in on CUDA: inputs rounded to bf16, the reference run in f32
 //! on the rounded values; `ops.rs`), the paged ops (`paged.rs`), flash attention forward and
 //! backward against its CPU implementation (`flash.rs`), a small random Qwen3 decoding 16 steps

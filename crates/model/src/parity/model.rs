@@ -23,7 +23,7 @@ pub(super) fn model_decode_qwen2(dev: &Device) -> Result<Vec<Row>> {
 }
 
 fn decode_rows(dev: &Device, config: crate::Config, what: &str) -> Result<Vec<Row>> {
-    use crate::cached::DecodePath;
+    use crate::cache::DecodePath;
     let dt = if dev.is_cuda() {
         DType::BF16
     } else {

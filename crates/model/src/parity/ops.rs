@@ -2,7 +2,7 @@
 //! cache's write and decode attention, in f32 and in bf16.
 
 use super::common::{bf16_round, bf16_tolerance, grad, on_dev, rnd, row, Row};
-use crate::fused;
+use crate::kernels as fused;
 use candle_core::{DType, Device, Result, Tensor, Var};
 
 /// RMSNorm forward and backward (rows 64 x 1024).

@@ -4,7 +4,7 @@
 //! the CPU reference, in f32 and in bf16. Part of `parity::groups`.
 
 use super::common::{bf16_round, bf16_tolerance, rnd, row, Row};
-use crate::fused::paged::{paged_decode_attention, paged_kv_write, PagedMeta};
+use crate::kernels::{paged_decode_attention, paged_kv_write, PagedMeta};
 use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{DType, Device, Result, Tensor};
 

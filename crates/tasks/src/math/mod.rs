@@ -330,7 +330,9 @@ pub fn score_easyr1_checked(
 }
 
 #[cfg(test)]
+#[path = "math_tests.rs"]
 mod tests;
 
 #[cfg(test)]
+#[path = "graded_tests.rs"]
 mod graded;

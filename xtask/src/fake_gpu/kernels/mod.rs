@@ -110,7 +110,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// terse's kernels/*.cu, with the launch geometry the Rust side uses (crates/model's
-/// kernel_checks.rs, as crates/model/build.rs passes it to nvcc).
+/// kernels/geometry.rs, as crates/model/build.rs passes it to nvcc).
 fn terse_modules(root: &Path, defines: &[(String, String)]) -> Result<Vec<Module>> {
     let dir = root.join("kernels");
     let local_headers = headers_in(&dir)?;
@@ -138,7 +138,7 @@ fn terse_modules(root: &Path, defines: &[(String, String)]) -> Result<Vec<Module
 }
 
 pub(crate) fn terse_defines(root: &Path) -> Result<Vec<(String, u64)>> {
-    let checks = root.join("crates/model/src/kernel_checks.rs");
+    let checks = root.join("crates/model/src/kernels/geometry.rs");
     let text = std::fs::read_to_string(&checks)
         .with_context(|| format!("reading {}", checks.display()))?;
     Ok(geometry::kernel_defines(&text))

@@ -51,7 +51,7 @@ pub(super) fn trampolines(source: &Path, input: &Path, kernels: &[Entry]) -> Str
 }
 
 /// `extern __shared__ T name[];` (dynamic shared memory, an incomplete static array under the
-/// shim) becomes `T *name = terse_shim::dynamic_shared();` on the same line. None when the
+/// shim) becomes `T *name = terse_shim::extern_shared();` on the same line. None when the
 /// source has none.
 pub(super) fn rewrite_dynamic_shared(text: &str) -> Result<Option<String>, String> {
     let mark = "extern __shared__";
@@ -92,7 +92,7 @@ pub(super) fn rewrite_dynamic_shared(text: &str) -> Result<Option<String>, Strin
             return Err(bad());
         }
         out.push_str(&format!(
-            "{} *{name} = terse_shim::dynamic_shared()",
+            "{} *{name} = terse_shim::extern_shared()",
             spec.trim_end()
         ));
         rest = &after[end..];
@@ -348,7 +348,7 @@ extern "C" TERSE_KERNEL void empty() {}
         let out = rewrite_dynamic_shared(src).expect("rewrite").expect("some");
         assert_eq!(
             out,
-            "a\n    int *dst_row = terse_shim::dynamic_shared();\nb __align__(16) float2 *s = terse_shim::dynamic_shared();\n"
+            "a\n    int *dst_row = terse_shim::extern_shared();\nb __align__(16) float2 *s = terse_shim::extern_shared();\n"
         );
         assert_eq!(rewrite_dynamic_shared("no shared here").expect("ok"), None);
         let commented = "// extern __shared__ memory\nextern __shared__ char s[];";
@@ -356,7 +356,7 @@ extern "C" TERSE_KERNEL void empty() {}
             rewrite_dynamic_shared(commented)
                 .expect("rewrite")
                 .expect("some"),
-            "// extern __shared__ memory\nchar *s = terse_shim::dynamic_shared();"
+            "// extern __shared__ memory\nchar *s = terse_shim::extern_shared();"
         );
         let e = rewrite_dynamic_shared("a\nb\n  extern __shared__ int x[4];").expect_err("sized");
         assert!(e.starts_with("line 3:"), "{e}");

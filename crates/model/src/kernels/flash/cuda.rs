@@ -1,0 +1,227 @@
+//! Launches of kernels/flash_attn.cu behind the flash custom ops (the `cuda` feature only):
+//! the forward (out, lse), then for the backward delta = rowsum(dO * O), dQ per query row and
+//! dK/dV per key row. q/k/v f32 or bf16, contiguous; everything the kernels write is f32.
+//! bf16 at head sizes 64 and 128 takes the tensor-core kernels (`super::tensor_cores`): the
+//! forward of kernels/flash_fa2.cu (FlashAttention-2's structure; `TERSE_FLASH_FA2=0` takes
+//! flash_tc.cu's instead, the reference it replaces) and flash_tc.cu's backward.
+
+#![allow(unsafe_code)] // kernel launches into device buffers the kernels fill
+
+use super::launch;
+use super::Dims;
+use crate::kernels::describe::Storage as Store;
+use crate::kernels::geometry::DECODE_MAX_HEAD_DIM;
+use crate::kernels::launching::{func, view, Described};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
+
+type In<'a> = (&'a CudaStorage, &'a Layout);
+
+fn store(dt: DType) -> Result<Store> {
+    match dt {
+        DType::F32 => Ok(Store::F32),
+        DType::BF16 => Ok(Store::Bf16),
+        other => crate::fail!("flash attention: no kernel for {other:?} (f32 or bf16)"),
+    }
+}
+
+fn check(dm: Dims) -> Result<()> {
+    if dm.d > DECODE_MAX_HEAD_DIM {
+        crate::fail!(
+            "flash attention: head_dim {} over the kernels' {DECODE_MAX_HEAD_DIM}",
+            dm.d
+        );
+    }
+    Ok(())
+}
+
+/// Whether the tensor-core forward is kernels/flash_fa2.cu's (the default) or flash_tc.cu's
+/// (`TERSE_FLASH_FA2=0`, read once: the fallback if the new kernel faults on a device).
+fn fa2_forward() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        super::tensor_cores_by_default(std::env::var("TERSE_FLASH_FA2").ok().as_deref())
+    })
+}
+
+/// A contiguous f32 or u32 tensor's device buffer, read under its storage lock.
+fn with_slice<T: CudaDType, R>(
+    t: &Tensor,
+    what: &str,
+    f: impl FnOnce(&CudaStorage, &Layout) -> Result<R>,
+) -> Result<R> {
+    let (s, l) = t.storage_and_layout();
+    match &*s {
+        Storage::Cuda(c) => {
+            let _ = view::<T>(c, l, what)?;
+            f(c, l)
+        }
+        _ => crate::fail!("flash attention {what}: expected a CUDA tensor"),
+    }
+}
+
+/// (q, k, v) -> flat f32 [out; lse].
+pub(super) fn forward(
+    q: In,
+    k: In,
+    v: In,
+    starts: &Tensor,
+    dm: Dims,
+) -> Result<(CudaStorage, Shape)> {
+    check(dm)?;
+    fn go<T: CudaDType + DeviceRepr>(
+        q: In,
+        k: In,
+        v: In,
+        starts: &Tensor,
+        dm: Dims,
+        st: Store,
+    ) -> Result<CudaSlice<f32>> {
+        let dev: &CudaDevice = q.0.device();
+        // Tensor cores for bf16 at head sizes 64 and 128; the scalar kernel otherwise.
+        let l = if launch::flash_tc_covers(st, dm.d) && super::tensor_cores() {
+            // cp.async copies 16 bytes: K and V rows must start 16-byte aligned (candle's
+            // allocations are; a view starting at a multiple of 8 bf16 keeps them so).
+            let aligned =
+                k.1.start_offset().is_multiple_of(8) && v.1.start_offset().is_multiple_of(8);
+            if fa2_forward() && aligned {
+                launch::flash_fa2_fwd(dm)
+            } else {
+                launch::flash_tc_fwd(dm)
+            }
+        } else {
+            launch::flash_fwd(st, dm)
+        };
+        let f = func!(dev, l)?;
+        let n = dm.b * dm.hq * dm.t * dm.d;
+        let rows = dm.b * dm.hq * dm.t;
+        // SAFETY: the kernel writes every output element and every lse entry.
+        let mut both = unsafe { dev.alloc::<f32>(n + rows)? };
+        with_slice::<u32, _>(starts, "starts", |sc, sl| {
+            let (qv, kv, vv) = (
+                view::<T>(q.0, q.1, "q")?,
+                view::<T>(k.0, k.1, "k")?,
+                view::<T>(v.0, v.1, "v")?,
+            );
+            let sv = view::<u32>(sc, sl, "starts")?;
+            let (mut out, mut lse) = both.split_at_mut(n);
+            let mut d = Described::new(f.builder(), &l);
+            d.buf(0, &qv)?
+                .buf(1, &kv)?
+                .buf(2, &vv)?
+                .buf(3, &sv)?
+                .buf(4, &mut out)?
+                .buf(5, &mut lse)?;
+            // SAFETY: q, out (B, Hq, T, D), k, v (B, Hkv, T, D), starts (B, T), lse (B, Hq, T).
+            unsafe { d.launch() }
+        })?;
+        Ok(both)
+    }
+    let dev = q.0.device().clone();
+    let out = match q.0.dtype() {
+        DType::F32 => go::<f32>(q, k, v, starts, dm, Store::F32)?,
+        DType::BF16 => go::<half::bf16>(q, k, v, starts, dm, Store::Bf16)?,
+        dt => store(dt).map(|_| unreachable!())?,
+    };
+    let len = out.len();
+    Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(len)))
+}
+
+/// (q, k, v) with the forward's (out, lse) and dO (f32) -> flat f32 [dq; dk; dv].
+pub(super) fn backward(
+    q: In,
+    k: In,
+    v: In,
+    saved: (&Tensor, &Tensor, &Tensor),
+    starts: &Tensor,
+    dm: Dims,
+) -> Result<(CudaStorage, Shape)> {
+    check(dm)?;
+    let (out, lse, dout) = (
+        saved.0.contiguous()?,
+        saved.1.contiguous()?,
+        saved.2.contiguous()?,
+    );
+    let dev: CudaDevice = q.0.device().clone();
+    let st = store(q.0.dtype())?;
+    let (nq, nk) = (dm.b * dm.hq * dm.t * dm.d, dm.b * dm.hkv * dm.t * dm.d);
+    let rows = dm.b * dm.hq * dm.t;
+    // SAFETY: the kernels write every element of dq, dk, dv and delta.
+    let mut grads = unsafe { dev.alloc::<f32>(nq + 2 * nk)? };
+    let mut delta = unsafe { dev.alloc::<f32>(rows)? };
+    with_slice::<f32, _>(&out, "out", |oc, ol| {
+        with_slice::<f32, _>(&dout, "dout", |gc, gl| {
+            let (ov, gv) = (view::<f32>(oc, ol, "out")?, view::<f32>(gc, gl, "dout")?);
+            let l = launch::flash_delta(rows, dm.d);
+            let f = func!(&dev, l)?;
+            let mut d = Described::new(f.builder(), &l);
+            d.buf(0, &ov)?.buf(1, &gv)?.buf(2, &mut delta)?;
+            // SAFETY: out and dout hold rows x D elements, delta rows.
+            unsafe { d.launch() }
+        })
+    })?;
+    with_slice::<f32, _>(&lse, "lse", |lc, ll| {
+        with_slice::<f32, _>(&dout, "dout", |gc, gl| {
+            with_slice::<u32, _>(starts, "starts", |sc, sl| {
+                let (lv, gv, sv) = (
+                    view::<f32>(lc, ll, "lse")?,
+                    view::<f32>(gc, gl, "dout")?,
+                    view::<u32>(sc, sl, "starts")?,
+                );
+                let (mut dq, mut rest) = grads.split_at_mut(nq);
+                let (mut dk, mut dv) = rest.split_at_mut(nk);
+                macro_rules! launch {
+                    ($t:ty) => {{
+                        let (qv, kv, vv) = (
+                            view::<$t>(q.0, q.1, "q")?,
+                            view::<$t>(k.0, k.1, "k")?,
+                            view::<$t>(v.0, v.1, "v")?,
+                        );
+                        // The seven inputs both backward kernels read, in their order.
+                        macro_rules! inputs {
+                            ($d:expr) => {
+                                $d.buf(0, &qv)?
+                                    .buf(1, &kv)?
+                                    .buf(2, &vv)?
+                                    .buf(3, &sv)?
+                                    .buf(4, &lv)?
+                                    .buf(5, &delta)?
+                                    .buf(6, &gv)?
+                            };
+                        }
+                        let tc = launch::flash_tc_covers(st, dm.d) && super::tensor_cores();
+                        let l = if tc {
+                            launch::flash_tc_bwd_dq(dm)
+                        } else {
+                            launch::flash_bwd_dq(st, dm)
+                        };
+                        let f = func!(&dev, l)?;
+                        let mut d = Described::new(f.builder(), &l);
+                        inputs!(d).buf(7, &mut dq)?;
+                        // SAFETY: the forward's shapes; dq as q.
+                        unsafe { d.launch() }?;
+                        let l = if tc {
+                            launch::flash_tc_bwd_dkdv(dm)
+                        } else {
+                            launch::flash_bwd_dkdv(st, dm)
+                        };
+                        let f = func!(&dev, l)?;
+                        let mut d = Described::new(f.builder(), &l);
+                        inputs!(d).buf(7, &mut dk)?.buf(8, &mut dv)?;
+                        // SAFETY: the forward's shapes; dk and dv as k and v.
+                        unsafe { d.launch() }?;
+                    }};
+                }
+                match q.0.dtype() {
+                    DType::BF16 => launch!(half::bf16),
+                    _ => launch!(f32),
+                }
+                Ok(())
+            })
+        })
+    })?;
+    let len = grads.len();
+    Ok((CudaStorage::wrap_cuda_slice(grads, dev), Shape::from(len)))
+}

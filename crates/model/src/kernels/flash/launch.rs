@@ -1,0 +1,163 @@
+//! Flash attention's launch descriptions (kernels/flash_attn.cu, the tensor-core kernels of
+//! kernels/flash_tc.cu and the FlashAttention-2 forward of kernels/flash_fa2.cu): the shape of a
+//! call (`FlashDims`, one type for the launches and the CPU path) and one description per entry
+//! point, which cuda.rs launches and crates/simt runs.
+
+use crate::kernels::describe::{bufs, ints, Arg, Launch, Storage};
+use crate::kernels::geometry::{FLASH_TC_WARPS, FLASH_WARPS};
+
+/// One warp per row, `FLASH_WARPS` rows per block; `heads` blocks along y.
+fn flash_rows(kernel: String, rows: usize, heads: usize, args: Vec<Arg>) -> Launch {
+    Launch {
+        kernel,
+        module: "flash_attn",
+        grid: (rows.div_ceil(FLASH_WARPS as usize) as u32, heads as u32, 1),
+        block: (32 * FLASH_WARPS, 1, 1),
+        shared: 0,
+        args,
+    }
+}
+
+/// The shape of a flash launch: batch, query heads, KV heads, tokens, head size, and the
+/// softmax scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlashDims {
+    pub b: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub t: usize,
+    pub d: usize,
+    pub scale: f32,
+}
+
+impl FlashDims {
+    fn tail(&self) -> impl Iterator<Item = Arg> {
+        let d = *self;
+        ints(&[d.hq, d.hkv, d.t, d.d])
+            .collect::<Vec<_>>()
+            .into_iter()
+            .chain([Arg::F32(d.scale)])
+    }
+}
+
+/// Buffers: q (B, Hq, T, D), k and v (B, Hkv, T, D), starts (B, T, u32: each row's first key),
+/// out (B, Hq, T, D, f32), lse (B, Hq, T, f32).
+pub fn flash_fwd(s: Storage, dm: FlashDims) -> Launch {
+    let args = bufs(6).chain(dm.tail()).collect();
+    flash_rows(
+        format!("flash_fwd_{}", s.suffix()),
+        dm.t,
+        dm.b * dm.hq,
+        args,
+    )
+}
+
+/// f32. delta = rowsum(dO * O) over `rows` rows of size d. Buffers: out, dout, delta (rows).
+pub fn flash_delta(rows: usize, d: usize) -> Launch {
+    let args = bufs(3)
+        .chain([Arg::U64(rows as u64), Arg::I32(d as i32)])
+        .collect();
+    flash_rows("flash_delta_f32".into(), rows, 1, args)
+}
+
+/// Buffers: q, k, v, starts, lse, delta, dout (f32), dq (B, Hq, T, D, f32).
+pub fn flash_bwd_dq(s: Storage, dm: FlashDims) -> Launch {
+    let args = bufs(8).chain(dm.tail()).collect();
+    flash_rows(
+        format!("flash_bwd_dq_{}", s.suffix()),
+        dm.t,
+        dm.b * dm.hq,
+        args,
+    )
+}
+
+/// Buffers: q, k, v, starts, lse, delta, dout, dk, dv (B, Hkv, T, D, f32).
+pub fn flash_bwd_dkdv(s: Storage, dm: FlashDims) -> Launch {
+    let args = bufs(9).chain(dm.tail()).collect();
+    flash_rows(
+        format!("flash_bwd_dkdv_{}", s.suffix()),
+        dm.t,
+        dm.b * dm.hkv,
+        args,
+    )
+}
+
+/// The head sizes the tensor-core flash kernels are instantiated for.
+pub const FLASH_TC_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Whether the tensor-core kernels (kernels/flash_tc.cu) cover a call: bf16 in, head size 64 or
+/// 128. Everything else takes the scalar kernels of flash_attn.cu.
+pub fn flash_tc_covers(s: Storage, d: usize) -> bool {
+    s == Storage::Bf16 && FLASH_TC_HEAD_DIMS.contains(&d)
+}
+
+/// 16 x FLASH_TC_WARPS rows per block, `heads` blocks along y.
+fn flash_tc_rows(kernel: String, t: usize, heads: usize, args: Vec<Arg>) -> Launch {
+    let rows = 16 * FLASH_TC_WARPS as usize;
+    Launch {
+        kernel,
+        module: "flash_tc",
+        grid: (t.div_ceil(rows) as u32, heads as u32, 1),
+        block: (32 * FLASH_TC_WARPS, 1, 1),
+        shared: 0,
+        args,
+    }
+}
+
+/// The scalars of a tensor-core flash launch (the head size is in the kernel's name).
+fn tc_tail(dm: &FlashDims) -> impl Iterator<Item = Arg> {
+    ints(&[dm.hq, dm.hkv, dm.t])
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain([Arg::F32(dm.scale)])
+}
+
+/// bf16, head size 64 or 128 (`flash_tc_covers`). Buffers as `flash_fwd`.
+pub fn flash_tc_fwd(dm: FlashDims) -> Launch {
+    let args = bufs(6).chain(tc_tail(&dm)).collect();
+    flash_tc_rows(format!("flash_tc_fwd_d{}", dm.d), dm.t, dm.b * dm.hq, args)
+}
+
+/// bf16, head size 64 or 128. Buffers as `flash_bwd_dq`.
+pub fn flash_tc_bwd_dq(dm: FlashDims) -> Launch {
+    let args = bufs(8).chain(tc_tail(&dm)).collect();
+    flash_tc_rows(
+        format!("flash_tc_bwd_dq_d{}", dm.d),
+        dm.t,
+        dm.b * dm.hq,
+        args,
+    )
+}
+
+/// bf16, head size 64 or 128: blocks of 16 x FLASH_TC_WARPS key rows. Buffers as
+/// `flash_bwd_dkdv`.
+pub fn flash_tc_bwd_dkdv(dm: FlashDims) -> Launch {
+    let args = bufs(9).chain(tc_tail(&dm)).collect();
+    flash_tc_rows(
+        format!("flash_tc_bwd_dkdv_d{}", dm.d),
+        dm.t,
+        dm.b * dm.hkv,
+        args,
+    )
+}
+
+/// Keys per tile of `flash_fa2_fwd_*`: kernels/flash_fa2.cu's `FA2_KEYS` (crates/simt's
+/// tests check the two agree).
+pub const FLASH_FA2_KEYS: usize = 64;
+
+/// Dynamic shared memory of `flash_fa2_fwd_d{d}`: 2 stages x (K, V) x FLASH_FA2_KEYS rows of
+/// d + 8 bf16 (the padded rows of kernels/flash_fa2.cu): 36,864 bytes at d = 64, 69,632 at 128.
+pub fn flash_fa2_shared(d: usize) -> u32 {
+    (2 * 2 * FLASH_FA2_KEYS * (d + 8) * 2) as u32
+}
+
+/// bf16, head size 64 or 128 (`flash_tc_covers`): the forward in FlashAttention-2's structure
+/// (kernels/flash_fa2.cu), rows and grid as `flash_tc_fwd`. Buffers as `flash_fwd`.
+pub fn flash_fa2_fwd(dm: FlashDims) -> Launch {
+    let args = bufs(6).chain(tc_tail(&dm)).collect();
+    Launch {
+        module: "flash_fa2",
+        shared: flash_fa2_shared(dm.d),
+        ..flash_tc_rows(format!("flash_fa2_fwd_d{}", dm.d), dm.t, dm.b * dm.hq, args)
+    }
+}

@@ -1,0 +1,178 @@
+//! candle's custom-op plumbing, written once. Every terse kernel op (each kernel family's op,
+//! flash/, the log-prob's chunked backward) implements [`Kernel`]: its name, its CPU path, its
+//! CUDA launch and optionally its backward, each over an array of (storage, layout) pairs;
+//! [`apply2`] / [`apply3`] run it as a candle `CustomOp2` / `CustomOp3` through the [`Op`]
+//! wrapper. The in-place cache writes do the same with [`InplaceKernel`] and [`apply_inplace`].
+//!
+//! The wrapper exists because Rust's orphan rule forbids implementing candle's traits for every
+//! `K: Kernel` directly; it is invisible at the call sites.
+
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
+
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+
+/// One input of an op: its storage and the layout it is read through.
+pub(crate) type Arg<'a, S> = (&'a S, &'a Layout);
+
+/// A kernel op of `N` inputs (2 or 3).
+pub(crate) trait Kernel<const N: usize>: Send + Sync + 'static {
+    /// The op's name in candle's graph and in its errors.
+    const NAME: &'static str;
+
+    /// The CPU path (the kernel's f32 reference, or a precomputed value).
+    fn cpu(&self, args: [Arg<'_, CpuStorage>; N]) -> Result<(CpuStorage, Shape)>;
+
+    /// The CUDA launch.
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, args: [Arg<'_, CudaStorage>; N]) -> Result<(CudaStorage, Shape)>;
+
+    /// The gradients of the inputs from the result and its gradient; forward-only ops keep
+    /// candle's refusal.
+    fn bwd(
+        &self,
+        _args: [&Tensor; N],
+        _res: &Tensor,
+        _grad: &Tensor,
+    ) -> Result<[Option<Tensor>; N]> {
+        Err(candle_core::Error::BackwardNotSupported { op: Self::NAME })
+    }
+}
+
+/// A [`Kernel`] as candle sees it.
+pub(crate) struct Op<K>(K);
+
+impl<K: Kernel<2>> CustomOp2 for Op<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.0.cpu([(s1, l1), (s2, l2)])
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.0.cuda([(s1, l1), (s2, l2)])
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let [da, db] = self.0.bwd([a, b], res, grad)?;
+        Ok((da, db))
+    }
+}
+
+impl<K: Kernel<3>> CustomOp3 for Op<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.0.cpu([(s1, l1), (s2, l2), (s3, l3)])
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.0.cuda([(s1, l1), (s2, l2), (s3, l3)])
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let [da, db, dc] = self.0.bwd([a, b, c], res, grad)?;
+        Ok((da, db, dc))
+    }
+}
+
+/// `kernel(a, b)`, with its backward in the graph.
+pub(crate) fn apply2(a: &Tensor, b: &Tensor, kernel: impl Kernel<2>) -> Result<Tensor> {
+    a.apply_op2(b, Op(kernel))
+}
+
+/// `kernel(a, b, c)`, with its backward in the graph.
+pub(crate) fn apply3(a: &Tensor, b: &Tensor, c: &Tensor, kernel: impl Kernel<3>) -> Result<Tensor> {
+    a.apply_op3(b, c, Op(kernel))
+}
+
+/// A kernel that writes `src` into `dst` in place (the KV cache writes).
+pub(crate) trait InplaceKernel {
+    const NAME: &'static str;
+
+    fn cpu(&self, dst: (&mut CpuStorage, &Layout), src: Arg<'_, CpuStorage>) -> Result<()>;
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, dst: (&mut CudaStorage, &Layout), src: Arg<'_, CudaStorage>) -> Result<()>;
+}
+
+struct Inplace<'k, K>(&'k K);
+
+impl<K: InplaceKernel> InplaceOp2 for Inplace<'_, K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        self.0.cpu((s1, l1), (s2, l2))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        self.0.cuda((s1, l1), (s2, l2))
+    }
+}
+
+/// Runs `kernel` writing `src` into `dst`.
+pub(crate) fn apply_inplace(dst: &Tensor, src: &Tensor, kernel: &impl InplaceKernel) -> Result<()> {
+    dst.inplace_op2(src, &Inplace(kernel))
+}

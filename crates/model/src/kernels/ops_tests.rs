@@ -1,0 +1,175 @@
+//! Tests of the kernel families' ops: each op's forward (the CPU reference) and backward
+//! against the composite candle ops, the one-op RMSNorm backward, the in-place KV write.
+
+use super::rmsnorm::RmsNormBwd;
+use super::*;
+use crate::ops;
+use candle_core::{DType, Device, Tensor, Var};
+
+fn vals(shape: &[usize], seed: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 50.0 - 1.0)
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).expect("t")
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .expect("d")
+        .abs()
+        .expect("a")
+        .flatten_all()
+        .expect("f")
+        .max(0)
+        .expect("m")
+        .to_scalar()
+        .expect("s")
+}
+
+/// The ops' forward (the CPU reference) and backward (recorded by the op) against the
+/// composite candle ops of the training path.
+#[test]
+fn fused_ops_and_their_backward_equal_the_composite_ops() {
+    let x = Var::from_tensor(&vals(&[3, 4, 16], 1)).expect("x");
+    let w = Var::from_tensor(&vals(&[16], 2)).expect("w");
+    let g = vals(&[3, 4, 16], 3);
+    let grads = |y: Tensor| {
+        (y * &g)
+            .expect("m")
+            .sum_all()
+            .expect("s")
+            .backward()
+            .expect("b")
+    };
+    let (a, b) = (
+        rms_norm(&x, &w, 1e-6).expect("f"),
+        ops::rms_norm_composite(&x, &w, 1e-6).expect("c"),
+    );
+    assert!(max_diff(&a, &b) < 1e-5);
+    let (ga, gb) = (grads(a), grads(b));
+    for v in [&x, &w] {
+        let d = max_diff(ga.get(v).expect("g"), gb.get(v).expect("g"));
+        assert!(d < 1e-4, "rmsnorm grad {d}");
+    }
+    // The one-op backward (what CUDA runs) on its CPU reference: (12 + 1, 16) = [dx; dw].
+    let both = crate::kernels::op::apply3(&x, &w, &g, RmsNormBwd { eps: 1e-6 }).expect("bwd");
+    let dx = both
+        .narrow(0, 0, 12)
+        .expect("n")
+        .reshape((3, 4, 16))
+        .expect("r");
+    let dw = both.narrow(0, 12, 1).expect("n").reshape(16).expect("r");
+    assert!(max_diff(&dx, gb.get(&x).expect("g")) < 1e-4);
+    assert!(max_diff(&dw, gb.get(&w).expect("g")) < 1e-4);
+
+    let x = Var::from_tensor(&vals(&[2, 3, 4, 8], 4)).expect("x");
+    let pos = Tensor::from_vec(vec![0u32, 1, 2, 3, 7, 8, 9, 10], (2, 4), &Device::Cpu).expect("p");
+    let (c, s) = ops::rope_tables(&pos, 8, 1e4, DType::F32).expect("t");
+    let g = vals(&[2, 3, 4, 8], 5);
+    let grads = |y: Tensor| {
+        (y * &g)
+            .expect("m")
+            .sum_all()
+            .expect("s")
+            .backward()
+            .expect("b")
+    };
+    let (a, b) = (
+        rope(&x, &c, &s).expect("f"),
+        ops::rope_composite(&x, &c, &s).expect("c"),
+    );
+    assert!(max_diff(&a, &b) < 1e-6);
+    let d = max_diff(grads(a).get(&x).expect("g"), grads(b).get(&x).expect("g"));
+    assert!(d < 1e-6, "rope grad {d}");
+}
+
+#[test]
+fn kv_write_fills_one_slot_in_place() {
+    let cache = Tensor::zeros((2, 1, 3, 2), DType::F32, &Device::Cpu).expect("c");
+    kv_write(&cache, &vals(&[2, 1, 2], 6), 1).expect("write");
+    let flat = cache.flatten_all().expect("f").to_vec1::<f32>().expect("v");
+    let src = vals(&[2, 1, 2], 6)
+        .flatten_all()
+        .expect("f")
+        .to_vec1::<f32>()
+        .expect("v");
+    assert_eq!(
+        flat,
+        [0.0, 0.0, src[0], src[1], 0.0, 0.0, 0.0, 0.0, src[2], src[3], 0.0, 0.0]
+    );
+    assert!(
+        kv_write(&cache, &vals(&[2, 1, 2], 6), 3).is_err(),
+        "slot out of range"
+    );
+}
+
+/// Every parity group runs on the CPU (its "device" side on the CPU too) and passes; the row
+/// names gpu-check reports include the bf16 kernels and the whole-model rows.
+#[test]
+fn parity_groups_run_on_the_cpu() {
+    let rows = crate::testing::parity::check(&Device::Cpu).expect("parity");
+    for r in &rows {
+        assert!(r.ok(), "{r:?}");
+    }
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    for want in [
+        "bf16 rmsnorm fwd",
+        "bf16 rope fwd",
+        "bf16 rope bwd",
+        "bf16 kv write + decode attention",
+        "model decode logits, kernels vs composite (16 steps)",
+        "training gradient norm bf16 vs f32 (relative)",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+}
+
+/// The bf16 tolerance gpu-check states: a correct bf16 kernel is the f32 reference on the
+/// bf16-rounded inputs with its output rounded to bf16; that is within the tolerance, and the
+/// rounded-input reference is near the f32 one (so the rows compare what matters).
+#[test]
+fn bf16_references_stay_within_the_stated_tolerance() {
+    let round = |t: &Tensor| {
+        t.to_dtype(DType::BF16)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .expect("round")
+    };
+    let (x, w) = (vals(&[16, 256], 1), vals(&[256], 2));
+    let exact = rms_norm(&x, &w, 1e-6).expect("f32");
+    let on_rounded = rms_norm(&round(&x), &round(&w), 1e-6).expect("rounded");
+    let kernel_like = round(&on_rounded);
+    let tol = crate::testing::parity::bf16_tolerance(&on_rounded).expect("tol");
+    assert!(crate::testing::parity::diff(&kernel_like, &on_rounded).expect("d") <= tol);
+    assert!(crate::testing::parity::diff(&on_rounded, &exact).expect("d") <= 4.0 * tol);
+    // And a NaN anywhere fails a row.
+    let nan = Tensor::new(&[1.0f32, f32::NAN], &Device::Cpu).expect("t");
+    let one = Tensor::new(&[1.0f32, 1.0], &Device::Cpu).expect("t");
+    assert!(crate::testing::parity::diff(&nan, &one)
+        .expect("d")
+        .is_nan());
+}
+
+/// The checks run through the public ops (the path a launch takes), and empty inputs return
+/// without running anything.
+#[test]
+fn ops_refuse_bad_shapes_and_pass_empty_inputs_through() {
+    let x = vals(&[2, 1, 3, 4], 1);
+    let table = vals(&[3, 2], 2); // (T, D/2): would be read out of bounds for row 1
+    let e = rope(&x, &table, &table)
+        .expect_err("2-d tables")
+        .to_string();
+    assert!(e.contains("rope: cos [3, 2]"), "{e}");
+    let logits = vals(&[2, 5], 3);
+    let t = Tensor::new(&[1u32, 5], &Device::Cpu).expect("t");
+    let e = logprob_stats(&logits, &t)
+        .expect_err("target 5 of 5")
+        .to_string();
+    assert!(e.contains("target 5 at row 1"), "{e}");
+    let empty = Tensor::zeros((0, 4), DType::F32, &Device::Cpu).expect("e");
+    let w = vals(&[4], 4);
+    assert_eq!(rms_norm(&empty, &w, 1e-6).expect("empty").dims(), [0, 4]);
+    let none = Tensor::zeros(0, DType::U32, &Device::Cpu).expect("t");
+    let z = Tensor::zeros((0, 5), DType::F32, &Device::Cpu).expect("z");
+    assert_eq!(logprob_stats(&z, &none).expect("empty").dims(), [0, 3]);
+}

@@ -1,0 +1,193 @@
+//! Rotate-half RoPE (kernels/rope.cu), everything about it in one place: the candle op (its
+//! backward is the inverse rotation), its shape check, its f32 CPU reference, its launch
+//! description and its CUDA launch.
+//!
+//! Data flow: `ops::rope` (fused path) -> `rope` -> CPU reference or CUDA kernel.
+
+use super::cpu::f32s;
+use super::op::{apply3, Arg, Kernel};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{CpuStorage, Result, Shape, Tensor};
+use reference as refs;
+
+/// Rotate-half RoPE; x (B, H, T, D), cos/sin (B, T, D/2).
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    check::rope(x.dims(), cos.dims(), sin.dims())?;
+    if x.elem_count() == 0 {
+        return Ok(x.clone());
+    }
+    apply3(x, cos, sin, Rope { inverse: false })
+}
+
+struct Rope {
+    inverse: bool,
+}
+
+impl Kernel<3> for Rope {
+    const NAME: &'static str = "terse-rope";
+
+    fn cpu(
+        &self,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, h, t, d) = l1.shape().dims4()?;
+        let y = refs::rope(
+            f32s(s1, l1, "rope x")?,
+            f32s(s2, l2, "rope cos")?,
+            f32s(s3, l3, "rope sin")?,
+            [b, h, t, d],
+            self.inverse,
+        );
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(
+        &self,
+        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CudaStorage>; 3],
+    ) -> Result<(CudaStorage, Shape)> {
+        cuda::rope(s1, l1, s2, l2, s3, l3, self.inverse)
+    }
+
+    /// The rotation is orthogonal: the gradient is the inverse rotation of dy.
+    fn bwd(
+        &self,
+        [_, cos, sin]: [&Tensor; 3],
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<[Option<Tensor>; 3]> {
+        let inverse = !self.inverse;
+        let dx = apply3(&dy.contiguous()?, cos, sin, Rope { inverse })?;
+        Ok([Some(dx), None, None])
+    }
+}
+
+/// Shape and bounds checks run before every launch, on every device (the kernels index raw
+/// buffers: a wrong shape is an error naming the op and the shapes, never a launch).
+pub(crate) mod check {
+    use candle_core::Result;
+    /// RoPE: x (B, H, T, D) with D even, cos and sin (B, T, D/2).
+    pub fn rope(x: &[usize], cos: &[usize], sin: &[usize]) -> Result<[usize; 4]> {
+        let &[b, h, t, d] = x else {
+            crate::fail!("rope: x must be (B, H, T, D), got {x:?}");
+        };
+        if d % 2 != 0 {
+            crate::fail!("rope: head size {d} is odd (x {x:?}); rotate-half needs an even size");
+        }
+        let want = [b, t, d / 2];
+        if cos != want || sin != want {
+            crate::fail!(
+                "rope: cos {cos:?} and sin {sin:?} must be (B, T, D/2) = {want:?} for x {x:?}"
+            );
+        }
+        Ok([b, h, t, d])
+    }
+}
+
+/// The f32 CPU reference, written as plain loops with the kernel's layouts and accumulation
+/// order in mind: the CPU path of the op, and the ground truth of `cargo xtask gpu-check` and
+/// of the SIMT shim's tests.
+pub mod reference {
+    /// Rotate-half RoPE on x (B, H, T, D) with half tables cos/sin (B, T, D/2); `inverse` applies
+    /// the transposed rotation (the backward: dy -> dx). kernels/rope.cu `rope_fwd_*`/`rope_bwd_*`.
+    pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], dims: [usize; 4], inverse: bool) -> Vec<f32> {
+        let [b, heads, t, d] = dims;
+        let h = d / 2;
+        let sign = if inverse { -1.0 } else { 1.0 };
+        let mut y = vec![0f32; x.len()];
+        for bi in 0..b {
+            for hi in 0..heads {
+                for ti in 0..t {
+                    let base = ((bi * heads + hi) * t + ti) * d;
+                    for i in 0..h {
+                        let tab = (bi * t + ti) * h + i;
+                        let (c, s) = (cos[tab], sign * sin[tab]);
+                        let (x1, x2) = (x[base + i], x[base + i + h]);
+                        y[base + i] = x1 * c - x2 * s;
+                        y[base + i + h] = x2 * c + x1 * s;
+                    }
+                }
+            }
+        }
+        y
+    }
+}
+
+/// The launch description of each entry point (kernel name, grid, block, arguments in order):
+/// the CUDA launch below pushes exactly these, and crates/simt runs them on the CPU.
+pub mod launch {
+    use crate::kernels::describe::{bufs, elementwise, ints, Launch, Storage};
+
+    /// Rotate-half RoPE over x (B, H, T, D) (`inverse`: the backward). Buffers: x, cos, sin
+    /// (B, T, D/2), y.
+    pub fn rope(s: Storage, inverse: bool, [b, h, t, d]: [usize; 4]) -> Launch {
+        let dir = if inverse { "bwd" } else { "fwd" };
+        let args = bufs(4).chain(ints(&[b, h, t, d])).collect();
+        elementwise(
+            format!("rope_{dir}_{}", s.suffix()),
+            "rope",
+            b * h * t * d / 2,
+            args,
+        )
+    }
+}
+
+/// The CUDA launches (the `cuda` feature only), each through its launch description.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
+mod cuda {
+    use crate::kernels::describe::Storage as Store;
+    use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::rope::launch;
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
+
+    pub fn rope(
+        x: &CudaStorage,
+        lx: &Layout,
+        c: &CudaStorage,
+        lc: &Layout,
+        s: &CudaStorage,
+        ls: &Layout,
+        inverse: bool,
+    ) -> Result<(CudaStorage, Shape)> {
+        #[allow(clippy::too_many_arguments)]
+        fn go<T: CudaDType + DeviceRepr>(
+            x: &CudaStorage,
+            lx: &Layout,
+            c: &CudaStorage,
+            lc: &Layout,
+            s: &CudaStorage,
+            ls: &Layout,
+            inverse: bool,
+            st: Store,
+        ) -> Result<CudaStorage> {
+            let dev: &CudaDevice = x.device();
+            let (b, h, t, d) = lx.shape().dims4()?;
+            let l = launch::rope(st, inverse, [b, h, t, d]);
+            let f = func!(dev, l)?;
+            let (xv, cv, sv) = (
+                view::<T>(x, lx, "rope x")?,
+                view::<T>(c, lc, "rope cos")?,
+                view::<T>(s, ls, "rope sin")?,
+            );
+            let n = lx.shape().elem_count();
+            // SAFETY: every element is written by the kernel.
+            let mut y = unsafe { dev.alloc::<T>(n)? };
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &xv)?.buf(1, &cv)?.buf(2, &sv)?.buf(3, &mut y)?;
+            // SAFETY: x and y hold B x H x T x D elements, cos and sin B x T x D/2.
+            unsafe { dsc.launch() }?;
+            Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+        }
+        let out = match x.dtype() {
+            DType::F32 => go::<f32>(x, lx, c, lc, s, ls, inverse, Store::F32)?,
+            DType::BF16 => go::<half::bf16>(x, lx, c, lc, s, ls, inverse, Store::Bf16)?,
+            dt => store(dt, "rope").map(|_| unreachable!())?,
+        };
+        Ok((out, lx.shape().clone()))
+    }
+}

@@ -1,0 +1,212 @@
+// Flash attention's forward in FlashAttention-2's structure: mma.sync m16n8k16 (bf16 in, f32
+// accumulate) with the fragment layout of kernels/mma.cuh, S, P and O held in registers, K and V
+// through ldmatrix (V with .trans) from a padded shared layout filled by a 2-stage cp.async
+// pipeline. Head sizes 64 and 128 (a template on D). The interface and semantics are
+// flash_tc.cu's forward, which it can replace (crates/model's kernels/flash/cuda.rs chooses): q,
+// k, v (bf16), starts (query i attends keys [starts[i], i], which covers causal, padding and
+// packing), GQA without repeating K/V, out (f32) and the log-sum-exp per row. The backward stays
+// flash_tc.cu's.
+// CPU reference: terse_model's flash/cpu.rs; run on the CPU by crates/simt (kernels/shim).
+//
+// Tiles: a block is FA2_WARPS = TERSE_FLASH_TC_WARPS (4) warps x 16 query rows = 64 rows, each
+// warp walking the same FA2_KEYS = 64-key tiles. Per thread at D = 128 that is Q as 8 A
+// fragments (32 registers), one 16 x 64 S tile (32) and O (64): about 150 registers with
+// addresses and the softmax state, within sm_90's 255 and without spills; 32 rows per warp (FA2's
+// 128 x 64 with 4 warps) would double O and S and spill at D = 128 unless Q is re-read from
+// shared memory every tile. 8 warps x 16 rows (128 rows) would halve the K/V loads per query
+// row but not the shared-memory reads per mma (each warp reads every K/V fragment itself), and
+// 64-row blocks balance causal work finer; so 4 warps, and the block order is reversed so the
+// heaviest causal row blocks (the last) start first.
+//
+// Shared memory (dynamic, launch::flash_fa2_fwd's `shared`): 2 stages x (K, V) x 64 rows x
+// (D + 8) bf16: 36,864 bytes at D = 64, 69,632 at D = 128 (above 48 KB: the CUDA launch raises
+// the function's limit). The layout is PADDED, not swizzled: each row is D + 8 bf16, so the row
+// stride is 16 bytes times an odd number (9 at D = 64, 17 at D = 128). An ldmatrix reads 8 rows
+// of 16 bytes per matrix; at an odd stride of 16-byte units those 8 rows start in 8 distinct
+// 16-byte bank groups (r * odd mod 8 is a permutation), so every phase is conflict-free, and a
+// cp.async row chunk stays 16-byte aligned. Padding costs 6 % (D = 128) to 12 % (D = 64) more
+// shared memory but keeps the index arithmetic a multiply-add, where an XOR swizzle would need
+// the same permutation in the copy and in every ldmatrix address.
+#include "common.cuh"
+#include "mma.cuh"
+
+#define FA2_WARPS TERSE_FLASH_TC_WARPS
+#define FA2_ROWS (16 * FA2_WARPS)
+#define FA2_THREADS (32 * FA2_WARPS)
+// Keys per tile; crates/model's kernels/flash/launch.rs FLASH_FA2_KEYS must agree (simt checks).
+#define FA2_KEYS 64
+// Padding of each shared K/V row, bf16 elements (16 bytes; see above).
+#define FA2_PAD 8
+
+typedef __nv_bfloat16 bf16;
+
+// Keys [k0, k0 + FA2_KEYS) of one (T, D) head into a shared tile (FA2_KEYS, D + FA2_PAD) as
+// 16-byte cp.async copies. Rows past T copy row T - 1 instead (the buffer's last valid row, so
+// nothing is read past it): those keys are masked, their P is exactly 0, and 0 times a finite
+// value adds nothing.
+template <int D>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int k0, int t) {
+    constexpr int CHUNKS = D / 8, LD = D + FA2_PAD;
+    for (int e = threadIdx.x; e < FA2_KEYS * CHUNKS; e += FA2_THREADS) {
+        int r = e / CHUNKS, c = e % CHUNKS;
+        int row = min(k0 + r, t - 1);
+        cp_async16(dst + r * LD + c * 8, src + (size_t)row * D + c * 8);
+    }
+}
+
+// Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse. out (B, Hq, T, D) and lse
+// (B, Hq, T), f32.
+template <int D>
+__device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
+                        float* out, float* lse, int hq, int hkv, int t, float scale) {
+    constexpr int KF = D / 16;        // k-steps of S = Q K^T (Q's A fragments)
+    constexpr int NS = FA2_KEYS / 8;  // n-tiles of S (8 keys each)
+    constexpr int NO = D / 8;         // n-tiles of O (8 columns each)
+    constexpr int LD = D + FA2_PAD, TILE = FA2_KEYS * LD;
+    TERSE_DYNAMIC_SHARED(smem);
+    bf16* ks = reinterpret_cast<bf16*>(smem);  // [2][FA2_KEYS][LD]
+    bf16* vs = ks + 2 * TILE;                  // [2][FA2_KEYS][LD]
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    int gq = lane / 4, tq = lane % 4;  // the fragments' groupID and threadID_in_group
+    int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
+    int r0 = rb * FA2_ROWS, bh = blockIdx.y;
+    int b = bh / hq, g = b * hkv + (bh % hq) / (hq / hkv);
+    const bf16* kh = k + (size_t)g * t * D;
+    const bf16* vh = v + (size_t)g * t * D;
+    const bf16* qh = q + (size_t)bh * t * D;
+    const uint32_t* st = starts + (size_t)b * t;
+    // This lane's two rows: g and g + 8 of the warp's 16.
+    int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
+    int lo_key[2], hi_key[2];  // row i attends [st[i], i]; an empty range past T
+    for (int h = 0; h < 2; h++) {
+        lo_key[h] = row[h] < t ? (int)st[row[h]] : 1;
+        hi_key[h] = row[h] < t ? row[h] : 0;
+    }
+    // Q once, straight into A fragments (rows past T are zeros).
+    uint32_t qf[KF][4];
+    for (int f = 0; f < KF; f++)
+        for (int i = 0; i < 4; i++) {
+            int r = row[i & 1], c = f * 16 + 2 * tq + 8 * (i >> 1);
+            qf[f][i] = r < t ? bf16x2(to_f(qh[(size_t)r * D + c]), to_f(qh[(size_t)r * D + c + 1]))
+                             : 0u;
+        }
+    float o[NO][4];
+    for (int n = 0; n < NO; n++)
+        for (int i = 0; i < 4; i++) o[n][i] = 0.f;
+    // Running max (of scaled scores) and this lane's share of the running sum, per row.
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    // The keys the block's rows can see: from its first row's start (starts never decrease)
+    // to its last row; no search is needed in the forward.
+    int last = min(r0 + FA2_ROWS, t) - 1;
+    int lo = r0 < t ? min((int)st[r0], last + 1) : t;
+    int first = (lo / FA2_KEYS) * FA2_KEYS;
+    int tiles = last >= first ? (last - first) / FA2_KEYS + 1 : 0;
+    if (tiles > 0) {
+        load_tile<D>(ks, kh, first, t);
+        load_tile<D>(vs, vh, first, t);
+        cp_async_commit();
+    }
+    for (int it = 0; it < tiles; it++) {
+        int k0 = first + it * FA2_KEYS, s = it & 1;
+        // Prefetch the next tile into the other stage (free since the last iteration's final
+        // barrier), then wait for this one: at most the prefetch's group stays in flight.
+        if (it + 1 < tiles) {
+            load_tile<D>(ks + (s ^ 1) * TILE, kh, k0 + FA2_KEYS, t);
+            load_tile<D>(vs + (s ^ 1) * TILE, vh, k0 + FA2_KEYS, t);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // every thread's copies of this tile are visible to the block
+        const bf16* kt = ks + s * TILE;
+        const bf16* vt = vs + s * TILE;
+        // S = Q K^T, 16 x 64 per warp. ldmatrix.x4 gives two n-tiles' B fragments: matrix i
+        // (lanes 8i..8i+7) is keys n0 + 8 (i >> 1) + r, dims f * 16 + 8 (i & 1).
+        float sc[NS][4];
+        for (int n = 0; n < NS; n++)
+            for (int i = 0; i < 4; i++) sc[n][i] = 0.f;
+        for (int f = 0; f < KF; f++)
+            for (int n = 0; n < NS; n += 2) {
+                int mi = lane / 8, r = lane % 8;
+                uint32_t bk[4];
+                ldmatrix_x4(bk, kt + (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1));
+                mma_bf16_16816(sc[n], qf[f], bk, sc[n]);
+                mma_bf16_16816(sc[n + 1], qf[f], bk + 2, sc[n + 1]);
+            }
+        // Online softmax, in the C fragments: element i of n-tile n is row (i >> 1), key
+        // k0 + 8 n + 2 tq + (i & 1); the four lanes of a quad share a row.
+        float mx[2] = {-INFINITY, -INFINITY};
+        for (int n = 0; n < NS; n++)
+            for (int i = 0; i < 4; i++) {
+                int h = i >> 1, j = k0 + n * 8 + 2 * tq + (i & 1);
+                float x = j >= lo_key[h] && j <= hi_key[h] ? sc[n][i] * scale : -INFINITY;
+                sc[n][i] = x;
+                mx[h] = fmaxf(mx[h], x);
+            }
+        float corr[2], mnew[2];
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+            mnew[h] = fmaxf(m[h], mx[h]);
+            corr[h] = mnew[h] == -INFINITY ? 1.f : __expf(m[h] - mnew[h]);
+            m[h] = mnew[h];
+            l[h] *= corr[h];
+        }
+        // P = exp(S - m), and O rescaled by corr, all in registers.
+        for (int n = 0; n < NS; n++)
+            for (int i = 0; i < 4; i++) {
+                int h = i >> 1;
+                float p = sc[n][i] == -INFINITY ? 0.f : __expf(sc[n][i] - mnew[h]);
+                sc[n][i] = p;
+                l[h] += p;
+            }
+        for (int n = 0; n < NO; n++)
+            for (int i = 0; i < 4; i++) o[n][i] *= corr[i >> 1];
+        // O += P V: P's A fragment for keys [16 kk, 16 kk + 16) is S's C fragments of n-tiles
+        // 2 kk and 2 kk + 1 as bf16 pairs (rows g, g + 8; columns 2 tq, 2 tq + 8). V's B
+        // fragments by ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i & 1) + r, dims
+        // n * 8 + 8 (i >> 1), so registers 0-1 serve O's n-tile n and 2-3 n-tile n + 1.
+        for (int kk = 0; kk < FA2_KEYS / 16; kk++) {
+            uint32_t pa[4] = {bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
+                              bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                              bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            for (int n = 0; n < NO; n += 2) {
+                int mi = lane / 8, r = lane % 8;
+                uint32_t bv[4];
+                ldmatrix_x4_trans(bv,
+                                  vt + (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1));
+                mma_bf16_16816(o[n], pa, bv, o[n]);
+                mma_bf16_16816(o[n + 1], pa, bv + 2, o[n + 1]);
+            }
+        }
+        __syncthreads();  // every warp is done with stage s before it is refilled
+    }
+    // The quad's shares of each row's sum; out = O / l (a row with no key: 0, lse = -inf).
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
+    }
+    float* oh = out + (size_t)bh * t * D;
+    for (int h = 0; h < 2; h++) {
+        if (row[h] >= t) continue;
+        float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+        for (int n = 0; n < NO; n++) {
+            float* dst = oh + (size_t)row[h] * D + n * 8 + 2 * tq;
+            dst[0] = o[n][2 * h] * inv;
+            dst[1] = o[n][2 * h + 1] * inv;
+        }
+        if (tq == 0) lse[(size_t)bh * t + row[h]] = l[h] > 0.f ? m[h] + logf(l[h]) : -INFINITY;
+    }
+}
+
+#define FA2_OPS(D)                                                                                \
+    extern "C" __global__ void flash_fa2_fwd_d##D(const bf16* q, const bf16* k, const bf16* v,    \
+                                                  const uint32_t* st, float* out, float* lse,     \
+                                                  int hq, int hkv, int t, float scale) {          \
+        fa2_fwd<D>(q, k, v, st, out, lse, hq, hkv, t, scale);                                     \
+    }
+
+FA2_OPS(64)
+FA2_OPS(128)
