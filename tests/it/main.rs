@@ -1,6 +1,7 @@
 //! The single integration-test binary: golden checks against HF transformers, gradient checks,
 //! checkpoint round trips and bad-input errors, KV-cache parity.
 
+mod architecture;
 mod checkpoint;
 mod docs;
 mod eval_protocol;
