@@ -7,10 +7,11 @@
 //! and the deviations from the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl ->
 //! seeds.csv + trajectory.csv -> results.md, which `study::recompute::check_report` audits
 //! against seeds.csv. Called by repro.rs for `--testbed v4` (with or without `--cell`) and
-//! `v4-care`; summary.rs writes v2's and v3's reports.
+//! `v4-care`; summary/ writes v2's and v3's reports.
 
 use crate::cells::Cell;
 use crate::methods::Testbed;
+use crate::summary::tables::cell;
 use crate::summary::Study;
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
@@ -77,17 +78,6 @@ fn collect(root: &Path, study: &Study, steps: u64) -> Result<Collected> {
         }
     }
     Ok((rows, traj, notes))
-}
-
-/// "mean ± sd" over seeds (sd with ddof 1; the mean alone for one seed).
-fn cell(xs: &[f64], digits: usize) -> String {
-    let n = xs.len() as f64;
-    let m = xs.iter().sum::<f64>() / n;
-    if xs.len() < 2 {
-        return format!("{m:.digits$}");
-    }
-    let sd = (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-    format!("{m:.digits$} ± {sd:.digits$}")
 }
 
 /// One row per method: its seeds and the mean ± sd of the numbers seeds.csv holds.

@@ -6,7 +6,7 @@
 
 mod charts;
 mod runs;
-mod tables;
+pub(crate) mod tables;
 
 use crate::methods::{Method, Testbed, DEFAULT_SEEDS};
 use anyhow::{Context, Result};

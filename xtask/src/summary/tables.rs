@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use terse_train::study::{claims, overthink, RunStats};
 
 /// "mean ± sd" over seeds (sd with ddof 1; just the mean for one seed).
-fn cell(xs: &[f64], digits: usize) -> String {
+pub(crate) fn cell(xs: &[f64], digits: usize) -> String {
     let n = xs.len() as f64;
     let m = xs.iter().sum::<f64>() / n;
     if xs.len() < 2 {

@@ -9,6 +9,7 @@
 
 pub mod claims;
 pub mod confirmatory;
+pub(crate) mod csv;
 pub mod effect;
 pub mod overthink;
 pub mod premise;

@@ -107,65 +107,29 @@ pub fn write_csv(rows: &[SeedRow]) -> Result<String> {
 
 /// Parses seeds.csv text (`what` names it in errors) into each method's rows in seed order.
 pub fn read_csv(text: &str, what: &str) -> Result<BTreeMap<String, Vec<SeedRow>>> {
-    let mut lines = text.lines().enumerate();
-    let header: Vec<&str> = lines
-        .next()
-        .with_context(|| format!("{what}: empty file"))?
-        .1
-        .split(',')
-        .collect();
-    if header.len() < FIXED.len() || header[..FIXED.len()] != FIXED {
-        bail!("{what}: the header must start with {}", FIXED.join(","));
-    }
-    let levels = (header.len() - FIXED.len()) / 2;
-    let mut out: BTreeMap<String, Vec<SeedRow>> = BTreeMap::new();
-    for (no, line) in lines.filter(|(_, l)| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() != header.len() {
-            bail!(
-                "{what}:{}: {} fields, the header has {}",
-                no + 1,
-                f.len(),
-                header.len()
-            );
-        }
-        let num = |i: usize| -> Result<f64> {
-            f[i].parse::<f64>().with_context(|| {
-                format!(
-                    "{what}:{}: {} = `{}` is not a number",
-                    no + 1,
-                    header[i],
-                    f[i]
-                )
-            })
-        };
-        let seed = f[1]
-            .parse::<u64>()
-            .with_context(|| format!("{what}:{}: seed = `{}` is not an integer", no + 1, f[1]))?;
+    let rows = super::csv::read_rows(text, what, &FIXED, |f, extra| {
+        let levels = extra / 2;
         let row = SeedRow {
-            method: f[0].to_string(),
-            seed,
-            accuracy: num(2)?,
-            eval_tokens: num(3)?,
-            len_avg: num(4)?,
-            len_last: num(5)?,
-            exit_rate: if f[6].is_empty() { None } else { Some(num(6)?) },
+            method: f.method(),
+            seed: f.seed()?,
+            accuracy: f.num(2)?,
+            eval_tokens: f.num(3)?,
+            len_avg: f.num(4)?,
+            len_last: f.num(5)?,
+            exit_rate: f.maybe(6)?,
             pass1_by_level: (0..levels)
-                .map(|l| num(FIXED.len() + l))
+                .map(|l| f.num(FIXED.len() + l))
                 .collect::<Result<_>>()?,
             tokens_by_level: (0..levels)
-                .map(|l| num(FIXED.len() + levels + l))
+                .map(|l| f.num(FIXED.len() + levels + l))
                 .collect::<Result<_>>()?,
         };
-        out.entry(row.method.clone()).or_default().push(row);
-    }
-    for (m, rows) in &mut out {
-        rows.sort_by_key(|r| r.seed);
-        if rows.windows(2).any(|w| w[0].seed == w[1].seed) {
-            bail!("{what}: method {m} lists a seed twice");
-        }
-    }
-    Ok(out)
+        Ok((row.method.clone(), row.seed, row))
+    })?;
+    Ok(rows
+        .into_iter()
+        .map(|(m, rs)| (m, rs.into_iter().map(|(_, r)| r).collect()))
+        .collect())
 }
 
 #[cfg(test)]

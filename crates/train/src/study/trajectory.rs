@@ -132,69 +132,25 @@ pub fn write_csv(rows: &[TrajRow]) -> Result<String> {
 /// Parses trajectory.csv text (`what` names it in errors) into each method's rows in seed
 /// order.
 pub fn read_csv(text: &str, what: &str) -> Result<BTreeMap<String, Vec<TrajRow>>> {
-    let mut lines = text.lines().enumerate();
-    let header: Vec<&str> = lines
-        .next()
-        .with_context(|| format!("{what}: empty file"))?
-        .1
-        .split(',')
-        .collect();
-    if header.len() < FIXED.len() || header[..FIXED.len()] != FIXED {
-        bail!("{what}: the header must start with {}", FIXED.join(","));
-    }
-    let levels = header.len() - FIXED.len();
-    let mut out: BTreeMap<String, Vec<TrajRow>> = BTreeMap::new();
-    for (no, line) in lines.filter(|(_, l)| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() != header.len() {
-            bail!(
-                "{what}:{}: {} fields, the header has {}",
-                no + 1,
-                f.len(),
-                header.len()
-            );
-        }
-        let num = |i: usize| -> Result<f64> {
-            f[i].parse::<f64>().with_context(|| {
-                format!(
-                    "{what}:{}: {} = `{}` is not a number",
-                    no + 1,
-                    header[i],
-                    f[i]
-                )
-            })
-        };
-        let maybe = |i: usize| -> Result<Option<f64>> {
-            if f[i].is_empty() {
-                Ok(None)
-            } else {
-                num(i).map(Some)
-            }
-        };
-        let seed = f[1]
-            .parse::<u64>()
-            .with_context(|| format!("{what}:{}: seed = `{}` is not an integer", no + 1, f[1]))?;
+    let rows = super::csv::read_rows(text, what, &FIXED, |f, levels| {
         let row = TrajRow {
-            method: f[0].to_string(),
-            seed,
-            growth: num(2)?,
-            start_accuracy: num(3)?,
-            start_tokens: num(4)?,
-            care_longer: maybe(5)?,
-            care_shorter: maybe(6)?,
+            method: f.method(),
+            seed: f.seed()?,
+            growth: f.num(2)?,
+            start_accuracy: f.num(3)?,
+            start_tokens: f.num(4)?,
+            care_longer: f.maybe(5)?,
+            care_shorter: f.maybe(6)?,
             start_pass1_by_level: (0..levels)
-                .map(|l| num(FIXED.len() + l))
+                .map(|l| f.num(FIXED.len() + l))
                 .collect::<Result<_>>()?,
         };
-        out.entry(row.method.clone()).or_default().push(row);
-    }
-    for (m, rows) in &mut out {
-        rows.sort_by_key(|r| r.seed);
-        if rows.windows(2).any(|w| w[0].seed == w[1].seed) {
-            bail!("{what}: method {m} lists a seed twice");
-        }
-    }
-    Ok(out)
+        Ok((row.method.clone(), row.seed, row))
+    })?;
+    Ok(rows
+        .into_iter()
+        .map(|(m, rs)| (m, rs.into_iter().map(|(_, r)| r).collect()))
+        .collect())
 }
 
 #[cfg(test)]
