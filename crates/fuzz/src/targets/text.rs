@@ -42,8 +42,10 @@ fn run_config(input: &Input, _: &Ctx) {
     };
     let _ = terse_train::planning::plan(&cfg, &terse_model::Config::qwen3_0_6b(), target);
     // A run saves the resolved config as config.toml; what validated must parse back the same.
-    let resolved = toml::to_string_pretty(&cfg)
-        .unwrap_or_else(|e| panic!("a valid config does not serialise: {e}"));
+    // `to_toml` is what a run writes: registered methods' names go back where the file had them.
+    let resolved = cfg
+        .to_toml()
+        .unwrap_or_else(|e| panic!("a valid config does not serialise: {e:#}"));
     let back = RunConfig::from_toml(&resolved, origin)
         .unwrap_or_else(|e| panic!("the resolved config does not parse back: {e:#}"));
     assert!(
