@@ -46,7 +46,7 @@ pub mod shaper;
 pub mod short_rl;
 pub mod step_grpo;
 pub mod types;
-pub mod verdict;
+mod verdict;
 
 pub use advantage::{Advantage, AdvantageEstimator, Advantages};
 pub use batch_norm::Norm;

@@ -44,14 +44,15 @@ impl Fields<'_> {
 }
 
 /// Parses `text` (`what` names it in errors) whose header starts with `fixed`: `row` gets each
-/// line's fields and the number of columns after the fixed ones, and returns the row with its
-/// method and seed. Rows come back by method in seed order; a seed listed twice is an error.
+/// line's fields and the number of columns after the fixed ones; `key` gives a row's method
+/// and seed. Rows come back by method in seed order; a seed listed twice is an error.
 pub(crate) fn read_rows<T>(
     text: &str,
     what: &str,
     fixed: &[&str],
-    row: impl Fn(&Fields, usize) -> Result<(String, u64, T)>,
-) -> Result<BTreeMap<String, Vec<(u64, T)>>> {
+    row: impl Fn(&Fields, usize) -> Result<T>,
+    key: impl Fn(&T) -> (&str, u64),
+) -> Result<BTreeMap<String, Vec<T>>> {
     let mut lines = text.lines().enumerate();
     let header: Vec<&str> = lines
         .next()
@@ -63,7 +64,7 @@ pub(crate) fn read_rows<T>(
         bail!("{what}: the header must start with {}", fixed.join(","));
     }
     let extra = header.len() - fixed.len();
-    let mut out: BTreeMap<String, Vec<(u64, T)>> = BTreeMap::new();
+    let mut out: BTreeMap<String, Vec<T>> = BTreeMap::new();
     for (no, line) in lines.filter(|(_, l)| !l.trim().is_empty()) {
         let f: Vec<&str> = line.split(',').collect();
         if f.len() != header.len() {
@@ -80,12 +81,12 @@ pub(crate) fn read_rows<T>(
             header: &header,
             f,
         };
-        let (method, seed, r) = row(&fields, extra)?;
-        out.entry(method).or_default().push((seed, r));
+        let r = row(&fields, extra)?;
+        out.entry(key(&r).0.to_string()).or_default().push(r);
     }
     for (m, rows) in &mut out {
-        rows.sort_by_key(|r| r.0);
-        if rows.windows(2).any(|w| w[0].0 == w[1].0) {
+        rows.sort_by_key(|r| key(r).1);
+        if rows.windows(2).any(|w| key(&w[0]).1 == key(&w[1]).1) {
             bail!("{what}: method {m} lists a seed twice");
         }
     }

@@ -107,7 +107,7 @@ pub fn write_csv(rows: &[SeedRow]) -> Result<String> {
 
 /// Parses seeds.csv text (`what` names it in errors) into each method's rows in seed order.
 pub fn read_csv(text: &str, what: &str) -> Result<BTreeMap<String, Vec<SeedRow>>> {
-    let rows = super::csv::read_rows(text, what, &FIXED, |f, extra| {
+    let row = |f: &super::csv::Fields, extra: usize| -> Result<SeedRow> {
         let levels = extra / 2;
         let row = SeedRow {
             method: f.method(),
@@ -124,12 +124,9 @@ pub fn read_csv(text: &str, what: &str) -> Result<BTreeMap<String, Vec<SeedRow>>
                 .map(|l| f.num(FIXED.len() + levels + l))
                 .collect::<Result<_>>()?,
         };
-        Ok((row.method.clone(), row.seed, row))
-    })?;
-    Ok(rows
-        .into_iter()
-        .map(|(m, rs)| (m, rs.into_iter().map(|(_, r)| r).collect()))
-        .collect())
+        Ok(row)
+    };
+    super::csv::read_rows(text, what, &FIXED, row, |r| (r.method.as_str(), r.seed))
 }
 
 #[cfg(test)]

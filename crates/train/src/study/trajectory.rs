@@ -132,7 +132,7 @@ pub fn write_csv(rows: &[TrajRow]) -> Result<String> {
 /// Parses trajectory.csv text (`what` names it in errors) into each method's rows in seed
 /// order.
 pub fn read_csv(text: &str, what: &str) -> Result<BTreeMap<String, Vec<TrajRow>>> {
-    let rows = super::csv::read_rows(text, what, &FIXED, |f, levels| {
+    let row = |f: &super::csv::Fields, levels: usize| -> Result<TrajRow> {
         let row = TrajRow {
             method: f.method(),
             seed: f.seed()?,
@@ -145,12 +145,9 @@ pub fn read_csv(text: &str, what: &str) -> Result<BTreeMap<String, Vec<TrajRow>>
                 .map(|l| f.num(FIXED.len() + l))
                 .collect::<Result<_>>()?,
         };
-        Ok((row.method.clone(), row.seed, row))
-    })?;
-    Ok(rows
-        .into_iter()
-        .map(|(m, rs)| (m, rs.into_iter().map(|(_, r)| r).collect()))
-        .collect())
+        Ok(row)
+    };
+    super::csv::read_rows(text, what, &FIXED, row, |r| (r.method.as_str(), r.seed))
 }
 
 #[cfg(test)]
