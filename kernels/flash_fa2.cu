@@ -2,10 +2,10 @@
 // accumulate) with the fragment layout of kernels/mma.cuh, S, P and O held in registers, K and V
 // through ldmatrix (V with .trans) from a padded shared layout filled by a 2-stage cp.async
 // pipeline. Head sizes 64 and 128 (a template on D). The interface and semantics are
-// flash_tc.cu's forward, which it can replace (crates/model's kernels/flash/cuda.rs chooses): q,
+// flash_tc.cu's forward, which it replaces (crates/model's kernels/flash/cuda.rs chooses): q,
 // k, v (bf16), starts (query i attends keys [starts[i], i], which covers causal, padding and
-// packing), GQA without repeating K/V, out (f32) and the log-sum-exp per row. The backward stays
-// flash_tc.cu's.
+// packing), GQA without repeating K/V, out (f32) and the log-sum-exp per row. The backward is
+// flash_fa2_bwd.cu's; the geometry and the tile copy both use are kernels/fa2.cuh's.
 // CPU reference: terse_model's flash/cpu.rs; run on the CPU by crates/simt (kernels/shim).
 //
 // Tiles: a block is FA2_WARPS = TERSE_FLASH_TC_WARPS (4) warps x 16 query rows = 64 rows, each
@@ -27,32 +27,7 @@
 // cp.async row chunk stays 16-byte aligned. Padding costs 6 % (D = 128) to 12 % (D = 64) more
 // shared memory but keeps the index arithmetic a multiply-add, where an XOR swizzle would need
 // the same permutation in the copy and in every ldmatrix address.
-#include "common.cuh"
-#include "mma.cuh"
-
-#define FA2_WARPS TERSE_FLASH_TC_WARPS
-#define FA2_ROWS (16 * FA2_WARPS)
-#define FA2_THREADS (32 * FA2_WARPS)
-// Keys per tile; crates/model's kernels/flash/launch.rs FLASH_FA2_KEYS must agree (simt checks).
-#define FA2_KEYS 64
-// Padding of each shared K/V row, bf16 elements (16 bytes; see above).
-#define FA2_PAD 8
-
-typedef __nv_bfloat16 bf16;
-
-// Keys [k0, k0 + FA2_KEYS) of one (T, D) head into a shared tile (FA2_KEYS, D + FA2_PAD) as
-// 16-byte cp.async copies. Rows past T copy row T - 1 instead (the buffer's last valid row, so
-// nothing is read past it): those keys are masked, their P is exactly 0, and 0 times a finite
-// value adds nothing.
-template <int D>
-__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int k0, int t) {
-    constexpr int CHUNKS = D / 8, LD = D + FA2_PAD;
-    for (int e = threadIdx.x; e < FA2_KEYS * CHUNKS; e += FA2_THREADS) {
-        int r = e / CHUNKS, c = e % CHUNKS;
-        int row = min(k0 + r, t - 1);
-        cp_async16(dst + r * LD + c * 8, src + (size_t)row * D + c * 8);
-    }
-}
+#include "fa2.cuh"
 
 // Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse. out (B, Hq, T, D) and lse
 // (B, Hq, T), f32.
@@ -102,8 +77,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     int first = (lo / FA2_KEYS) * FA2_KEYS;
     int tiles = last >= first ? (last - first) / FA2_KEYS + 1 : 0;
     if (tiles > 0) {
-        load_tile<D>(ks, kh, first, t);
-        load_tile<D>(vs, vh, first, t);
+        load_rows<D, FA2_KEYS>(ks, kh, first, t);
+        load_rows<D, FA2_KEYS>(vs, vh, first, t);
         cp_async_commit();
     }
     for (int it = 0; it < tiles; it++) {
@@ -111,8 +86,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
         // Prefetch the next tile into the other stage (free since the last iteration's final
         // barrier), then wait for this one: at most the prefetch's group stays in flight.
         if (it + 1 < tiles) {
-            load_tile<D>(ks + (s ^ 1) * TILE, kh, k0 + FA2_KEYS, t);
-            load_tile<D>(vs + (s ^ 1) * TILE, vh, k0 + FA2_KEYS, t);
+            load_rows<D, FA2_KEYS>(ks + (s ^ 1) * TILE, kh, k0 + FA2_KEYS, t);
+            load_rows<D, FA2_KEYS>(vs + (s ^ 1) * TILE, vh, k0 + FA2_KEYS, t);
             cp_async_commit();
             cp_async_wait<1>();
         } else {

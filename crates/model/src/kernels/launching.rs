@@ -47,6 +47,7 @@ pub(crate) fn module_ptx(module: &str) -> Result<&'static str> {
         "flash_attn" => ptx::FLASH_ATTN,
         "flash_tc" => ptx::FLASH_TC,
         "flash_fa2" => ptx::FLASH_FA2,
+        "flash_fa2_bwd" => ptx::FLASH_FA2_BWD,
         other => crate::fail!("no PTX module for kernels/{other}.cu"),
     })
 }

@@ -42,6 +42,10 @@ pub(crate) const COVERED: &[&str] = &[
     "flash_tc_bwd_dkdv_d128",
     "flash_fa2_fwd_d64",
     "flash_fa2_fwd_d128",
+    "flash_fa2_bwd_dq_d64",
+    "flash_fa2_bwd_dq_d128",
+    "flash_fa2_bwd_dkdv_d64",
+    "flash_fa2_bwd_dkdv_d128",
 ];
 
 /// crates/simt's own test kernels (build.rs compiles them beside kernels/*.cu): not kernels/'s.

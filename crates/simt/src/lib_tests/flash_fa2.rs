@@ -93,18 +93,18 @@ fn one_token_and_a_partial_block_head_size_128() {
 }
 
 /// The kernel's tile is the launch's: the shared-memory size the launch gives is computed from
-/// launch::FLASH_FA2_KEYS, which must be the kernel's FA2_KEYS.
+/// launch::FLASH_FA2_KEYS, which must be kernels/fa2.cuh's FA2_KEYS.
 #[test]
 fn the_launch_sizes_shared_memory_from_the_kernel_s_tile() {
     let src = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/flash_fa2.cu"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/fa2.cuh"),
     )
-    .expect("kernels/flash_fa2.cu");
+    .expect("kernels/fa2.cuh");
     let keys = src
         .lines()
         .find_map(|l| l.strip_prefix("#define FA2_KEYS "))
         .and_then(|v| v.trim().parse::<usize>().ok())
-        .expect("#define FA2_KEYS in flash_fa2.cu");
+        .expect("#define FA2_KEYS in fa2.cuh");
     assert_eq!(keys, launch::FLASH_FA2_KEYS);
     assert_eq!(launch::flash_fa2_shared(128), 69_632);
     assert_eq!(launch::flash_fa2_shared(64), 36_864);

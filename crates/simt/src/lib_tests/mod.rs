@@ -10,6 +10,7 @@ mod coverage;
 mod decode;
 mod flash;
 mod flash_fa2;
+mod flash_fa2_bwd;
 mod fragments;
 mod norm;
 

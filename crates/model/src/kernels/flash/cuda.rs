@@ -1,9 +1,10 @@
 //! Launches of kernels/flash_attn.cu behind the flash custom ops (the `cuda` feature only):
 //! the forward (out, lse), then for the backward delta = rowsum(dO * O), dQ per query row and
 //! dK/dV per key row. q/k/v f32 or bf16, contiguous; everything the kernels write is f32.
-//! bf16 at head sizes 64 and 128 takes the tensor-core kernels (`super::tensor_cores`): the
-//! forward of kernels/flash_fa2.cu (FlashAttention-2's structure; `TERSE_FLASH_FA2=0` takes
-//! flash_tc.cu's instead, the reference it replaces) and flash_tc.cu's backward.
+//! bf16 at head sizes 64 and 128 takes the tensor-core kernels (`super::tensor_cores`):
+//! FlashAttention-2's structure, kernels/flash_fa2.cu's forward and flash_fa2_bwd.cu's backward
+//! (dQ by its own deterministic kernel, or with `TERSE_FLASH_DQ_ATOMIC=1` by f32 atomics inside
+//! the dK/dV pass); `TERSE_FLASH_FA2=0` takes flash_tc.cu's instead, the kernels they replace.
 
 #![allow(unsafe_code)] // kernel launches into device buffers the kernels fill
 
@@ -37,13 +38,29 @@ fn check(dm: Dims) -> Result<()> {
     Ok(())
 }
 
-/// Whether the tensor-core forward is kernels/flash_fa2.cu's (the default) or flash_tc.cu's
-/// (`TERSE_FLASH_FA2=0`, read once: the fallback if the new kernel faults on a device).
-fn fa2_forward() -> bool {
+/// Whether the tensor-core kernels are FlashAttention-2's, kernels/flash_fa2.cu and
+/// flash_fa2_bwd.cu (the default), or flash_tc.cu's (`TERSE_FLASH_FA2=0`, read once: the
+/// fallback if the new kernels fault on a device).
+fn fa2() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         super::tensor_cores_by_default(std::env::var("TERSE_FLASH_FA2").ok().as_deref())
     })
+}
+
+/// Whether FlashAttention-2's backward adds dQ with f32 atomics inside its dK/dV pass
+/// (`TERSE_FLASH_DQ_ATOMIC=1`: five matmuls instead of seven, but dQ's sums then depend on
+/// the order the blocks run in) rather than in its own kernel (the default: bit-identical
+/// runs). Read once.
+fn dq_atomic() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TERSE_FLASH_DQ_ATOMIC").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// cp.async copies 16 bytes: rows of bf16 views must start 16-byte aligned (candle's
+/// allocations are; a view starting at a multiple of 8 elements keeps them so).
+fn aligned(xs: &[&Layout]) -> bool {
+    xs.iter().all(|l| l.start_offset().is_multiple_of(8))
 }
 
 /// A contiguous f32 or u32 tensor's device buffer, read under its storage lock.
@@ -82,11 +99,7 @@ pub(super) fn forward(
         let dev: &CudaDevice = q.0.device();
         // Tensor cores for bf16 at head sizes 64 and 128; the scalar kernel otherwise.
         let l = if launch::flash_tc_covers(st, dm.d) && super::tensor_cores() {
-            // cp.async copies 16 bytes: K and V rows must start 16-byte aligned (candle's
-            // allocations are; a view starting at a multiple of 8 bf16 keeps them so).
-            let aligned =
-                k.1.start_offset().is_multiple_of(8) && v.1.start_offset().is_multiple_of(8);
-            if fa2_forward() && aligned {
+            if fa2() && aligned(&[k.1, v.1]) {
                 launch::flash_fa2_fwd(dm)
             } else {
                 launch::flash_tc_fwd(dm)
@@ -146,10 +159,19 @@ pub(super) fn backward(
     );
     let dev: CudaDevice = q.0.device().clone();
     let st = store(q.0.dtype())?;
+    let tc = launch::flash_tc_covers(st, dm.d) && super::tensor_cores();
+    let fa2 = tc && fa2() && aligned(&[q.1, k.1, v.1]);
+    let atomic = fa2 && dq_atomic();
     let (nq, nk) = (dm.b * dm.hq * dm.t * dm.d, dm.b * dm.hkv * dm.t * dm.d);
     let rows = dm.b * dm.hq * dm.t;
-    // SAFETY: the kernels write every element of dq, dk, dv and delta.
-    let mut grads = unsafe { dev.alloc::<f32>(nq + 2 * nk)? };
+    let mut grads = if atomic {
+        // The dK/dV pass adds dQ into zeros.
+        dev.alloc_zeros::<f32>(nq + 2 * nk)?
+    } else {
+        // SAFETY: the kernels write every element of dq, dk and dv.
+        unsafe { dev.alloc::<f32>(nq + 2 * nk)? }
+    };
+    // SAFETY: the delta kernel writes every row.
     let mut delta = unsafe { dev.alloc::<f32>(rows)? };
     with_slice::<f32, _>(&out, "out", |oc, ol| {
         with_slice::<f32, _>(&dout, "dout", |gc, gl| {
@@ -162,24 +184,28 @@ pub(super) fn backward(
             unsafe { d.launch() }
         })
     })?;
+    // FlashAttention-2's kernels read dO as bf16 (cp.async tiles and mma fragments): candle's
+    // cast, once, instead of a conversion at every restage.
+    let dout = if fa2 {
+        dout.to_dtype(DType::BF16)?
+    } else {
+        dout
+    };
     with_slice::<f32, _>(&lse, "lse", |lc, ll| {
-        with_slice::<f32, _>(&dout, "dout", |gc, gl| {
-            with_slice::<u32, _>(starts, "starts", |sc, sl| {
-                let (lv, gv, sv) = (
-                    view::<f32>(lc, ll, "lse")?,
-                    view::<f32>(gc, gl, "dout")?,
-                    view::<u32>(sc, sl, "starts")?,
-                );
-                let (mut dq, mut rest) = grads.split_at_mut(nq);
-                let (mut dk, mut dv) = rest.split_at_mut(nk);
-                macro_rules! launch {
-                    ($t:ty) => {{
-                        let (qv, kv, vv) = (
-                            view::<$t>(q.0, q.1, "q")?,
-                            view::<$t>(k.0, k.1, "k")?,
-                            view::<$t>(v.0, v.1, "v")?,
-                        );
-                        // The seven inputs both backward kernels read, in their order.
+        with_slice::<u32, _>(starts, "starts", |sc, sl| {
+            let (lv, sv) = (view::<f32>(lc, ll, "lse")?, view::<u32>(sc, sl, "starts")?);
+            let (mut dq, mut rest) = grads.split_at_mut(nq);
+            let (mut dk, mut dv) = rest.split_at_mut(nk);
+            // The kernels' inputs in their order (q, k, v of type $t, dO of type $g).
+            macro_rules! launch {
+                ($t:ty, $g:ty) => {{
+                    let (qv, kv, vv) = (
+                        view::<$t>(q.0, q.1, "q")?,
+                        view::<$t>(k.0, k.1, "k")?,
+                        view::<$t>(v.0, v.1, "v")?,
+                    );
+                    with_slice::<$g, _>(&dout, "dout", |gc, gl| {
+                        let gv = view::<$g>(gc, gl, "dout")?;
                         macro_rules! inputs {
                             ($d:expr) => {
                                 $d.buf(0, &qv)?
@@ -191,35 +217,51 @@ pub(super) fn backward(
                                     .buf(6, &gv)?
                             };
                         }
-                        let tc = launch::flash_tc_covers(st, dm.d) && super::tensor_cores();
-                        let l = if tc {
-                            launch::flash_tc_bwd_dq(dm)
+                        let dq_kernel = if fa2 {
+                            (!atomic).then(|| launch::flash_fa2_bwd_dq(dm))
+                        } else if tc {
+                            Some(launch::flash_tc_bwd_dq(dm))
                         } else {
-                            launch::flash_bwd_dq(st, dm)
+                            Some(launch::flash_bwd_dq(st, dm))
                         };
-                        let f = func!(&dev, l)?;
-                        let mut d = Described::new(f.builder(), &l);
-                        inputs!(d).buf(7, &mut dq)?;
-                        // SAFETY: the forward's shapes; dq as q.
-                        unsafe { d.launch() }?;
-                        let l = if tc {
-                            launch::flash_tc_bwd_dkdv(dm)
+                        if let Some(l) = dq_kernel {
+                            let f = func!(&dev, l)?;
+                            let mut d = Described::new(f.builder(), &l);
+                            inputs!(d).buf(7, &mut dq)?;
+                            // SAFETY: the forward's shapes; dq as q.
+                            unsafe { d.launch() }?;
+                        }
+                        if fa2 {
+                            let l = launch::flash_fa2_bwd_dkdv(dm, atomic);
+                            let f = func!(&dev, l)?;
+                            let mut d = Described::new(f.builder(), &l);
+                            inputs!(d)
+                                .buf(7, &mut dq)?
+                                .buf(8, &mut dk)?
+                                .buf(9, &mut dv)?;
+                            // SAFETY: the forward's shapes; dq as q (added to only with
+                            // `atomic`, into the zeros allocated above), dk and dv as k and v.
+                            unsafe { d.launch() }
                         } else {
-                            launch::flash_bwd_dkdv(st, dm)
-                        };
-                        let f = func!(&dev, l)?;
-                        let mut d = Described::new(f.builder(), &l);
-                        inputs!(d).buf(7, &mut dk)?.buf(8, &mut dv)?;
-                        // SAFETY: the forward's shapes; dk and dv as k and v.
-                        unsafe { d.launch() }?;
-                    }};
-                }
-                match q.0.dtype() {
-                    DType::BF16 => launch!(half::bf16),
-                    _ => launch!(f32),
-                }
-                Ok(())
-            })
+                            let l = if tc {
+                                launch::flash_tc_bwd_dkdv(dm)
+                            } else {
+                                launch::flash_bwd_dkdv(st, dm)
+                            };
+                            let f = func!(&dev, l)?;
+                            let mut d = Described::new(f.builder(), &l);
+                            inputs!(d).buf(7, &mut dk)?.buf(8, &mut dv)?;
+                            // SAFETY: the forward's shapes; dk and dv as k and v.
+                            unsafe { d.launch() }
+                        }
+                    })
+                }};
+            }
+            match (q.0.dtype(), fa2) {
+                (DType::BF16, true) => launch!(half::bf16, half::bf16),
+                (DType::BF16, false) => launch!(half::bf16, f32),
+                _ => launch!(f32, f32),
+            }
         })
     })?;
     let len = grads.len();

@@ -1,5 +1,5 @@
 //! Flash attention's launch descriptions (kernels/flash_attn.cu, the tensor-core kernels of
-//! kernels/flash_tc.cu and the FlashAttention-2 forward of kernels/flash_fa2.cu): the shape of a
+//! kernels/flash_tc.cu and FlashAttention-2's of kernels/flash_fa2.cu and flash_fa2_bwd.cu): the shape of a
 //! call (`FlashDims`, one type for the launches and the CPU path) and one description per entry
 //! point, which cuda.rs launches and crates/simt runs.
 
@@ -141,7 +141,7 @@ pub fn flash_tc_bwd_dkdv(dm: FlashDims) -> Launch {
     )
 }
 
-/// Keys per tile of `flash_fa2_fwd_*`: kernels/flash_fa2.cu's `FA2_KEYS` (crates/simt's
+/// Keys per tile of the `flash_fa2_*` kernels: kernels/fa2.cuh's `FA2_KEYS` (crates/simt's
 /// tests check the two agree).
 pub const FLASH_FA2_KEYS: usize = 64;
 
@@ -159,5 +159,63 @@ pub fn flash_fa2_fwd(dm: FlashDims) -> Launch {
         module: "flash_fa2",
         shared: flash_fa2_shared(dm.d),
         ..flash_tc_rows(format!("flash_fa2_fwd_d{}", dm.d), dm.t, dm.b * dm.hq, args)
+    }
+}
+
+/// Queries per step of `flash_fa2_bwd_dkdv_d{d}`: kernels/flash_fa2_bwd.cu's `FA2_BWD_QT_D64`
+/// and `FA2_BWD_QT_D128` (crates/simt's tests check they agree): 32 at d = 64, 16 at 128.
+pub fn flash_fa2_bwd_queries(d: usize) -> usize {
+    if d == 64 {
+        32
+    } else {
+        16
+    }
+}
+
+/// Dynamic shared memory of `flash_fa2_bwd_dkdv_d{d}`: the block's K and V (FLASH_FA2_KEYS
+/// rows), 2 stages of Q and dO (`flash_fa2_bwd_queries` rows), all of d + 8 bf16, dS^T as
+/// FLASH_FA2_KEYS x (queries + 8) bf16, and per stage the queries' lse, delta and starts
+/// (4 bytes each): 42,752 bytes at d = 64, 55,680 at 128.
+pub fn flash_fa2_bwd_dkdv_shared(d: usize) -> u32 {
+    let (qt, ld) = (flash_fa2_bwd_queries(d), d + 8);
+    let bf16s = 2 * FLASH_FA2_KEYS * ld + 4 * qt * ld + FLASH_FA2_KEYS * (qt + 8);
+    (bf16s * 2 + 3 * 2 * qt * 4) as u32
+}
+
+/// bf16, head size 64 or 128: FlashAttention-2's deterministic dQ (kernels/flash_fa2_bwd.cu),
+/// rows, grid and shared memory as `flash_fa2_fwd`. Buffers: q, k, v, starts, lse, delta,
+/// dout (bf16), dq (B, Hq, T, D, f32).
+pub fn flash_fa2_bwd_dq(dm: FlashDims) -> Launch {
+    let args = bufs(8).chain(tc_tail(&dm)).collect();
+    Launch {
+        module: "flash_fa2_bwd",
+        shared: flash_fa2_shared(dm.d),
+        ..flash_tc_rows(
+            format!("flash_fa2_bwd_dq_d{}", dm.d),
+            dm.t,
+            dm.b * dm.hq,
+            args,
+        )
+    }
+}
+
+/// bf16, head size 64 or 128: FlashAttention-2's dK/dV (kernels/flash_fa2_bwd.cu), blocks of
+/// FLASH_FA2_KEYS keys, `B * Hkv` along y. Buffers: q, k, v, starts, lse, delta, dout (bf16),
+/// dq (f32, added to with atomics when `dq_atomic`, so zeroed first; untouched otherwise), dk,
+/// dv (B, Hkv, T, D, f32).
+pub fn flash_fa2_bwd_dkdv(dm: FlashDims, dq_atomic: bool) -> Launch {
+    let args = bufs(10)
+        .chain(tc_tail(&dm))
+        .chain([Arg::I32(dq_atomic as i32)])
+        .collect();
+    Launch {
+        module: "flash_fa2_bwd",
+        shared: flash_fa2_bwd_dkdv_shared(dm.d),
+        ..flash_tc_rows(
+            format!("flash_fa2_bwd_dkdv_d{}", dm.d),
+            dm.t,
+            dm.b * dm.hkv,
+            args,
+        )
     }
 }

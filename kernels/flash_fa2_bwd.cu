@@ -1,0 +1,382 @@
+// Flash attention's backward in FlashAttention-2's structure (the forward is flash_fa2.cu's):
+// mma.sync m16n8k16 with S, P, dP and dS in registers, Q/dO/K/V fragments by ldmatrix from
+// padded shared tiles filled by a 2-stage cp.async pipeline. Two kernels:
+// - dK/dV (`flash_fa2_bwd_dkdv_d*`): a block owns 64 keys (4 warps x 16); each warp holds its
+//   keys' K and V as A fragments and its dK and dV in registers for the whole kernel, and walks
+//   every query that can see the block's keys once (each query head of the GQA group in turn),
+//   QT queries a step: S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q.
+//   With `dq_atomic` it also adds dQ += dS K for its keys into dq with f32 atomics (dS^T goes
+//   through shared memory, each warp takes a quarter of dQ's columns), FlashAttention-2's five
+//   matmuls in one pass; dq must start zeroed and its sums depend on the blocks' order.
+// - dQ (`flash_fa2_bwd_dq_d*`), the deterministic dQ: the forward's grid and pipeline (64 query
+//   rows a block, 64-key tiles of K and V), S = Q K^T, P, dP = dO V^T, dS, dQ += dS K, with Q,
+//   dO and dQ in registers. Each dq element is written once, in a fixed order: bit-identical
+//   across runs. crates/model's kernels/flash/cuda.rs runs it unless `TERSE_FLASH_DQ_ATOMIC=1`.
+// Inputs are the forward's (q, k, v bf16, starts, lse) with delta = rowsum(dO * O) and dO as
+// bf16 (B, Hq, T, D); outputs f32. The masks and the block order follow the forward: query i
+// attends keys [starts[i], i], starts never decrease along a row, so the queries a key block can
+// reach are [kb0, end) with `end` found by binary search; the first key blocks are the heaviest
+// under causal masks and are the grid's first, the dQ kernel takes its row blocks in reverse.
+// CPU reference: terse_model's flash/cpu.rs; run on the CPU by crates/simt (kernels/shim).
+//
+// Registers per thread at D = 128 (dK/dV): K and V fragments 2 x 32, dK and dV 2 x 64, S^T and
+// dS^T at QT = 16 queries 2 x 8: about 210 with addresses, within sm_90's 255 (ptxas-check.sh
+// fails on a spill); QT = 32 at D = 64. dQ at D = 128: Q and dO 2 x 32, dQ 64, S and dP over 32
+// keys at a time 2 x 16.
+//
+// Shared memory (dynamic; launch::flash_fa2_bwd_dkdv_shared): the block's K and V (64 rows),
+// 2 stages of Q and dO (QT rows each), all padded to D + 8 bf16 (conflict-free ldmatrix, see
+// flash_fa2.cu), dS^T as 64 x (QT + 8) bf16 (an odd number of 16-byte units per row again, so
+// its transposing ldmatrix and its stores are conflict-free), and per stage the QT queries'
+// lse, delta and starts: 42,752 bytes at D = 64, 55,680 at D = 128. dQ: the forward's 2 stages
+// of K and V.
+#include "fa2.cuh"
+
+// Queries per step of the dK/dV kernel by head size; crates/model's launch.rs
+// flash_fa2_bwd_queries must agree (simt checks).
+#define FA2_BWD_QT_D64 32
+#define FA2_BWD_QT_D128 16
+
+template <int D>
+__device__ constexpr int bwd_queries() {
+    return D == 64 ? FA2_BWD_QT_D64 : FA2_BWD_QT_D128;
+}
+
+// A warp's 16 rows of a (T, D) bf16 head as A fragments straight from global memory (rows
+// g and g + 8 of the fragment are row[0] and row[1]; rows past T are zeros).
+template <int D>
+__device__ __forceinline__ void rows_as_a(uint32_t (&fr)[D / 16][4], const bf16* src,
+                                          const int* row, int t, int tq) {
+    for (int f = 0; f < D / 16; f++)
+        for (int i = 0; i < 4; i++) {
+            int r = row[i & 1], c = f * 16 + 2 * tq + 8 * (i >> 1);
+            fr[f][i] = r < t ? bf16x2(to_f(src[(size_t)r * D + c]), to_f(src[(size_t)r * D + c + 1]))
+                             : 0u;
+        }
+}
+
+// Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse; dq (B, Hq, T, D).
+// dq_i = scale * sum_j p_ij (dO_i . v_j - delta_i) k_j.
+template <int D>
+__device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
+                           const float* lse, const float* delta, const bf16* dout, float* dq,
+                           int hq, int hkv, int t, float scale) {
+    constexpr int KF = D / 16, NO = D / 8, LD = D + FA2_PAD, TILE = FA2_KEYS * LD;
+    constexpr int HK = 32, NH = HK / 8;  // keys per half tile and their n-tiles
+    TERSE_DYNAMIC_SHARED(smem);
+    bf16* ks = reinterpret_cast<bf16*>(smem);  // [2][FA2_KEYS][LD]
+    bf16* vs = ks + 2 * TILE;                  // [2][FA2_KEYS][LD]
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    int gq = lane / 4, tq = lane % 4, mi = lane / 8, r = lane % 8;
+    int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
+    int r0 = rb * FA2_ROWS, bh = blockIdx.y;
+    int b = bh / hq, g = b * hkv + (bh % hq) / (hq / hkv);
+    const bf16* kh = k + (size_t)g * t * D;
+    const bf16* vh = v + (size_t)g * t * D;
+    const uint32_t* st = starts + (size_t)b * t;
+    int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
+    int lo_key[2], hi_key[2];
+    float lr[2], dr[2];  // the rows' lse and delta
+    for (int h = 0; h < 2; h++) {
+        bool in = row[h] < t;
+        lo_key[h] = in ? (int)st[row[h]] : 1;
+        hi_key[h] = in ? row[h] : 0;
+        lr[h] = in ? lse[(size_t)bh * t + row[h]] : 0.f;
+        dr[h] = in ? delta[(size_t)bh * t + row[h]] : 0.f;
+    }
+    uint32_t qf[KF][4], gf[KF][4];
+    rows_as_a<D>(qf, q + (size_t)bh * t * D, row, t, tq);
+    rows_as_a<D>(gf, dout + (size_t)bh * t * D, row, t, tq);
+    float acc[NO][4];
+    for (int n = 0; n < NO; n++)
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
+    int last = min(r0 + FA2_ROWS, t) - 1;
+    int lo = r0 < t ? min((int)st[r0], last + 1) : t;
+    int first = (lo / FA2_KEYS) * FA2_KEYS;
+    int tiles = last >= first ? (last - first) / FA2_KEYS + 1 : 0;
+    if (tiles > 0) {
+        load_rows<D, FA2_KEYS>(ks, kh, first, t);
+        load_rows<D, FA2_KEYS>(vs, vh, first, t);
+        cp_async_commit();
+    }
+    for (int it = 0; it < tiles; it++) {
+        int k0 = first + it * FA2_KEYS, s = it & 1;
+        if (it + 1 < tiles) {
+            load_rows<D, FA2_KEYS>(ks + (s ^ 1) * TILE, kh, k0 + FA2_KEYS, t);
+            load_rows<D, FA2_KEYS>(vs + (s ^ 1) * TILE, vh, k0 + FA2_KEYS, t);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16* kt = ks + s * TILE;
+        const bf16* vt = vs + s * TILE;
+        for (int half = 0; half < FA2_KEYS / HK; half++) {
+            int kb = half * HK;
+            // S = Q K^T and dP = dO V^T over 32 keys: B fragments of K and V by ldmatrix.x4 of
+            // their rows (matrix mi: keys kb + 8n + 8 (mi >> 1) + r, dims 16f + 8 (mi & 1)).
+            float sc[NH][4], dp[NH][4];
+            for (int n = 0; n < NH; n++)
+                for (int i = 0; i < 4; i++) sc[n][i] = dp[n][i] = 0.f;
+            for (int f = 0; f < KF; f++)
+                for (int n = 0; n < NH; n += 2) {
+                    int at = (kb + n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1);
+                    uint32_t bk[4], bv[4];
+                    ldmatrix_x4(bk, kt + at);
+                    mma_bf16_16816(sc[n], qf[f], bk, sc[n]);
+                    mma_bf16_16816(sc[n + 1], qf[f], bk + 2, sc[n + 1]);
+                    ldmatrix_x4(bv, vt + at);
+                    mma_bf16_16816(dp[n], gf[f], bv, dp[n]);
+                    mma_bf16_16816(dp[n + 1], gf[f], bv + 2, dp[n + 1]);
+                }
+            // dS = P (dP - delta) scale in the C fragments: element i of n-tile n is row
+            // row[i >> 1], key k0 + kb + 8n + 2 tq + (i & 1).
+            for (int n = 0; n < NH; n++)
+                for (int i = 0; i < 4; i++) {
+                    int h = i >> 1, j = k0 + kb + n * 8 + 2 * tq + (i & 1);
+                    float p = j >= lo_key[h] && j <= hi_key[h] ? __expf(sc[n][i] * scale - lr[h])
+                                                                : 0.f;
+                    sc[n][i] = p * (dp[n][i] - dr[h]) * scale;
+                }
+            // dQ += dS K: dS's A fragments from its C fragments (as the forward's P), K's B
+            // fragments by ldmatrix.x4.trans (matrix mi: keys kb + 16kk + 8 (mi & 1) + r, dims
+            // 8n + 8 (mi >> 1)).
+            for (int kk = 0; kk < HK / 16; kk++) {
+                uint32_t sa[4] = {bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
+                                  bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                                  bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                  bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+                for (int n = 0; n < NO; n += 2) {
+                    uint32_t bk[4];
+                    ldmatrix_x4_trans(bk, kt + (kb + kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 +
+                                              8 * (mi >> 1));
+                    mma_bf16_16816(acc[n], sa, bk, acc[n]);
+                    mma_bf16_16816(acc[n + 1], sa, bk + 2, acc[n + 1]);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with stage s before it is refilled
+    }
+    float* dqh = dq + (size_t)bh * t * D;
+    for (int h = 0; h < 2; h++) {
+        if (row[h] >= t) continue;
+        for (int n = 0; n < NO; n++) {
+            float* dst = dqh + (size_t)row[h] * D + n * 8 + 2 * tq;
+            dst[0] = acc[n][2 * h];
+            dst[1] = acc[n][2 * h + 1];
+        }
+    }
+}
+
+// One step's QT queries of one head into a stage: Q and dO rows by cp.async, lse, delta and
+// starts by plain stores (a query past T gets start T + 1, which no key reaches).
+template <int D, int QT>
+__device__ __forceinline__ void load_queries(bf16* qs, bf16* gs, float* ls, float* ds, int* ss,
+                                             const bf16* q, const bf16* dout, const float* lse,
+                                             const float* delta, const uint32_t* st, int i0,
+                                             int t) {
+    load_rows<D, QT>(qs, q, i0, t);
+    load_rows<D, QT>(gs, dout, i0, t);
+    for (int e = threadIdx.x; e < QT; e += FA2_THREADS) {
+        int i = i0 + e;
+        ls[e] = i < t ? lse[i] : 0.f;
+        ds[e] = i < t ? delta[i] : 0.f;
+        ss[e] = i < t ? (int)st[i] : t + 1;
+    }
+}
+
+// Grid (ceil(T / FA2_ROWS), B * Hkv); dk, dv (B, Hkv, T, D); dq (B, Hq, T, D), added to only
+// when dq_atomic is non-zero.
+template <int D>
+__device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
+                             const float* lse, const float* delta, const bf16* dout, float* dq,
+                             float* dk, float* dv, int hq, int hkv, int t, float scale,
+                             int dq_atomic) {
+    constexpr int KF = D / 16, NO = D / 8, LD = D + FA2_PAD;
+    constexpr int QT = bwd_queries<D>(), NQ = QT / 8, QTILE = QT * LD, LDS = QT + FA2_PAD;
+    constexpr int NW = NO / FA2_WARPS;  // dQ n-tiles per warp in the atomic pass
+    TERSE_DYNAMIC_SHARED(smem);
+    bf16* kvs = reinterpret_cast<bf16*>(smem);  // [2][FA2_ROWS][LD]: the block's K, then V
+    bf16* qs = kvs + 2 * FA2_ROWS * LD;         // [2][QT][LD]: Q by stage
+    bf16* gs = qs + 2 * QTILE;                  // [2][QT][LD]: dO by stage
+    bf16* dss = gs + 2 * QTILE;                 // [FA2_ROWS][LDS]: dS^T (atomic dQ only)
+    float* ls = reinterpret_cast<float*>(dss + FA2_ROWS * LDS);  // [2][QT]: lse by stage
+    float* ds = ls + 2 * QT;                                     // [2][QT]: delta by stage
+    int* ss = reinterpret_cast<int*>(ds + 2 * QT);               // [2][QT]: starts by stage
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    int gq = lane / 4, tq = lane % 4, mi = lane / 8, r = lane % 8;
+    int kb0 = blockIdx.x * FA2_ROWS, bg = blockIdx.y;
+    int b = bg / hkv, rep = hq / hkv, h0 = (bg % hkv) * rep;
+    const uint32_t* st = starts + (size_t)b * t;
+    load_rows<D, FA2_ROWS>(kvs, k + (size_t)bg * t * D, kb0, t);
+    load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v + (size_t)bg * t * D, kb0, t);
+    cp_async_commit();
+    // The queries the block's keys can reach: [kb0, end), end the first query at or after kb0
+    // whose start is past the block's last key (starts never decrease), by binary search.
+    int klast = min(kb0 + FA2_ROWS, t) - 1, lo = kb0, hi = t;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if ((int)st[mid] <= klast)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    int per = lo > kb0 ? (lo - kb0 + QT - 1) / QT : 0;  // steps per query head
+    int steps = rep * per;
+    if (steps > 0) {
+        size_t base = ((size_t)b * hq + h0) * t;
+        load_queries<D, QT>(qs, gs, ls, ds, ss, q + base * D, dout + base * D, lse + base,
+                            delta + base, st, kb0, t);
+        cp_async_commit();
+    }
+    // The block's K and V (the first group) have landed; the first stage may still be in flight.
+    if (steps > 0)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();
+    __syncthreads();
+    // This warp's 16 keys of K and V as A fragments (matrix mi: key rows 16w + 8 (mi & 1) + r,
+    // dims 16f + 8 (mi >> 1)).
+    uint32_t kf[KF][4], vf[KF][4];
+    for (int f = 0; f < KF; f++) {
+        int at = (w * 16 + 8 * (mi & 1) + r) * LD + f * 16 + 8 * (mi >> 1);
+        ldmatrix_x4(kf[f], kvs + at);
+        ldmatrix_x4(vf[f], kvs + FA2_ROWS * LD + at);
+    }
+    float dkf[NO][4], dvf[NO][4];
+    for (int n = 0; n < NO; n++)
+        for (int i = 0; i < 4; i++) dkf[n][i] = dvf[n][i] = 0.f;
+    int key[2] = {kb0 + w * 16 + gq, kb0 + w * 16 + gq + 8};
+    for (int s = 0; s < steps; s++) {
+        int h = h0 + s / per, i0 = kb0 + (s % per) * QT, sb = s & 1;
+        if (s + 1 < steps) {
+            int hn = h0 + (s + 1) / per, in = kb0 + ((s + 1) % per) * QT, o = sb ^ 1;
+            size_t base = ((size_t)b * hq + hn) * t;
+            load_queries<D, QT>(qs + o * QTILE, gs + o * QTILE, ls + o * QT, ds + o * QT,
+                                ss + o * QT, q + base * D, dout + base * D, lse + base,
+                                delta + base, st, in, t);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this stage's copies and stores are visible to the block
+        const bf16* qt = qs + sb * QTILE;
+        const bf16* gt = gs + sb * QTILE;
+        const float* lt = ls + sb * QT;
+        const float* dt = ds + sb * QT;
+        const int* sst = ss + sb * QT;
+        // S^T = K Q^T and dP^T = V dO^T, 16 keys x QT queries: B fragments by ldmatrix.x4 of
+        // Q's and dO's rows (matrix mi: queries 8n + 8 (mi >> 1) + r, dims 16f + 8 (mi & 1)).
+        float sc[NQ][4], dp[NQ][4];
+        for (int n = 0; n < NQ; n++)
+            for (int i = 0; i < 4; i++) sc[n][i] = dp[n][i] = 0.f;
+        for (int f = 0; f < KF; f++)
+            for (int n = 0; n < NQ; n += 2) {
+                int at = (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1);
+                uint32_t bq[4], bo[4];
+                ldmatrix_x4(bq, qt + at);
+                mma_bf16_16816(sc[n], kf[f], bq, sc[n]);
+                mma_bf16_16816(sc[n + 1], kf[f], bq + 2, sc[n + 1]);
+                ldmatrix_x4(bo, gt + at);
+                mma_bf16_16816(dp[n], vf[f], bo, dp[n]);
+                mma_bf16_16816(dp[n + 1], vf[f], bo + 2, dp[n + 1]);
+            }
+        // P^T and dS^T = P^T (dP^T - delta) scale: element i of n-tile n is key key[i >> 1],
+        // query i0 + 8n + 2 tq + (i & 1).
+        for (int n = 0; n < NQ; n++)
+            for (int i = 0; i < 4; i++) {
+                int c = n * 8 + 2 * tq + (i & 1), j = key[i >> 1];
+                float p = j >= sst[c] && j <= i0 + c ? __expf(sc[n][i] * scale - lt[c]) : 0.f;
+                sc[n][i] = p;
+                dp[n][i] = p * (dp[n][i] - dt[c]) * scale;
+            }
+        // dV += P^T dO and dK += dS^T Q: A fragments from the C fragments (queries 16kk..), B
+        // fragments of dO and Q by ldmatrix.x4.trans (matrix mi: queries 16kk + 8 (mi & 1) + r,
+        // dims 8n + 8 (mi >> 1)).
+        for (int kk = 0; kk < QT / 16; kk++) {
+            uint32_t pa[4] = {bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
+                              bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                              bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            uint32_t da[4] = {bf16x2(dp[2 * kk][0], dp[2 * kk][1]),
+                              bf16x2(dp[2 * kk][2], dp[2 * kk][3]),
+                              bf16x2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                              bf16x2(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+            for (int n = 0; n < NO; n += 2) {
+                int at = (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1);
+                uint32_t bo[4], bq[4];
+                ldmatrix_x4_trans(bo, gt + at);
+                mma_bf16_16816(dvf[n], pa, bo, dvf[n]);
+                mma_bf16_16816(dvf[n + 1], pa, bo + 2, dvf[n + 1]);
+                ldmatrix_x4_trans(bq, qt + at);
+                mma_bf16_16816(dkf[n], da, bq, dkf[n]);
+                mma_bf16_16816(dkf[n + 1], da, bq + 2, dkf[n + 1]);
+            }
+        }
+        if (dq_atomic) {
+            // dS^T into shared memory (this warp's 16 key rows), then dQ (QT x D) += dS
+            // (QT x 64 keys) K (64 keys x D), warp w taking columns [w D / 4, (w + 1) D / 4).
+            for (int n = 0; n < NQ; n++)
+                for (int i = 0; i < 4; i++)
+                    dss[(w * 16 + gq + 8 * (i >> 1)) * LDS + n * 8 + 2 * tq + (i & 1)] =
+                        __float2bfloat16(dp[n][i]);
+            __syncthreads();
+            float* dqh = dq + ((size_t)b * hq + h) * t * D;
+            for (int m = 0; m < QT / 16; m++) {
+                float acc[NW][4];
+                for (int n = 0; n < NW; n++)
+                    for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
+                for (int kk = 0; kk < FA2_ROWS / 16; kk++) {
+                    // dS's A fragment from dS^T by ldmatrix.x4.trans (matrix mi: key rows
+                    // 16kk + 8 (mi >> 1) + r, queries 16m + 8 (mi & 1)).
+                    uint32_t sa[4];
+                    ldmatrix_x4_trans(sa, dss + (kk * 16 + 8 * (mi >> 1) + r) * LDS + m * 16 +
+                                              8 * (mi & 1));
+                    for (int n = 0; n < NW; n += 2) {
+                        uint32_t bk[4];
+                        ldmatrix_x4_trans(bk, kvs + (kk * 16 + 8 * (mi & 1) + r) * LD +
+                                                  w * (D / FA2_WARPS) + n * 8 + 8 * (mi >> 1));
+                        mma_bf16_16816(acc[n], sa, bk, acc[n]);
+                        mma_bf16_16816(acc[n + 1], sa, bk + 2, acc[n + 1]);
+                    }
+                }
+                for (int n = 0; n < NW; n++)
+                    for (int i = 0; i < 4; i++) {
+                        int qi = i0 + m * 16 + gq + 8 * (i >> 1);
+                        int col = w * (D / FA2_WARPS) + n * 8 + 2 * tq + (i & 1);
+                        if (qi < t) atomicAdd(dqh + (size_t)qi * D + col, acc[n][i]);
+                    }
+            }
+        }
+        __syncthreads();  // stage sb (and dS^T) are free for the next step's writes
+    }
+    for (int h = 0; h < 2; h++) {
+        if (key[h] >= t) continue;
+        size_t at = ((size_t)bg * t + key[h]) * D + 2 * tq;
+        for (int n = 0; n < NO; n++) {
+            dk[at + n * 8] = dkf[n][2 * h];
+            dk[at + n * 8 + 1] = dkf[n][2 * h + 1];
+            dv[at + n * 8] = dvf[n][2 * h];
+            dv[at + n * 8 + 1] = dvf[n][2 * h + 1];
+        }
+    }
+}
+
+#define FA2_BWD_OPS(D)                                                                           \
+    extern "C" __global__ void flash_fa2_bwd_dq_d##D(                                            \
+        const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
+        const float* delta, const bf16* dout, float* dq, int hq, int hkv, int t, float scale) {  \
+        fa2_bwd_dq<D>(q, k, v, st, lse, delta, dout, dq, hq, hkv, t, scale);                     \
+    }                                                                                            \
+    extern "C" __global__ void flash_fa2_bwd_dkdv_d##D(                                          \
+        const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
+        const float* delta, const bf16* dout, float* dq, float* dk, float* dv, int hq, int hkv,  \
+        int t, float scale, int dq_atomic) {                                                     \
+        fa2_bwd_dkdv<D>(q, k, v, st, lse, delta, dout, dq, dk, dv, hq, hkv, t, scale,            \
+                        dq_atomic);                                                              \
+    }
+
+FA2_BWD_OPS(64)
+FA2_BWD_OPS(128)
