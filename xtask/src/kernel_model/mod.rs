@@ -1,9 +1,10 @@
-//! `cargo xtask kernel-model`: a performance model of the tensor-core flash attention
-//! (kernels/flash_tc.cu) read from its compiled code. Compiles the kernels for sm_90 with the
-//! project's nvcc (scripts/cuda-toolchain.sh), disassembles them with nvdisasm, counts what one
-//! warp executes per loop iteration (sass.rs, model.rs), the shared-memory wavefronts of each
-//! access (banks.rs, with the lane addresses of profile.rs), and prints per kernel the bound and
-//! the estimated share of the H200's dense bf16 peak, with a JSON copy under target/.
+//! `cargo xtask kernel-model`: a performance model of the tensor-core flash attention kernels
+//! (kernels/flash_tc.cu, and FlashAttention-2's flash_fa2.cu and flash_fa2_bwd.cu) read from
+//! their compiled code. Compiles each source for sm_90 with the project's nvcc
+//! (scripts/cuda-toolchain.sh), disassembles it with nvdisasm, counts what one warp executes per
+//! loop iteration (sass.rs, model.rs), the shared-memory wavefronts of each access (banks.rs,
+//! with the lane addresses of profile/), and prints per kernel the bound and the estimated share
+//! of the H200's dense bf16 peak, with a summary per family and a JSON copy under target/.
 
 mod banks;
 mod model;
@@ -11,6 +12,7 @@ mod profile;
 mod sass;
 
 use anyhow::{bail, Context, Result};
+use profile::{Kernel, Role};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -41,10 +43,10 @@ fn tools(root: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((dir.join("bin/nvcc"), dir.join("bin/nvdisasm")))
 }
 
-/// The SASS of kernels/flash_tc.cu for sm_90, with inlined line info.
-fn disassemble(root: &Path, defines: &[(String, u64)], out: &Path) -> Result<String> {
+/// The SASS of kernels/`file` for sm_90, with inlined line info (the cubin under `out`).
+fn disassemble(root: &Path, defines: &[(String, u64)], out: &Path, file: &str) -> Result<String> {
     let (nvcc, nvdisasm) = tools(root)?;
-    let cubin = out.join("flash_tc.cubin");
+    let cubin = out.join(Path::new(file).with_extension("cubin"));
     let mut cmd = Command::new(&nvcc);
     cmd.args(["-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-lineinfo"]);
     for (k, v) in defines {
@@ -53,12 +55,12 @@ fn disassemble(root: &Path, defines: &[(String, u64)], out: &Path) -> Result<Str
     let o = cmd
         .arg("-o")
         .arg(&cubin)
-        .arg(root.join("kernels/flash_tc.cu"))
+        .arg(root.join("kernels").join(file))
         .output()
         .with_context(|| format!("running {}", nvcc.display()))?;
     if !o.status.success() {
         bail!(
-            "nvcc failed on kernels/flash_tc.cu: {}",
+            "nvcc failed on kernels/{file}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
     }
@@ -81,6 +83,16 @@ fn define(defines: &[(String, u64)], name: &str) -> Result<u64> {
         .with_context(|| format!("no {name} among the kernels' launch constants"))
 }
 
+/// A main loop's counts per warp-iteration: `base` without the optional blocks.
+struct Main {
+    family: &'static str,
+    role: Role,
+    d: u64,
+    area: f64,
+    base: bool,
+    counts: model::Counts,
+}
+
 pub fn run() -> Result<ExitCode> {
     let root = std::env::current_dir()?;
     let defines = kernel_defines(&root)?;
@@ -90,12 +102,17 @@ pub fn run() -> Result<ExitCode> {
     );
     let out = root.join("target/kernel-model");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let functions = sass::parse(&disassemble(&root, &defines, &out)?)?;
+    let sources = profile::sources(warps, keys);
     let g = model::H200;
+    let files: Vec<String> = sources
+        .iter()
+        .map(|s| format!("kernels/{}", s.file))
+        .collect();
     println!(
-        "kernel-model: kernels/flash_tc.cu on an H200 (ESTIMATE: a throughput roofline from the \
-         sm_90 SASS, per warp; {:.0} TFLOP/s dense bf16 peak = {} SMs x {} FLOP/clock x {:.2} GHz; \
-         {} issue/clock, {} shared wavefront (128 B)/clock per SM; {:.1} TB/s DRAM)",
+        "kernel-model: {} on an H200 (ESTIMATE: a throughput roofline from the sm_90 SASS, per \
+         warp; {:.0} TFLOP/s dense bf16 peak = {} SMs x {} FLOP/clock x {:.2} GHz; {} \
+         issue/clock, {} shared wavefront (128 B)/clock per SM; {:.1} TB/s DRAM)",
+        files.join(", "),
         g.peak() / 1e12,
         g.sms,
         g.flop_per_clock,
@@ -106,53 +123,82 @@ pub fn run() -> Result<ExitCode> {
     );
     let mut records = vec![];
     let mut mains = vec![];
-    for k in profile::kernels(keys) {
-        let p = profile::Profile::new(k.d, warps, keys);
-        let f = functions
-            .iter()
-            .find(|f| f.name == k.name)
-            .with_context(|| format!("no function {} in the SASS of flash_tc.cu", k.name))?;
-        let loops = f.loops();
-        println!("\n{} (D = {}, {} warps, {} keys)", k.name, k.d, warps, keys);
-        println!(
-            "  {:<16} {:>8} {:>6} {:>7} {:>7} {:>7} {:>5} {:>5} {:>14} {:>7}",
-            "loop (lines)",
-            "instr",
-            "HMMA",
-            "shared",
-            "wavefr",
-            "global",
-            "MOVM",
-            "cvt",
-            "bound",
-            "est %"
+    for s in &sources {
+        let functions = sass::parse(&disassemble(&root, &defines, &out, s.file)?)?;
+        for k in &s.kernels {
+            let (rows, main) = kernel(k, &functions, &g)?;
+            records.push(json!({"kernel": k.name, "file": s.file, "family": k.family,
+                "d": k.d, "main_loop_line": k.main_line, "loops": rows}));
+            mains.extend(main);
+        }
+    }
+    let summary = summary(&mains, &g)?;
+    let path = out.join("flash.json");
+    let doc = json!({"estimate": true, "gpu": {"name": "H200 SXM", "sms": g.sms,
+        "clock_hz": g.clock_hz, "issue_per_clock": g.issue_per_clock,
+        "wavefronts_per_clock": g.wavefronts_per_clock, "flop_per_clock": g.flop_per_clock,
+        "dram_bytes_per_s": g.dram_bytes_per_s, "peak_flops": g.peak()},
+        "kernels": records, "summary": summary});
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("\nwritten: {}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints kernel `k`'s table (the loops that do tensor work) and returns every loop's JSON and
+/// the main loop's counts (without and with its optional blocks).
+fn kernel(
+    k: &Kernel,
+    functions: &[sass::Function],
+    g: &model::Gpu,
+) -> Result<(Vec<serde_json::Value>, Vec<Main>)> {
+    let p = k.profile.as_ref();
+    let f = functions
+        .iter()
+        .find(|f| f.name == k.name)
+        .with_context(|| format!("no function {} in the SASS of {}", k.name, p.file()))?;
+    let loops = f.loops();
+    println!("\n{} (D = {}, {})", k.name, k.d, k.geometry);
+    println!(
+        "  {:<24} {:>8} {:>6} {:>7} {:>7} {:>7} {:>5} {:>5} {:>14} {:>7}",
+        "loop (lines)",
+        "instr",
+        "HMMA",
+        "shared",
+        "wavefr",
+        "global",
+        "MOVM",
+        "cvt",
+        "bound",
+        "est %"
+    );
+    let mut rows = vec![];
+    let mut mains = vec![];
+    for l in &loops {
+        let lines: Vec<u32> = f
+            .body(l)
+            .filter_map(|i| i.lines_in(p.file()).first().copied())
+            .collect();
+        let back_line = f
+            .back_edge(l)
+            .and_then(|b| b.lines_in(p.file()).first().copied())
+            .unwrap_or(0);
+        let (lo, hi) = (
+            lines.iter().min().copied().unwrap_or(0),
+            lines.iter().max().copied().unwrap_or(0),
         );
-        let mut rows = vec![];
-        for l in &loops {
-            let lines: Vec<u32> = f
-                .body(l)
-                .filter_map(|i| i.lines_in(p.file).first().copied())
-                .collect();
-            let back_line = f
-                .back_edge(l)
-                .and_then(|b| b.lines_in(p.file).first().copied())
-                .unwrap_or(0);
-            let (lo, hi) = (
-                lines.iter().min().copied().unwrap_or(0),
-                lines.iter().max().copied().unwrap_or(0),
-            );
-            let c = model::count(f, l, &loops, &p);
-            let mut variants = vec![("", c.base)];
-            if c.optional.issued > 0.0 {
-                variants.push((" +opt", c.base.plus(&c.optional)));
-            }
-            for (tag, counts) in variants {
-                let b = model::bound(&counts, &g);
-                let name = format!(":{back_line} ({lo}-{hi}){tag}");
-                // The table shows the loops that do tensor work; the JSON has every loop.
-                if counts.hmma > 0.0 {
-                    println!(
-                    "  {:<16} {:>8.0} {:>6.0} {:>7.0} {:>7.0} {:>7.0} {:>5.0} {:>5.0} {:>14} {:>7.1}",
+        let c = model::count(f, l, &loops, p);
+        let mut variants = vec![("".to_string(), c.base)];
+        if c.optional.issued > 0.0 {
+            variants.push((format!(" {}", p.optional_tag()), c.base.plus(&c.optional)));
+        }
+        for (tag, counts) in variants {
+            let b = model::bound(&counts, g);
+            let name = format!(":{back_line} ({lo}-{hi}){tag}");
+            // The table shows the loops that do tensor work; the JSON has every loop.
+            if counts.hmma > 0.0 {
+                println!(
+                    "  {:<24} {:>8.0} {:>6.0} {:>7.0} {:>7.0} {:>7.0} {:>5.0} {:>5.0} {:>14} {:>7.1}",
                     name,
                     counts.issued,
                     counts.hmma,
@@ -163,72 +209,79 @@ pub fn run() -> Result<ExitCode> {
                     counts.convert,
                     b.name,
                     100.0 * b.share
-                    );
-                }
-                rows.push(json!({"loop": name, "line": back_line, "lines": [lo, hi],
-                    "optional_included": !tag.is_empty(), "unknown_trip_counts": c.unknown_trips,
-                    "per_iteration": counts.json(), "model": b.json()}));
-                if back_line == k.main_line {
-                    mains.push((k.clone(), tag.is_empty(), counts));
-                }
+                );
+            }
+            rows.push(json!({"loop": name, "line": back_line, "lines": [lo, hi],
+                "optional_included": !tag.is_empty(), "unknown_trip_counts": c.unknown_trips,
+                "peeled_remainders": c.peeled, "peeled_remainders_not_found": c.peels_missed,
+                "per_iteration": counts.json(), "model": b.json()}));
+            if back_line == k.main_line {
+                mains.push(Main {
+                    family: k.family,
+                    role: k.role,
+                    d: k.d,
+                    area: k.area,
+                    base: tag.is_empty(),
+                    counts,
+                });
             }
         }
-        records.push(
-            json!({"kernel": k.name, "d": k.d, "main_loop_line": k.main_line,
-            "loops": rows}),
-        );
     }
-    println!("\nestimated share of the dense bf16 peak (main loops; backward = dQ + dK/dV per unit of attention area):");
-    let mut summary = vec![];
+    Ok((rows, mains))
+}
+
+/// Prints and returns the estimates per head size and family: the forward (and with its
+/// optional rescale, if any), the backward with deterministic dQ (dQ + dK/dV main loops per
+/// unit of attention area) and, where dK/dV has an optional atomic dQ block, that kernel alone.
+fn summary(mains: &[Main], g: &model::Gpu) -> Result<Vec<serde_json::Value>> {
+    println!(
+        "\nestimated share of the dense bf16 peak (main loops; backward = dQ + dK/dV per unit of \
+         attention area; atomic dQ = dK/dV with its atomic block alone):"
+    );
+    let mut out = vec![];
     for d in [64, 128] {
-        let per_area = |role: profile::Role, base: bool| {
-            mains
-                .iter()
-                .find(|(k, b, _)| k.d == d && k.role == role && *b == base)
-                .or_else(|| {
-                    mains
-                        .iter()
-                        .find(|(k, b, _)| k.d == d && k.role == role && *b)
-                })
-                .map(|(k, _, c)| (k.area, *c))
-        };
-        for (what, base) in [("forward", true), ("forward with rescale", false)] {
-            let Some((_, c)) = per_area(profile::Role::Forward, base) else {
-                bail!("no main loop of the forward at D = {d} in the SASS");
+        for family in ["flash_tc", "FA2"] {
+            let find = |role: Role, base: bool| {
+                mains
+                    .iter()
+                    .find(|m| m.family == family && m.d == d && m.role == role && m.base == base)
             };
-            let b = model::bound(&c, &g);
-            println!(
-                "  D = {d:>3} {what:<22} {:>5.1} %  (bound: {})",
-                100.0 * b.share,
-                b.name
-            );
-            summary.push(json!({"d": d, "pass": what, "model": b.json()}));
+            let mut lines = vec![];
+            let Some(fwd) = find(Role::Forward, true) else {
+                bail!("no main loop of the {family} forward at D = {d} in the SASS");
+            };
+            lines.push(("forward", fwd.counts));
+            if let Some(m) = find(Role::Forward, false) {
+                lines.push(("forward with rescale", m.counts));
+            }
+            let (Some(q), Some(kv)) = (find(Role::Dq, true), find(Role::Dkdv, true)) else {
+                bail!("no main loop of the {family} backward at D = {d} in the SASS");
+            };
+            // One unit of area: dQ's iteration covers q.area entries, dK/dV's kv.area.
+            let both = q
+                .counts
+                .scaled(1.0 / q.area)
+                .plus(&kv.counts.scaled(1.0 / kv.area));
+            lines.push(("backward", both));
+            if let Some(m) = find(Role::Dkdv, false) {
+                lines.push(("backward, atomic dQ", m.counts));
+            }
+            for (what, c) in lines {
+                let b = model::bound(&c, g);
+                let caps: Vec<String> = b
+                    .caps()
+                    .iter()
+                    .map(|(unit, cap)| format!("{unit} {:.1} %", 100.0 * cap))
+                    .collect();
+                println!(
+                    "  D = {d:>3} {family:<8} {what:<22} {:>5.1} %  (bound: {}; alone: {})",
+                    100.0 * b.share,
+                    b.name,
+                    caps.join(", ")
+                );
+                out.push(json!({"d": d, "family": family, "pass": what, "model": b.json()}));
+            }
         }
-        let (Some((aq, q)), Some((ak, kv))) = (
-            per_area(profile::Role::Dq, true),
-            per_area(profile::Role::Dkdv, true),
-        ) else {
-            bail!("no main loop of the backward at D = {d} in the SASS");
-        };
-        // One unit of area: dQ's iteration covers aq entries, dK/dV's ak.
-        let c = q.scaled(1.0 / aq).plus(&kv.scaled(1.0 / ak));
-        let b = model::bound(&c, &g);
-        println!(
-            "  D = {d:>3} {:<22} {:>5.1} %  (bound: {})",
-            "backward",
-            100.0 * b.share,
-            b.name
-        );
-        summary.push(json!({"d": d, "pass": "backward", "model": b.json()}));
     }
-    let path = out.join("flash_tc.json");
-    let doc = json!({"estimate": true, "gpu": {"name": "H200 SXM", "sms": g.sms,
-        "clock_hz": g.clock_hz, "issue_per_clock": g.issue_per_clock,
-        "wavefronts_per_clock": g.wavefronts_per_clock, "flop_per_clock": g.flop_per_clock,
-        "dram_bytes_per_s": g.dram_bytes_per_s, "peak_flops": g.peak()},
-        "kernels": records, "summary": summary});
-    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    println!("\nwritten: {}", path.display());
-    Ok(ExitCode::SUCCESS)
+    Ok(out)
 }

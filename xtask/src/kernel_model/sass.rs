@@ -12,6 +12,8 @@ pub struct Instr {
     pub addr: u32,
     /// The opcode with its modifiers (`LD.E`, `HMMA.16816.F32.BF16`), without the guard.
     pub op: String,
+    /// Its guard predicate without the `@` (`P0`, `!P0`, `!PT`), if any.
+    pub guard: Option<String>,
     /// A branch's target label.
     pub target: Option<String>,
     /// Its source position, innermost first: (file name, line) for the code itself, then each
@@ -27,6 +29,16 @@ impl Instr {
             .filter(|(f, _)| f.ends_with(file))
             .map(|&(_, l)| l)
             .collect()
+    }
+
+    /// Whether it never executes: guarded by `!PT` (nvcc pads each `LDGSTS` with such `LDS`).
+    pub fn never(&self) -> bool {
+        self.guard.as_deref() == Some("!PT")
+    }
+
+    /// Whether it is a branch taken only when its guard holds.
+    pub fn conditional_branch(&self) -> bool {
+        self.op.starts_with("BRA") && self.guard.is_some() && !self.never()
     }
 }
 
@@ -85,10 +97,14 @@ pub fn class(op: &str) -> Class {
     }
 }
 
-/// Whether a memory opcode writes (its name starts with ST or is an atomic/reduction).
+/// Whether a memory opcode writes (its name starts with ST, is an atomic/reduction, or is
+/// `LDGSTS`, the cp.async copy that writes shared memory).
 pub fn is_store(op: &str) -> bool {
     let base = op.split('.').next().unwrap_or(op);
-    base.starts_with("ST") || base.starts_with("ATOM") || base.starts_with("RED")
+    base.starts_with("ST")
+        || base.starts_with("ATOM")
+        || base.starts_with("RED")
+        || base == "LDGSTS"
 }
 
 /// The bytes one lane moves for a memory opcode: 16, 8, 2 or 1 from the size modifier, else 4.
@@ -171,7 +187,9 @@ pub fn parse(text: &str) -> Result<Vec<Function>> {
             let body = body.trim().trim_end_matches(';').trim();
             let mut words = body.split_whitespace();
             let mut op = words.next().unwrap_or_default();
-            if op.starts_with('@') {
+            let mut guard = None;
+            if let Some(g) = op.strip_prefix('@') {
+                guard = Some(g.to_string());
                 op = words.next().unwrap_or_default();
             }
             if op.is_empty() {
@@ -187,6 +205,7 @@ pub fn parse(text: &str) -> Result<Vec<Function>> {
             f.instrs.push(Instr {
                 addr,
                 op: op.to_string(),
+                guard,
                 target,
                 chain: chain.clone(),
             });
@@ -238,6 +257,11 @@ impl Function {
         self.instrs.iter().filter(move |i| l.contains(i.addr))
     }
 
+    /// The address of a branch's target.
+    pub fn target_addr(&self, i: &Instr) -> Option<u32> {
+        i.target.as_ref().and_then(|t| self.labels.get(t)).copied()
+    }
+
     /// The back-edge instruction of `l`.
     pub fn back_edge(&self, l: &Loop) -> Option<&Instr> {
         self.instrs.iter().find(|i| i.addr == l.back)
@@ -273,6 +297,16 @@ mod tests {
             .find(|i| i.addr == 0x2cd0)
             .context("no 0x2cd0")?;
         assert_eq!((ld.op.as_str(), class(&ld.op)), ("LD.E", Class::Generic));
+        // Guards are kept apart from the opcode; a conditional branch knows its target (the
+        // fixture holds the inner loop's back-edge target, not the first branch's).
+        let at = |a: u32| f.instrs.iter().find(|i| i.addr == a);
+        let bra = at(0x1980).context("no 0x1980")?;
+        assert_eq!((bra.op.as_str(), bra.guard.as_deref()), ("BRA", Some("P0")));
+        assert!(bra.conditional_branch() && !bra.never());
+        let back = at(0x52c0).context("no 0x52c0")?;
+        assert_eq!(back.guard.as_deref(), Some("!P0"));
+        assert_eq!(f.target_addr(back), Some(0x50a0));
+        assert!(ld.guard.is_none() && !ld.conditional_branch());
         Ok(())
     }
 
@@ -316,6 +350,8 @@ mod tests {
         assert_eq!(width("LD.E.64"), 8);
         assert_eq!(width("LD.E"), 4);
         assert!(is_store("STS.64") && !is_store("LDS"));
+        assert!(is_store("LDGSTS.E.BYPASS.128") && is_store("REDG.E.ADD.F32.FTZ.RN.STRONG.GPU"));
+        assert_eq!(width("LDSM.16.MT88.4"), 16);
         assert_eq!(hmma_flops("HMMA.16816.F32.BF16"), 4096.0);
     }
 

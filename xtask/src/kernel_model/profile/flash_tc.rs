@@ -1,5 +1,5 @@
-//! What `cargo xtask kernel-model` knows of kernels/flash_tc.cu's source that the SASS does not
-//! say: the kernels and their main loops, the trip counts of the inner loops (by the source line
+//! The profile of kernels/flash_tc.cu for `cargo xtask kernel-model`: what its source says that
+//! the SASS does not: the kernels and their main loops, the trip counts of the inner loops (by the source line
 //! of their back-edge and its call site), the optional blocks (the forward's rescale), and the
 //! 32 lanes' shared-memory addresses of each access, by source line. The addresses are computed
 //! from the kernel's index expressions (the comments name them): the CPU shim cannot see plain
@@ -7,27 +7,8 @@
 //! lane the whole fragment, so its addresses are not the device's. Line numbers are flash_tc.cu's
 //! today; a test of this file checks them against the source, so an edit that moves them fails.
 
-use super::banks::{contiguous, per_row, row_pairs, wmma_bf16, wmma_f32};
-
-/// Which of flash_tc.cu's entry points.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Forward,
-    Dq,
-    Dkdv,
-}
-
-/// One kernel to model: its entry point and the loop that does the work.
-#[derive(Debug, Clone)]
-pub struct Kernel {
-    pub name: String,
-    pub role: Role,
-    pub d: u64,
-    /// The source line of the main loop's `for`.
-    pub main_line: u32,
-    /// Query x key entries one warp covers per main-loop iteration.
-    pub area: f64,
-}
+use super::super::banks::{contiguous, per_row, row_pairs, wmma_bf16, wmma_f32};
+use super::{lines_in, Chain, Kernel, Role, Trips};
 
 /// flash_tc.cu at one head size and launch geometry.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +20,7 @@ pub struct Profile {
 }
 
 /// The kernels of flash_tc.cu at head sizes 64 and 128.
-pub fn kernels(keys: u64) -> Vec<Kernel> {
+pub fn kernels(warps: u64, keys: u64) -> Vec<Kernel> {
     let mut out = vec![];
     for d in [64, 128] {
         for (role, stem, main_line, area) in [
@@ -49,10 +30,13 @@ pub fn kernels(keys: u64) -> Vec<Kernel> {
         ] {
             out.push(Kernel {
                 name: format!("flash_tc_{stem}_d{d}"),
+                family: "flash_tc",
                 role,
                 d,
                 main_line,
                 area: area as f64,
+                geometry: format!("{warps} warps, {keys} keys"),
+                profile: Box::new(Profile::new(d, warps, keys)),
             });
         }
     }
@@ -151,6 +135,25 @@ impl Profile {
     }
 }
 
+impl super::Profile for Profile {
+    fn file(&self) -> &'static str {
+        self.file
+    }
+    fn is_optional(&self, chain: &Chain) -> bool {
+        Profile::is_optional(self, &lines_in(chain, self.file))
+    }
+    fn generic_is_shared(&self, chain: &Chain) -> bool {
+        Profile::generic_is_shared(self, chain)
+    }
+    fn trips(&self, back: &Chain) -> Option<Trips> {
+        Profile::trips(self, &lines_in(back, self.file)).map(Trips::uniform)
+    }
+    fn site(&self, chain: &Chain, store: bool, width: u32) -> Vec<Vec<u64>> {
+        let line = lines_in(chain, self.file).first().copied().unwrap_or(0);
+        Profile::site(self, line, store, width)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,7 +161,7 @@ mod tests {
     /// The line numbers above still point at the accesses and loops they describe.
     #[test]
     fn the_profiles_lines_match_flash_tc_cu() {
-        let src = include_str!("../../../kernels/flash_tc.cu");
+        let src = include_str!("../../../../kernels/flash_tc.cu");
         let line = |n: usize| src.lines().nth(n - 1).unwrap_or_default();
         for (n, text) in [
             (55, "for (int e = threadIdx.x; e < n * D; e += TC_THREADS)"),
