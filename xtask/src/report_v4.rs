@@ -80,6 +80,15 @@ fn collect(root: &Path, study: &Study, steps: u64) -> Result<Collected> {
     Ok((rows, traj, notes))
 }
 
+/// The four Step-GRPO variants under the names docs/v4/plan.md section 7a gives them (v2-v3's
+/// labels in methods.rs stay as those reports printed them).
+const STEP_GRPO_NAMES: [(&str, &str); 4] = [
+    ("step_grpo_paper", "Step-GRPO (paper)"),
+    ("step_grpo_kept", "Step-GRPO (DEER probe)"),
+    ("step_grpo", "Step-GRPO + DEER placement"),
+    ("step_grpo_no_dtr", "Step-GRPO step reward only"),
+];
+
 /// One row per method: its seeds and the mean ± sd of the numbers seeds.csv holds.
 fn summary_table(md: &mut String, runs: &BTreeMap<String, Vec<SeedRow>>) -> Result<()> {
     writeln!(
@@ -104,7 +113,10 @@ fn summary_table(md: &mut String, runs: &BTreeMap<String, Vec<SeedRow>>) -> Resu
         writeln!(
             md,
             "| {} (`{}`) | {} | {} | {} | {} | {} | {exit} |",
-            m.label,
+            STEP_GRPO_NAMES
+                .iter()
+                .find(|(n, _)| *n == m.name)
+                .map_or(m.label, |(_, label)| label),
             m.name,
             rows.len(),
             col(|r| r.accuracy, 3),

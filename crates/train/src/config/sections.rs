@@ -226,10 +226,10 @@ pub enum AttentionKind {
 
 /// Where `model.attention = "auto"` switches from the composite attention to flash on CUDA.
 /// An estimate, unmeasured (docs/gpu.md, "kernel-model"): below 1k tokens the (B, H, T, T)
-/// scores are small and cuBLAS (~60 % of peak) beats flash, whose forward is estimated at ~38 %
-/// (flash_fa2.cu, a hand count of its SASS) and backward at ~8 % (flash_tc.cu, from the
-/// kernel-model); past it the scores' memory traffic grows as T^2 and flash's memory stays
-/// linear. gpu-check's `attention_paths` row measures the crossover.
+/// scores are small and cuBLAS (~60 % of peak) beats flash, whose forward is estimated at
+/// 25-31 % and backward at 37-42 % (FlashAttention-2's kernels at head sizes 64-128, `cargo
+/// xtask kernel-model`); past it the scores' memory traffic grows as T^2 and flash's memory
+/// stays linear. gpu-check's `attention_paths` row measures the crossover.
 pub const FLASH_AUTO_MIN_TOKENS: usize = 1024;
 
 /// `run.compute`: the forward's dtype (config/device.rs reads it with `run.device`).

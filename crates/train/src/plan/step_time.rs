@@ -2,8 +2,8 @@
 //! GRPO step should take on N H200s, from the model shape and the config. Estimates, not
 //! measurements, and labelled so wherever they are printed: the rollout at the HBM roofline
 //! (every decode step reads every weight once and each running sequence's KV cache so far),
-//! the matmuls at a stated cuBLAS efficiency, attention at the tensor-core flash kernel's
-//! estimate (ARCHITECTURE.md). Every sample is assumed to run to `max_new_tokens`, so the
+//! the matmuls at a stated cuBLAS efficiency, attention at the FlashAttention-2 kernels'
+//! estimate (`cargo xtask kernel-model`, docs/gpu.md). Every sample is assumed to run to `max_new_tokens`, so the
 //! figures are upper bounds of a step's length; gpu-check measures the pieces.
 
 use crate::config::RunConfig;
@@ -19,8 +19,9 @@ pub struct Assumptions {
     pub hbm_bytes_per_s: f64,
     /// The fraction of peak the linear layers' matmuls reach (cuBLAS).
     pub matmul_efficiency: f64,
-    /// The fractions of peak flash attention's forward and backward reach (the paper
-    /// estimate of kernels/flash_tc.cu).
+    /// The fractions of peak flash attention's forward and backward reach: `cargo xtask
+    /// kernel-model`'s roofline for kernels/flash_fa2.cu and flash_fa2_bwd.cu at head size 128
+    /// (deterministic dQ), an upper bound (latency and occupancy are not modelled).
     pub flash_fwd_efficiency: f64,
     pub flash_bwd_efficiency: f64,
     /// The fraction of the HBM roofline decode reaches.
@@ -33,8 +34,8 @@ impl Default for Assumptions {
             peak_flops: 989e12,
             hbm_bytes_per_s: 4.8e12,
             matmul_efficiency: 0.6,
-            flash_fwd_efficiency: 0.30,
-            flash_bwd_efficiency: 0.20,
+            flash_fwd_efficiency: 0.31,
+            flash_bwd_efficiency: 0.42,
             decode_efficiency: 0.7,
         }
     }
