@@ -114,7 +114,7 @@ pub fn section(
     );
     let _ = writeln!(
         s,
-        "\nThe testbed's ceiling: what Standard's GRPO training added to the SFT checkpoint's eval length, {c}. A length method can remove about that much and no more without cutting the chain itself, which every answer needs: the testbed's problems are chains of operations whose every step must be written, and the only removable length is reflection, mostly easy-level re-checks that Standard's training grows. The papers' models start from long, repetitive reasoning with much more to remove, so their 32-47 % are not reachable here.\n"
+        "\nThe testbed's ceiling: what Standard's GRPO training added to the SFT checkpoint's eval length, {c}. A length method can remove about that much and no more without cutting the chain itself, which every answer needs: the testbed's problems are chains of operations whose every step must be written, and the only removable length is reflection (the rounds of `Wait` after the stated answer; seeds.csv's tokens_L1..tokens_L6 give each method's cut by level). The papers' models start from long, repetitive reasoning with much more to remove, so their 32-47 % are not reachable here.\n"
     );
     s
 }
