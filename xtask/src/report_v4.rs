@@ -3,8 +3,9 @@
 //! `study::trajectory`), and results.md is written from those tables alone with
 //! `study::confirmatory` (raw and Holm-adjusted decisions, each claim's rule in words), CARE's
 //! premise checks (`study::premise`, the premise condition) or the effect sizes against the
-//! papers' (`study::effect`, the main design and its robustness cells), a per-method summary
-//! and the deviations from the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl ->
+//! papers' (`study::effect`, the main design and its robustness cells), the cells side by side
+//! (`study::robust`, the main design's report), a per-method summary and the deviations from
+//! the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl ->
 //! seeds.csv + trajectory.csv -> results.md, which `study::recompute::check_report` audits
 //! against seeds.csv. Called by repro.rs for `--testbed v4` (with or without `--cell`) and
 //! `v4-care`; summary/ writes v2's and v3's reports.
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 use terse_train::study::confirmatory::{self, Scope, CLAIMS};
 use terse_train::study::seeds::{self, SeedRow};
 use terse_train::study::trajectory::{self, TrajRow};
-use terse_train::study::{effect, premise};
+use terse_train::study::{effect, premise, robust};
 
 /// The seeds per method the plan fixes (section 6).
 const PLANNED_SEEDS: u64 = 9;
@@ -191,6 +192,46 @@ fn deviations(
     notes
 }
 
+/// Section 8's cells side by side with the main design (`study::robust`), read from each
+/// committed cell's tables under `out`/robust/; empty when no cell has run.
+fn robust_section(
+    out: &Path,
+    runs: &BTreeMap<String, Vec<SeedRow>>,
+    traj: &BTreeMap<String, Vec<TrajRow>>,
+) -> Result<String> {
+    use clap::ValueEnum;
+    let mut read = vec![];
+    for c in Cell::value_variants().iter().map(|c| c.spec()) {
+        let dir = out.join("robust").join(c.name);
+        let (csv, tcsv) = (dir.join("seeds.csv"), dir.join("trajectory.csv"));
+        if !csv.is_file() {
+            continue;
+        }
+        let text = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let seeds = seeds::read_csv(&text(&csv)?, &csv.display().to_string())?;
+        let tr = trajectory::read_csv(&text(&tcsv)?, &tcsv.display().to_string())?;
+        read.push((c, seeds, tr));
+    }
+    if read.is_empty() {
+        return Ok(String::new());
+    }
+    let mut cells = vec![robust::CellTables {
+        name: "main",
+        what: "design 3, SFT seed 0",
+        seeds: runs,
+        traj,
+    }];
+    cells.extend(read.iter().map(|(c, seeds, traj)| robust::CellTables {
+        name: c.name,
+        what: c.what,
+        seeds,
+        traj,
+    }));
+    Ok(robust::section(&cells))
+}
+
 /// Writes seeds.csv and results.md (or their `-quick` / `-seeds<N>` forms) into `out` from the
 /// finished runs under `root`, and returns the report's path.
 pub fn write(
@@ -248,6 +289,9 @@ pub fn write(
     md.push_str(&confirmatory::tables(&runs, sc));
     if sc != Scope::CarePremise {
         md.push_str(&effect::section(&runs, &traj));
+    }
+    if sc == Scope::Main && !study.quick && study.seeds == PLANNED_SEEDS {
+        md.push_str(&robust_section(out, &runs, &traj)?);
     }
     writeln!(md, "## Deviations from docs/v4/plan.md\n")?;
     let found = deviations(study, sc, &runs, out, notes);

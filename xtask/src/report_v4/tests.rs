@@ -224,17 +224,38 @@ fn the_premise_checks_and_a_robustness_cell_are_computed_from_the_runs() {
         Scope::Robustness,
     )
     .expect("the cell's report follows from its CSV");
+    // The main design's report, written beside robust/, sets the cell beside it.
+    let main = std::fs::read_to_string(write(&root, &cell, 6, &tmp, None).expect("main"))
+        .expect("main md");
+    let side = &main[main
+        .find("## Robustness cells side by side")
+        .expect("the side-by-side section")..];
+    assert!(
+        side.contains("\n| `main` (design 3, SFT seed 0) | 56.0 |")
+            && side.contains("\n| `sft1` (design 3 from SFT seed 1) | 56.0 |")
+            && side.contains("- P1: decided in 2 of 2 cells"),
+        "{side}"
+    );
+    assert!(
+        !row(&main, "- section 8's robustness cells not run").contains("`sft1`"),
+        "{main}"
+    );
     std::fs::remove_dir_all(&tmp).expect("temp dir");
 }
 
 /// The committed v4 report, once the study has run, follows from its committed CSV.
 #[test]
 fn the_committed_v4_reports_follow_from_their_csv() {
+    use clap::ValueEnum;
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/v4");
-    for (dir, scope) in [
+    let mut reports = vec![
         (docs.clone(), Scope::Main),
         (docs.join("care"), Scope::CarePremise),
-    ] {
+    ];
+    for c in Cell::value_variants() {
+        reports.push((docs.join("robust").join(c.spec().name), Scope::Robustness));
+    }
+    for (dir, scope) in reports {
         let (csv, md) = (dir.join("seeds.csv"), dir.join("results.md"));
         if !csv.is_file() && !md.is_file() {
             continue; // not run yet: docs/v4 holds only the plan
@@ -253,5 +274,10 @@ fn the_committed_v4_reports_follow_from_their_csv() {
             _ => effect::section(&runs, &traj),
         };
         assert!(md.contains(&part), "{}: recomputed:\n{part}", dir.display());
+        // The main report's side-by-side table follows from every committed cell's tables.
+        if scope == Scope::Main {
+            let side = robust_section(&dir, &runs, &traj).expect("the cells' tables");
+            assert!(md.contains(&side), "{}: recomputed:\n{side}", dir.display());
+        }
     }
 }

@@ -147,17 +147,39 @@ pub fn is_claim_id(id: &str) -> bool {
     CLAIMS.iter().any(|c| c.id == id)
 }
 
-/// One decided claim.
-struct Decided<'a> {
-    claim: &'a Claim,
-    acc: Interval,
-    len: Interval,
+/// One decided claim: its paired intervals and both tests' outcomes (raw; Holm is the
+/// family's, applied by the caller over a family's rows).
+pub struct Decided {
+    pub claim: &'static Claim,
+    pub acc: Interval,
+    pub len: Interval,
     /// (p of holds, fails shown) by the t test and by the sign-flip test.
-    t: (Option<f64>, bool),
-    flip: (Option<f64>, bool),
+    pub t: (Option<f64>, bool),
+    pub flip: (Option<f64>, bool),
 }
 
-fn verdict((p, fails): (Option<f64>, bool)) -> &'static str {
+/// Every claim of `scope` that `runs` can decide, in the table's order (a claim whose runs are
+/// missing or whose seeds differ is left out).
+pub fn decide(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> Vec<Decided> {
+    CLAIMS
+        .iter()
+        .filter(|c| scope.has(c))
+        .filter_map(|c| {
+            let acc = diffs(runs, c.method, c.against, |r| r.accuracy)?;
+            let len = diffs(runs, c.method, c.against, |r| r.eval_tokens)?;
+            Some(Decided {
+                claim: c,
+                t: c.rule.decide(&acc, &len, t_p),
+                flip: c.rule.decide(&acc, &len, flip_p),
+                acc,
+                len,
+            })
+        })
+        .collect()
+}
+
+/// A test's raw decision in the report's words.
+pub fn verdict((p, fails): (Option<f64>, bool)) -> &'static str {
     if p.is_some_and(|p| p <= ALPHA) {
         "**holds**"
     } else if fails {
@@ -195,21 +217,7 @@ fn diffs(
 /// per-seed rows. A claim whose runs are missing is skipped; a confirmatory family with a
 /// missing claim gets "family incomplete" in its Holm columns.
 pub fn tables(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> String {
-    let decided: Vec<Decided> = CLAIMS
-        .iter()
-        .filter(|c| scope.has(c))
-        .filter_map(|c| {
-            let acc = diffs(runs, c.method, c.against, |r| r.accuracy)?;
-            let len = diffs(runs, c.method, c.against, |r| r.eval_tokens)?;
-            Some(Decided {
-                claim: c,
-                t: c.rule.decide(&acc, &len, t_p),
-                flip: c.rule.decide(&acc, &len, flip_p),
-                acc,
-                len,
-            })
-        })
-        .collect();
+    let decided = decide(runs, scope);
     let mut s = String::new();
     for (family, name, title) in [
         (
@@ -350,17 +358,7 @@ mod tests {
     }
 
     fn row(method: &str, seed: u64, acc: f64, tokens: f64) -> SeedRow {
-        SeedRow {
-            method: method.into(),
-            seed,
-            accuracy: acc,
-            eval_tokens: tokens,
-            len_avg: tokens,
-            len_last: tokens,
-            exit_rate: None,
-            pass1_by_level: vec![acc],
-            tokens_by_level: vec![tokens],
-        }
+        SeedRow::fixture(method, seed, acc, tokens)
     }
 
     /// A compound rule needs both parts; the OR in "fails" is labelled; Holm prints beside raw.

@@ -66,7 +66,7 @@ fn cut(seeds: &BTreeMap<String, Vec<SeedRow>>, method: &str) -> Option<Interval>
 
 /// Per seed, the share of Standard's final eval tokens that its training added:
 /// (end − start) / end.
-fn ceiling(
+pub fn ceiling(
     seeds: &BTreeMap<String, Vec<SeedRow>>,
     traj: &BTreeMap<String, Vec<TrajRow>>,
 ) -> Option<Interval> {
@@ -124,17 +124,7 @@ mod tests {
     use super::*;
 
     fn row(method: &str, seed: u64, tokens: f64) -> SeedRow {
-        SeedRow {
-            method: method.into(),
-            seed,
-            accuracy: 0.9,
-            eval_tokens: tokens,
-            len_avg: tokens,
-            len_last: tokens,
-            exit_rate: None,
-            pass1_by_level: vec![0.9],
-            tokens_by_level: vec![tokens],
-        }
+        SeedRow::fixture(method, seed, 0.9, tokens)
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! sign-flip tests and Holm's correction (`stats`); v3's claims (`claims`, its report's α kept);
 //! v4's confirmatory claims as planned in docs/v4/plan.md (`confirmatory`), decided from the
 //! per-seed table docs/v4/seeds.csv (`seeds`), with each run's trajectory (`trajectory`) for
-//! CARE's premise checks (`premise`) and the effect sizes against the papers' (`effect`); and
+//! CARE's premise checks (`premise`) and the effect sizes against the papers' (`effect`), the
+//! robustness cells side by side (`robust`); and
 //! whether outcome-only GRPO overthinks (`overthink`). Typed inputs, markdown out; `cargo xtask
 //! repro` reads the runs and writes the reports with them, and research code can compute the
 //! same verdicts on its own runs.
@@ -14,6 +15,7 @@ pub mod effect;
 pub mod overthink;
 pub mod premise;
 pub mod recompute;
+pub mod robust;
 pub mod seeds;
 pub mod stats;
 pub mod trajectory;

@@ -29,6 +29,24 @@ pub struct SeedRow {
     pub tokens_by_level: Vec<f64>,
 }
 
+impl SeedRow {
+    /// A one-level row for the study modules' tests: `tokens` for every length column.
+    #[cfg(test)]
+    pub(crate) fn fixture(method: &str, seed: u64, accuracy: f64, tokens: f64) -> SeedRow {
+        SeedRow {
+            method: method.into(),
+            seed,
+            accuracy,
+            eval_tokens: tokens,
+            len_avg: tokens,
+            len_last: tokens,
+            exit_rate: None,
+            pass1_by_level: vec![accuracy],
+            tokens_by_level: vec![tokens],
+        }
+    }
+}
+
 /// Reads one finished run's row from its metrics.jsonl.
 pub fn from_run(method: &str, seed: u64, metrics: &Path) -> Result<SeedRow> {
     let steps = crate::report::read_steps(metrics)?;
