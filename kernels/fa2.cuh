@@ -1,7 +1,7 @@
-// The tile geometry and the tile copy shared by FlashAttention-2's forward (flash_fa2.cu) and
+// The tile geometry, tile copy and K/V pipeline of FlashAttention-2's forward (flash_fa2.cu) and
 // backward (flash_fa2_bwd.cu): blocks of FA2_WARPS warps x 16 rows, 64-key tiles, shared rows
-// padded by 16 bytes, filled by 16-byte cp.async copies (the padding argument is
-// flash_fa2.cu's header).
+// padded by 16 bytes (the argument is flash_fa2.cu's header), filled by 16-byte cp.async copies
+// through the 2-stage pipeline the forward and the dQ kernel walk a row block's key tiles with.
 #pragma once
 #include "common.cuh"
 #include "mma.cuh"
@@ -28,4 +28,45 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int r0, in
         int row = min(r0 + r, t - 1);
         cp_async16(dst + r * LD + c * 8, src + (size_t)row * D + c * 8);
     }
+}
+
+// The key tiles rows [r0, r0 + FA2_ROWS) can see: from the first row's start (starts never
+// decrease) to the last row, so no search is needed; `tiles` tiles of FA2_KEYS keys from
+// `first`.
+struct Fa2Keys {
+    int first, tiles;
+};
+__device__ __forceinline__ Fa2Keys fa2_keys(const uint32_t* st, int r0, int t) {
+    int last = min(r0 + FA2_ROWS, t) - 1;
+    int lo = r0 < t ? min((int)st[r0], last + 1) : t;
+    int first = (lo / FA2_KEYS) * FA2_KEYS;
+    return {first, last >= first ? (last - first) / FA2_KEYS + 1 : 0};
+}
+
+// K and V tiles from key k0 into one stage of ks / vs, as one cp.async group.
+template <int D>
+__device__ __forceinline__ void fa2_kv_load(bf16* ks, bf16* vs, const bf16* kh, const bf16* vh,
+                                            int k0, int t) {
+    load_rows<D, FA2_KEYS>(ks, kh, k0, t);
+    load_rows<D, FA2_KEYS>(vs, vh, k0, t);
+    cp_async_commit();
+}
+
+// The 2-stage K/V pipeline: ks and vs are [2][FA2_KEYS][D + FA2_PAD], tile `it` in stage it & 1;
+// the caller loads tile 0 (fa2_kv_load) before its loop and ends every iteration with a barrier.
+// At the top of iteration `it`: prefetch tile it + 1 into the other stage (free since that
+// barrier), then wait for tile it (at most the prefetch's group stays in flight) and make every
+// thread's copies visible to the block.
+template <int D>
+__device__ __forceinline__ void fa2_kv_ready(bf16* ks, bf16* vs, const bf16* kh, const bf16* vh,
+                                             const Fa2Keys& keys, int it, int t) {
+    constexpr int TILE = FA2_KEYS * (D + FA2_PAD);
+    if (it + 1 < keys.tiles) {
+        int other = ((it & 1) ^ 1) * TILE;
+        fa2_kv_load<D>(ks + other, vs + other, kh, vh, keys.first + (it + 1) * FA2_KEYS, t);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
 }

@@ -70,30 +70,12 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
         for (int i = 0; i < 4; i++) o[n][i] = 0.f;
     // Running max (of scaled scores) and this lane's share of the running sum, per row.
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    // The keys the block's rows can see: from its first row's start (starts never decrease)
-    // to its last row; no search is needed in the forward.
-    int last = min(r0 + FA2_ROWS, t) - 1;
-    int lo = r0 < t ? min((int)st[r0], last + 1) : t;
-    int first = (lo / FA2_KEYS) * FA2_KEYS;
-    int tiles = last >= first ? (last - first) / FA2_KEYS + 1 : 0;
-    if (tiles > 0) {
-        load_rows<D, FA2_KEYS>(ks, kh, first, t);
-        load_rows<D, FA2_KEYS>(vs, vh, first, t);
-        cp_async_commit();
-    }
-    for (int it = 0; it < tiles; it++) {
-        int k0 = first + it * FA2_KEYS, s = it & 1;
-        // Prefetch the next tile into the other stage (free since the last iteration's final
-        // barrier), then wait for this one: at most the prefetch's group stays in flight.
-        if (it + 1 < tiles) {
-            load_rows<D, FA2_KEYS>(ks + (s ^ 1) * TILE, kh, k0 + FA2_KEYS, t);
-            load_rows<D, FA2_KEYS>(vs + (s ^ 1) * TILE, vh, k0 + FA2_KEYS, t);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();  // every thread's copies of this tile are visible to the block
+    // The key tiles the block's rows can see, through the 2-stage K/V pipeline (fa2.cuh).
+    Fa2Keys keys = fa2_keys(st, r0, t);
+    if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t);
+    for (int it = 0; it < keys.tiles; it++) {
+        int k0 = keys.first + it * FA2_KEYS, s = it & 1;
+        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t);
         const bf16* kt = ks + s * TILE;
         const bf16* vt = vs + s * TILE;
         // S = Q K^T, 16 x 64 per warp. ldmatrix.x4 gives two n-tiles' B fragments: matrix i
@@ -143,10 +125,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
         // fragments by ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i & 1) + r, dims
         // n * 8 + 8 (i >> 1), so registers 0-1 serve O's n-tile n and 2-3 n-tile n + 1.
         for (int kk = 0; kk < FA2_KEYS / 16; kk++) {
-            uint32_t pa[4] = {bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
-                              bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                              bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            uint32_t pa[4];
+            c_pair_as_a(pa, sc[2 * kk], sc[2 * kk + 1]);
             for (int n = 0; n < NO; n += 2) {
                 int mi = lane / 8, r = lane % 8;
                 uint32_t bv[4];

@@ -90,26 +90,12 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
     float acc[NO][4];
     for (int n = 0; n < NO; n++)
         for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
-    int last = min(r0 + FA2_ROWS, t) - 1;
-    int lo = r0 < t ? min((int)st[r0], last + 1) : t;
-    int first = (lo / FA2_KEYS) * FA2_KEYS;
-    int tiles = last >= first ? (last - first) / FA2_KEYS + 1 : 0;
-    if (tiles > 0) {
-        load_rows<D, FA2_KEYS>(ks, kh, first, t);
-        load_rows<D, FA2_KEYS>(vs, vh, first, t);
-        cp_async_commit();
-    }
-    for (int it = 0; it < tiles; it++) {
-        int k0 = first + it * FA2_KEYS, s = it & 1;
-        if (it + 1 < tiles) {
-            load_rows<D, FA2_KEYS>(ks + (s ^ 1) * TILE, kh, k0 + FA2_KEYS, t);
-            load_rows<D, FA2_KEYS>(vs + (s ^ 1) * TILE, vh, k0 + FA2_KEYS, t);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+    // The forward's key tiles and K/V pipeline (fa2.cuh).
+    Fa2Keys keys = fa2_keys(st, r0, t);
+    if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t);
+    for (int it = 0; it < keys.tiles; it++) {
+        int k0 = keys.first + it * FA2_KEYS, s = it & 1;
+        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t);
         const bf16* kt = ks + s * TILE;
         const bf16* vt = vs + s * TILE;
         for (int half = 0; half < FA2_KEYS / HK; half++) {
@@ -143,10 +129,8 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
             // fragments by ldmatrix.x4.trans (matrix mi: keys kb + 16kk + 8 (mi & 1) + r, dims
             // 8n + 8 (mi >> 1)).
             for (int kk = 0; kk < HK / 16; kk++) {
-                uint32_t sa[4] = {bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
-                                  bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                                  bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                  bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+                uint32_t sa[4];
+                c_pair_as_a(sa, sc[2 * kk], sc[2 * kk + 1]);
                 for (int n = 0; n < NO; n += 2) {
                     uint32_t bk[4];
                     ldmatrix_x4_trans(bk, kt + (kb + kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 +
@@ -296,14 +280,10 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
         // fragments of dO and Q by ldmatrix.x4.trans (matrix mi: queries 16kk + 8 (mi & 1) + r,
         // dims 8n + 8 (mi >> 1)).
         for (int kk = 0; kk < QT / 16; kk++) {
-            uint32_t pa[4] = {bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
-                              bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                              bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-            uint32_t da[4] = {bf16x2(dp[2 * kk][0], dp[2 * kk][1]),
-                              bf16x2(dp[2 * kk][2], dp[2 * kk][3]),
-                              bf16x2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                              bf16x2(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+            uint32_t pa[4];
+            c_pair_as_a(pa, sc[2 * kk], sc[2 * kk + 1]);
+            uint32_t da[4];
+            c_pair_as_a(da, dp[2 * kk], dp[2 * kk + 1]);
             for (int n = 0; n < NO; n += 2) {
                 int at = (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1);
                 uint32_t bo[4], bq[4];

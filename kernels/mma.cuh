@@ -88,3 +88,13 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
 #else
 #include "shim/mma_sync.h"
 #endif
+
+// The A fragment (16 x 16, bf16) of two C fragments side by side, c0 of columns 0-7 and c1 of
+// 8-15 (f32): by the conventions above, c0 holds a[0]'s and a[1]'s columns 2t..2t+1 and c1
+// a[2]'s and a[3]'s, so one product's C tile feeds the next mma.sync without leaving registers.
+__device__ __forceinline__ void c_pair_as_a(uint32_t* a, const float* c0, const float* c1) {
+    a[0] = bf16x2(c0[0], c0[1]);
+    a[1] = bf16x2(c0[2], c0[3]);
+    a[2] = bf16x2(c1[0], c1[1]);
+    a[3] = bf16x2(c1[2], c1[3]);
+}

@@ -1,8 +1,9 @@
 //! kernels/fa2.cuh for `cargo xtask kernel-model`: the tile geometry FlashAttention-2's forward
 //! and backward share (FA2_KEYS-key tiles, rows padded by FA2_PAD bf16) and its tile copy
 //! `load_rows<D, ROWS>` (16-byte cp.async copies, `LDGSTS` in the SASS): the trip count of its
-//! copy loop, which nvcc unrolls 4 times with the remainder peeled in front, and its lanes'
-//! shared-memory destinations. Lines are fa2.cuh's, checked by the test below.
+//! copy loop, which nvcc unrolls 4 times with the remainder peeled in front, whether a copy is
+//! the K/V pipeline's (`fa2_kv_load`, FA2_KEYS rows, in the forward and the dQ kernel), and its
+//! lanes' shared-memory destinations. Lines are fa2.cuh's, checked by the test below.
 
 use super::super::banks::{copy_rows, ldmatrix_rows};
 use super::{Chain, Trips};
@@ -16,6 +17,8 @@ pub const PAD: u64 = 8;
 /// load_rows's lines (its body, the copy loop's `for` at :26).
 const LOAD_ROWS: std::ops::RangeInclusive<u32> = 24..=31;
 const COPY_LOOP: u32 = 26;
+/// fa2_kv_load's two load_rows calls (K, then V).
+const KV_LOADS: [u32; 2] = [50, 51];
 
 /// Bytes between the rows of a padded tile of head size `d`.
 pub fn row_bytes(d: u64) -> u64 {
@@ -36,6 +39,13 @@ pub fn load_rows_call(back: &Chain, file: &str) -> Option<u32> {
         Some((f, COPY_LOOP)) if f == FILE => super::lines_in(back, file).first().copied(),
         _ => None,
     }
+}
+
+/// Whether `back` is the back-edge of load_rows's copy loop called by the K/V pipeline
+/// (fa2_kv_load, wherever the kernel calls it from): FA2_KEYS rows.
+pub fn is_kv_copy(back: &Chain) -> bool {
+    matches!(back.first(), Some((f, COPY_LOOP)) if f == FILE)
+        && matches!(back.get(1), Some((f, l)) if f == FILE && KV_LOADS.contains(l))
 }
 
 /// The copy loop of load_rows<D, ROWS> in a block of `warps` warps: `ROWS * D / 8` chunks over
@@ -85,6 +95,8 @@ mod tests {
             ),
             (29, "cp_async16(dst + r * LD + c * 8"),
             (31, "}"),
+            (50, "load_rows<D, FA2_KEYS>(ks, kh, k0, t)"),
+            (51, "load_rows<D, FA2_KEYS>(vs, vh, k0, t)"),
         ] {
             assert!(
                 line(n).contains(text),
@@ -104,6 +116,15 @@ mod tests {
         ];
         assert_eq!(load_rows_call(&back, "flash_fa2.cu"), Some(89));
         assert_eq!(load_rows_call(&back[1..], "flash_fa2.cu"), None);
+        assert!(!is_kv_copy(&back));
+        // The pipeline's prefetch: load_rows <- fa2_kv_load <- fa2_kv_ready <- the kernel.
+        let kv = [
+            s("fa2.cuh", 26),
+            s("fa2.cuh", 51),
+            s("fa2.cuh", 66),
+            s("flash_fa2.cu", 78),
+        ];
+        assert!(is_kv_copy(&kv) && !is_kv_copy(&kv[1..]));
         let cp = [s("mma.cuh", 67), s("fa2.cuh", 29), s("flash_fa2.cu", 89)];
         assert!(in_load_rows(&cp) && !in_load_rows(&back[1..]));
         // 64 keys x 128 dims: 1,024 chunks, 8 per thread; 32 query rows x 64: 2.

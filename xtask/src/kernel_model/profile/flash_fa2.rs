@@ -9,7 +9,7 @@ use super::{lines_in, Chain, Kernel, Role, Trips};
 
 const FILE: &str = "flash_fa2.cu";
 /// The main loop's `for` (one 64-key tile a step).
-const MAIN: u32 = 84;
+const MAIN: u32 = 76;
 
 /// flash_fa2.cu's forward at head sizes 64 and 128, blocks of `warps` warps.
 pub fn kernels(warps: u64) -> Vec<Kernel> {
@@ -45,11 +45,9 @@ impl super::Profile for Forward {
         false // the kernel's shared accesses are ldmatrix and cp.async
     }
     fn trips(&self, back: &Chain) -> Option<Trips> {
-        match fa2::load_rows_call(back, FILE)? {
-            // K and V tiles, before the loop and prefetched in it: FA2_KEYS rows.
-            80 | 81 | 89 | 90 => Some(fa2::load_rows_trips(self.d, fa2::KEYS, self.warps)),
-            _ => None,
-        }
+        // K and V tiles, before the loop and prefetched in it (fa2.cuh's pipeline): FA2_KEYS
+        // rows; the forward has no other copy.
+        fa2::is_kv_copy(back).then(|| fa2::load_rows_trips(self.d, fa2::KEYS, self.warps))
     }
     fn site(&self, chain: &Chain, store: bool, _width: u32) -> Vec<Vec<u64>> {
         if fa2::in_load_rows(chain) {
@@ -58,9 +56,9 @@ impl super::Profile for Forward {
         let stride = row_bytes(self.d);
         match (lines_in(chain, FILE).first().copied().unwrap_or(0), store) {
             // K's B fragments: keys n0 + 8 (mi >> 1) + r, dims 16 f + 8 (mi & 1).
-            (108, false) => vec![ldsm_rows_major(stride)],
+            (90, false) => vec![ldsm_rows_major(stride)],
             // V's by .trans: keys 16 kk + 8 (mi & 1) + r, dims 8 n + 8 (mi >> 1).
-            (153 | 154, false) => vec![ldsm_cols_major(stride)],
+            (133 | 134, false) => vec![ldsm_cols_major(stride)],
             _ => vec![],
         }
     }
@@ -77,18 +75,16 @@ mod tests {
         let src = include_str!("../../../../kernels/flash_fa2.cu");
         let line = |n: usize| src.lines().nth(n - 1).unwrap_or_default();
         for (n, text) in [
-            (80, "load_rows<D, FA2_KEYS>(ks, kh, first, t)"),
-            (81, "load_rows<D, FA2_KEYS>(vs, vh, first, t)"),
-            (MAIN as usize, "for (int it = 0; it < tiles; it++)"),
-            (89, "load_rows<D, FA2_KEYS>(ks + (s ^ 1) * TILE"),
-            (90, "load_rows<D, FA2_KEYS>(vs + (s ^ 1) * TILE"),
+            (75, "fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t)"),
+            (MAIN as usize, "for (int it = 0; it < keys.tiles; it++)"),
+            (78, "fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t)"),
             (
-                108,
+                90,
                 "ldmatrix_x4(bk, kt + (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1))",
             ),
-            (153, "ldmatrix_x4_trans(bv,"),
+            (133, "ldmatrix_x4_trans(bv,"),
             (
-                154,
+                134,
                 "vt + (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1)",
             ),
         ] {
@@ -104,12 +100,17 @@ mod tests {
     fn copies_and_fragments_are_found_by_line() {
         let s = |f: &str, l: u32| (f.to_string(), l);
         let p = Forward { d: 128, warps: 4 };
-        let back = [s("fa2.cuh", 26), s(FILE, 89), s(FILE, 187)];
+        let back = [
+            s("fa2.cuh", 26),
+            s("fa2.cuh", 51),
+            s("fa2.cuh", 66),
+            s(FILE, 78),
+        ];
         let t = p.trips(&back).map(|t| t.per_warp);
         assert_eq!(t, Some(vec![8.0; 4]));
-        assert_eq!(p.trips(&[s(FILE, 84), s(FILE, 187)]), None);
-        let ldsm = [s("mma.cuh", 39), s(FILE, 108), s(FILE, 187)];
+        assert_eq!(p.trips(&[s(FILE, MAIN), s(FILE, 167)]), None);
+        let ldsm = [s("mma.cuh", 39), s(FILE, 90), s(FILE, 167)];
         assert_eq!(p.site(&ldsm, false, 16).len(), 1);
-        assert!(p.site(&[s(FILE, 172)], true, 4).is_empty());
+        assert!(p.site(&[s(FILE, 152)], true, 4).is_empty());
     }
 }

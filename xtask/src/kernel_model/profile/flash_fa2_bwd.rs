@@ -12,12 +12,12 @@ use super::{lines_in, Chain, Kernel, Role, Trips};
 
 const FILE: &str = "flash_fa2_bwd.cu";
 /// The main loops' `for`: dQ's over 64-key tiles, dK/dV's over query steps.
-const DQ_MAIN: u32 = 102;
-const DKDV_MAIN: u32 = 251;
+const DQ_MAIN: u32 = 96;
+const DKDV_MAIN: u32 = 235;
 /// The `if (dq_atomic)` block's body.
-const ATOMIC: std::ops::RangeInclusive<u32> = 319..=351;
-/// load_queries's per-query loop (:181) and its body.
-const QUERIES: std::ops::RangeInclusive<u32> = 181..=186;
+const ATOMIC: std::ops::RangeInclusive<u32> = 299..=331;
+/// load_queries's per-query loop (:165) and its body.
+const QUERIES: std::ops::RangeInclusive<u32> = 165..=170;
 
 /// Queries per dK/dV step (FA2_BWD_QT_D64, FA2_BWD_QT_D128).
 pub fn queries(d: u64) -> u64 {
@@ -87,22 +87,24 @@ impl super::Profile for Backward {
     }
     fn trips(&self, back: &Chain) -> Option<Trips> {
         let (d, warps, qt) = (self.d, self.warps, queries(self.d));
+        if fa2::is_kv_copy(back) {
+            // dQ: K and V tiles.
+            return Some(fa2::load_rows_trips(d, fa2::KEYS, warps));
+        }
         if let Some(call) = fa2::load_rows_call(back, FILE) {
             let rows = match call {
-                // dQ: K and V tiles.
-                98 | 99 | 105 | 106 => fa2::KEYS,
                 // dK/dV: the block's K and V (FA2_ROWS), and Q and dO by load_queries.
-                212 | 213 => 16 * warps,
-                179 | 180 => qt,
+                196 | 197 => 16 * warps,
+                163 | 164 => qt,
                 _ => return None,
             };
             return Some(fa2::load_rows_trips(d, rows, warps));
         }
         match lines_in(back, FILE).first()? {
             // dQ's two 32-key halves of a tile.
-            115 => Some(Trips::uniform((fa2::KEYS / 32) as f64)),
+            101 => Some(Trips::uniform((fa2::KEYS / 32) as f64)),
             // load_queries's lse, delta and starts: QT queries over the block's threads.
-            181 => Some(Trips {
+            165 => Some(Trips {
                 per_warp: Trips::strided(qt, warps),
                 stores: 3.0,
                 peel: Some((FILE, QUERIES)),
@@ -123,24 +125,24 @@ impl super::Profile for Backward {
         };
         match (lines_in(chain, FILE).first().copied().unwrap_or(0), store) {
             // B fragments of K and V (dQ) and of Q and dO (dK/dV) by their rows.
-            (126 | 129 | 279 | 282, false) => vec![ldsm_rows_major(stride)],
+            (112 | 115 | 263 | 266, false) => vec![ldsm_rows_major(stride)],
             // .trans B fragments of K (dQ), dO and Q (dK/dV); the A fragments of K and V.
-            (152 | 153 | 244 | 245 | 310 | 313, false) => vec![ldsm_cols_major(stride)],
+            (136 | 137 | 228 | 229 | 290 | 293, false) => vec![ldsm_cols_major(stride)],
             // The atomic pass: dS^T's A fragments (rows 16 kk + 8 (mi >> 1), rows (QT + 8) * 2
             // bytes apart) and K's .trans B fragments; nvcc mixes the two lines' attribution.
-            (335 | 336 | 339 | 340, false) => vec![
+            (315 | 316 | 319 | 320, false) => vec![
                 ldsm_rows_major((qt + fa2::PAD) * 2),
                 ldsm_cols_major(stride),
             ],
             // dss[(16 w + g + 8 h) * LDS + 8 n + 2 t + (i & 1)] = bf16.
-            (323 | 324, true) => odd
+            (303 | 304, true) => odd
                 .iter()
                 .map(|&o| c_fragment((qt + fa2::PAD) * 2, 2, o))
                 .collect(),
             // ls[e], ds[e], ss[e], e = threadIdx.x.
-            (183..=185, true) => vec![contiguous(4)],
+            (167..=169, true) => vec![contiguous(4)],
             // lt[c], sst[c], dt[c], c = 8 n + 2 t + (i & 1): a column's lanes share one word.
-            (291 | 293, false) => odd.iter().map(|&o| quad_columns(4, o)).collect(),
+            (275 | 277, false) => odd.iter().map(|&o| quad_columns(4, o)).collect(),
             _ => vec![],
         }
     }
@@ -159,79 +161,75 @@ mod tests {
         for (n, text) in [
             (37, "#define FA2_BWD_QT_D64 32"),
             (38, "#define FA2_BWD_QT_D128 16"),
-            (98, "load_rows<D, FA2_KEYS>(ks, kh, first, t)"),
-            (99, "load_rows<D, FA2_KEYS>(vs, vh, first, t)"),
-            (DQ_MAIN, "for (int it = 0; it < tiles; it++)"),
-            (105, "load_rows<D, FA2_KEYS>(ks + (s ^ 1) * TILE"),
-            (106, "load_rows<D, FA2_KEYS>(vs + (s ^ 1) * TILE"),
-            (115, "for (int half = 0; half < FA2_KEYS / HK; half++)"),
-            (126, "ldmatrix_x4(bk, kt + at)"),
-            (129, "ldmatrix_x4(bv, vt + at)"),
+            (DQ_MAIN, "for (int it = 0; it < keys.tiles; it++)"),
+            (101, "for (int half = 0; half < FA2_KEYS / HK; half++)"),
+            (112, "ldmatrix_x4(bk, kt + at)"),
+            (115, "ldmatrix_x4(bv, vt + at)"),
             (
-                152,
+                136,
                 "ldmatrix_x4_trans(bk, kt + (kb + kk * 16 + 8 * (mi & 1) + r) * LD",
             ),
-            (153, "8 * (mi >> 1)"),
-            (179, "load_rows<D, QT>(qs, q, i0, t)"),
-            (180, "load_rows<D, QT>(gs, dout, i0, t)"),
+            (137, "8 * (mi >> 1)"),
+            (163, "load_rows<D, QT>(qs, q, i0, t)"),
+            (164, "load_rows<D, QT>(gs, dout, i0, t)"),
             (
                 *QUERIES.start(),
                 "for (int e = threadIdx.x; e < QT; e += FA2_THREADS)",
             ),
-            (183, "ls[e] = "),
-            (184, "ds[e] = "),
-            (185, "ss[e] = "),
+            (167, "ls[e] = "),
+            (168, "ds[e] = "),
+            (169, "ss[e] = "),
             (*QUERIES.end(), "}"),
-            (212, "load_rows<D, FA2_ROWS>(kvs, k"),
-            (213, "load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v"),
-            (229, "load_queries<D, QT>(qs, gs, ls, ds, ss"),
+            (196, "load_rows<D, FA2_ROWS>(kvs, k"),
+            (197, "load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v"),
+            (213, "load_queries<D, QT>(qs, gs, ls, ds, ss"),
             (
-                243,
+                227,
                 "int at = (w * 16 + 8 * (mi & 1) + r) * LD + f * 16 + 8 * (mi >> 1)",
             ),
-            (244, "ldmatrix_x4(kf[f], kvs + at)"),
-            (245, "ldmatrix_x4(vf[f], kvs + FA2_ROWS * LD + at)"),
+            (228, "ldmatrix_x4(kf[f], kvs + at)"),
+            (229, "ldmatrix_x4(vf[f], kvs + FA2_ROWS * LD + at)"),
             (DKDV_MAIN, "for (int s = 0; s < steps; s++)"),
-            (256, "load_queries<D, QT>(qs + o * QTILE"),
+            (240, "load_queries<D, QT>(qs + o * QTILE"),
             (
-                277,
+                261,
                 "int at = (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1)",
             ),
-            (279, "ldmatrix_x4(bq, qt + at)"),
-            (282, "ldmatrix_x4(bo, gt + at)"),
+            (263, "ldmatrix_x4(bq, qt + at)"),
+            (266, "ldmatrix_x4(bo, gt + at)"),
             (
-                291,
+                275,
                 "j >= sst[c] && j <= i0 + c ? __expf(sc[n][i] * scale - lt[c])",
             ),
-            (293, "dp[n][i] = p * (dp[n][i] - dt[c]) * scale"),
+            (277, "dp[n][i] = p * (dp[n][i] - dt[c]) * scale"),
             (
-                308,
+                288,
                 "int at = (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1)",
             ),
-            (310, "ldmatrix_x4_trans(bo, gt + at)"),
-            (313, "ldmatrix_x4_trans(bq, qt + at)"),
-            (318, "if (dq_atomic) {"),
+            (290, "ldmatrix_x4_trans(bo, gt + at)"),
+            (293, "ldmatrix_x4_trans(bq, qt + at)"),
+            (298, "if (dq_atomic) {"),
             (
-                323,
+                303,
                 "dss[(w * 16 + gq + 8 * (i >> 1)) * LDS + n * 8 + 2 * tq + (i & 1)] =",
             ),
             (
-                335,
+                315,
                 "ldmatrix_x4_trans(sa, dss + (kk * 16 + 8 * (mi >> 1) + r) * LDS + m * 16 +",
             ),
-            (336, "8 * (mi & 1)"),
+            (316, "8 * (mi & 1)"),
             (
-                339,
+                319,
                 "ldmatrix_x4_trans(bk, kvs + (kk * 16 + 8 * (mi & 1) + r) * LD +",
             ),
-            (340, "w * (D / FA2_WARPS) + n * 8 + 8 * (mi >> 1)"),
+            (320, "w * (D / FA2_WARPS) + n * 8 + 8 * (mi >> 1)"),
             (
-                349,
+                329,
                 "if (qi < t) atomicAdd(dqh + (size_t)qi * D + col, acc[n][i])",
             ),
             (*ATOMIC.end(), "}"),
-            (352, "}"),
-            (353, "__syncthreads();  // stage sb (and dS^T) are free"),
+            (332, "}"),
+            (333, "__syncthreads();  // stage sb (and dS^T) are free"),
         ] {
             assert!(line(n).contains(text), "{FILE}:{n} is `{}`", line(n).trim());
         }
@@ -242,24 +240,30 @@ mod tests {
         let s = |f: &str, l: u32| (f.to_string(), l);
         let p = Backward { d: 64, warps: 4 };
         let rows = |call: u32| {
-            p.trips(&[s("fa2.cuh", 26), s(FILE, call), s(FILE, 381)])
+            p.trips(&[s("fa2.cuh", 26), s(FILE, call), s(FILE, 361)])
                 .map(|t| t.per_warp)
         };
         // K/V tiles (64 x 64 / 8 over 128 threads: 4), the block's K (4), Q by step (32 x 8: 2).
-        assert_eq!(rows(105), Some(vec![4.0; 4]));
-        assert_eq!(rows(212), Some(vec![4.0; 4]));
-        let q = p.trips(&[s("fa2.cuh", 26), s(FILE, 179), s(FILE, 256), s(FILE, 381)]);
+        let kv = [
+            s("fa2.cuh", 26),
+            s("fa2.cuh", 50),
+            s("fa2.cuh", 66),
+            s(FILE, 98),
+        ];
+        assert_eq!(p.trips(&kv).map(|t| t.per_warp), Some(vec![4.0; 4]));
+        assert_eq!(rows(196), Some(vec![4.0; 4]));
+        let q = p.trips(&[s("fa2.cuh", 26), s(FILE, 163), s(FILE, 240), s(FILE, 361)]);
         assert_eq!(q.map(|t| t.per_warp), Some(vec![2.0; 4]));
-        let lq = p.trips(&[s(FILE, 181), s(FILE, 256), s(FILE, 381)]);
+        let lq = p.trips(&[s(FILE, 165), s(FILE, 240), s(FILE, 361)]);
         assert_eq!(lq.map(|t| (t.mean(), t.stores)), Some((0.25, 3.0)));
         assert_eq!(
-            p.trips(&[s(FILE, 115), s(FILE, 381)]).map(|t| t.mean()),
+            p.trips(&[s(FILE, 101), s(FILE, 361)]).map(|t| t.mean()),
             Some(2.0)
         );
-        assert_eq!(p.trips(&[s(FILE, 218), s(FILE, 381)]), None);
-        assert!(p.is_optional(&[s("mma.cuh", 45), s(FILE, 335), s(FILE, 381)]));
-        assert!(!p.is_optional(&[s(FILE, 318), s(FILE, 381)]));
-        assert!(!p.is_optional(&[s(FILE, 353), s(FILE, 381)]));
-        assert_eq!(p.site(&[s(FILE, 339)], false, 16).len(), 2);
+        assert_eq!(p.trips(&[s(FILE, 202), s(FILE, 361)]), None);
+        assert!(p.is_optional(&[s("mma.cuh", 45), s(FILE, 315), s(FILE, 361)]));
+        assert!(!p.is_optional(&[s(FILE, 298), s(FILE, 361)]));
+        assert!(!p.is_optional(&[s(FILE, 333), s(FILE, 361)]));
+        assert_eq!(p.site(&[s(FILE, 319)], false, 16).len(), 2);
     }
 }
