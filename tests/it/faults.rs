@@ -247,12 +247,24 @@ fn testbed_keys_out_of_range_are_refused_naming_the_key() {
             "[data]\noverturn_from_round = 0\n",
             "data.overturn_from_round = 0",
         ),
+        (
+            "[data]\noverturn_by_level = [0.0, 1.5]\n",
+            "data.overturn_by_level has 1.5",
+        ),
+        (
+            "[data]\noverturn_by_level = [0.0, 0.3]\n",
+            "data.overturn_by_level has 2 values but data.levels reaches 6",
+        ),
         ("[data]\ntestbed = \"v4\"\n", "v4"),
     ] {
         let e = RunConfig::from_toml(toml, Path::new("f.toml")).expect_err(want);
         let msg = format!("{e:#}");
         assert!(msg.contains(want) && !msg.contains('\n'), "{want}: {msg}");
     }
+    // A profile with one value per level reaches the teacher.
+    let ok = "[data]\noverturn_by_level = [0.0, 0.0, 0.3, 0.3, 0.05, 0.05]\n";
+    let cfg = RunConfig::from_toml(ok, Path::new("f.toml")).expect("a valid profile");
+    assert_eq!(cfg.data.teacher().overturn(3), 0.3);
 }
 
 #[test]

@@ -8,8 +8,13 @@ use super::Problem;
 use rand::Rng;
 
 impl Teacher {
-    /// v3: the chance that a re-check of a verified level-`level` chain overturns a step.
+    /// v3: the chance that a re-check of a verified level-`level` chain overturns a step:
+    /// `overturn_by_level`'s value when set, else the line from `overturn_easy` at level 1 to
+    /// `overturn_hard` at the top level.
     pub fn overturn(&self, level: usize) -> f64 {
+        if let Some(v) = self.overturn_by_level.as_deref().filter(|v| !v.is_empty()) {
+            return v[level.saturating_sub(1).min(v.len() - 1)];
+        }
         let top = (super::MAX_LEVEL - 1).max(1) as f64;
         let t = (level.saturating_sub(1) as f64 / top).clamp(0.0, 1.0);
         self.overturn_easy + (self.overturn_hard - self.overturn_easy) * t
@@ -201,6 +206,30 @@ mod tests {
         assert!((easy - 0.3).abs() < 0.04, "level 1 overturn rate {easy}");
         assert!(t.overturn(1) > t.overturn(5) && t.overturn(MAX_LEVEL) == 0.0);
         assert!(rate(2) < easy, "level 2 overturns as often as level 1");
+    }
+
+    /// A per-level profile replaces the line: overturns on the middle levels only, none on
+    /// levels 1-2, and the last value for the levels past the profile's end.
+    #[test]
+    fn v3_a_per_level_profile_places_overturns_where_it_says() {
+        let t = Teacher {
+            overturn_by_level: Some(vec![0.0, 0.0, 0.3, 0.3, 0.05]),
+            ..v3(1.0, Some(1.0), 0.3, 1)
+        };
+        assert_eq!(
+            (1..=MAX_LEVEL).map(|l| t.overturn(l)).collect::<Vec<_>>(),
+            [0.0, 0.0, 0.3, 0.3, 0.05, 0.05, 0.05, 0.05]
+        );
+        let overturned = |level: usize| {
+            let mut rng = ChaCha8Rng::seed_from_u64(level as u64);
+            (0..1000)
+                .map(|seed| t.trace(&t.problem(level, seed), &mut rng).overturned)
+                .sum::<usize>()
+        };
+        assert_eq!(overturned(1) + overturned(2), 0);
+        assert!(overturned(3) > 150, "level 3 overturns {}", overturned(3));
+        // Unset, the line: level 1 at overturn_easy.
+        assert_eq!(v3(1.0, Some(1.0), 0.3, 1).overturn(1), 0.3);
     }
 
     /// With `overturn_from_round = 2` a first round only confirms: a level-1 trace with one

@@ -70,6 +70,11 @@ pub struct Teacher {
     pub overturn_easy: f64,
     /// v3 only: the overturn chance at the top level ([`super::MAX_LEVEL`]).
     pub overturn_hard: f64,
+    /// v3 only: the overturn chance per level (the first value is level 1's), in place of the
+    /// straight line from `overturn_easy` to `overturn_hard`: a profile a line cannot draw,
+    /// such as overturns on the middle levels only (CARE's premise). A level past its end
+    /// takes its last value.
+    pub overturn_by_level: Option<Vec<f64>>,
     /// v3 only: the most reflection rounds after the first answer.
     pub max_rounds: usize,
     /// v3 only: the first round (1-based) in which doubt can overturn a right step; 2 makes
@@ -88,6 +93,7 @@ impl Default for Teacher {
             guess_unchecked: false,
             overturn_easy: 0.10,
             overturn_hard: 0.02,
+            overturn_by_level: None,
             max_rounds: 2,
             overturn_from_round: 1,
         }

@@ -131,6 +131,18 @@ impl DataSection {
                 bail!("data.{key} = {v}: must be a probability in [0, 1]");
             }
         }
+        if let Some(v) = &self.overturn_by_level {
+            if let Some(x) = v.iter().find(|x| !(0.0..=1.0).contains(*x)) {
+                bail!("data.overturn_by_level has {x}: each must be a probability in [0, 1]");
+            }
+            let top = self.levels.iter().copied().max().unwrap_or(0);
+            if v.len() < top {
+                bail!(
+                    "data.overturn_by_level has {} values but data.levels reaches {top}: give one per level from 1",
+                    v.len()
+                );
+            }
+        }
         if self.overturn_from_round == 0 {
             bail!("data.overturn_from_round = 0: rounds count from 1");
         }

@@ -279,6 +279,9 @@ pub struct DataSection {
     pub overturn_easy: f64,
     /// Testbed v3: the overturn chance at the top level.
     pub overturn_hard: f64,
+    /// Testbed v3: the overturn chance per level (level 1's first), in place of the line from
+    /// `overturn_easy` to `overturn_hard`; one value per level up to the highest trained.
+    pub overturn_by_level: Option<Vec<f64>>,
     /// Testbed v3: the most reflection rounds after the first answer.
     pub reflect_rounds: usize,
     /// Testbed v3: the first round (1-based) in which a re-check can overturn a right answer;
@@ -320,6 +323,7 @@ impl DataSection {
             guess_unchecked: self.guess_unchecked,
             overturn_easy: self.overturn_easy,
             overturn_hard: self.overturn_hard,
+            overturn_by_level: self.overturn_by_level.clone(),
             max_rounds: self.reflect_rounds,
             overturn_from_round: self.overturn_from_round,
             ..Default::default()
@@ -339,6 +343,7 @@ impl Default for DataSection {
             guess_unchecked: false,
             overturn_easy: 0.10,
             overturn_hard: 0.02,
+            overturn_by_level: None,
             reflect_rounds: 2,
             overturn_from_round: 1,
             train: None,

@@ -182,7 +182,7 @@ pub fn section(
     } else {
         writeln!(
             s,
-            "\nThe premise did not hold in full (checks {} did not pass): the claims below are still computed, as the plan says, and read as CARE tested where its premise is not (wholly) present. If check 2 fails, a straight-line overturn profile may be the reason (it cannot peak on levels 3-4); the plan then asks for a per-level overturn knob in the tasks crate, not built for v4.\n",
+            "\nThe premise did not hold in full (checks {} did not pass): the claims below are still computed, as the plan says, and read as CARE tested where its premise is not (wholly) present. If check 2 fails, a straight-line overturn profile may be the reason (it cannot peak on levels 3-4); the plan then asks for a per-level overturn profile, which `data.overturn_by_level` sets (added after the v4 runs).\n",
             failed.join(", ")
         )
     };
