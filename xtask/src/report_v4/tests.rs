@@ -233,7 +233,7 @@ fn the_premise_checks_and_a_robustness_cell_are_computed_from_the_runs() {
     assert!(
         side.contains("\n| `main` (design 3, SFT seed 0) | 56.0 |")
             && side.contains("\n| `sft1` (design 3 from SFT seed 1) | 56.0 |")
-            && side.contains("- P1: decided in 2 of 2 cells"),
+            && side.contains("- P1: computed in 2 of 2 cells"),
         "{side}"
     );
     assert!(

@@ -98,7 +98,7 @@ pub fn section(cells: &[CellTables]) -> String {
         let [n, t, both, h] = tally.get(id).copied().unwrap_or_default();
         let _ = writeln!(
             s,
-            "- {id}: decided in {n} of {} cells; holds by t in {t}, by both tests in {both}, confirmed by Holm (t) in {h}.",
+            "- {id}: computed in {n} of {} cells (runs present); holds by t in {t}, by both tests in {both}, confirmed by Holm (t) in {h}.",
             cells.len()
         );
     }
@@ -197,7 +197,7 @@ mod tests {
             "{md}"
         );
         assert!(!part.contains("Holm"), "{md}");
-        assert!(md.contains("- P1: decided in 3 of 3 cells; holds by t in 2, by both tests in 2, confirmed by Holm (t) in 1."), "{md}");
-        assert!(md.contains("- P4: decided in 2 of 3 cells; holds by t in 1, by both tests in 1, confirmed by Holm (t) in 1."), "{md}");
+        assert!(md.contains("- P1: computed in 3 of 3 cells (runs present); holds by t in 2, by both tests in 2, confirmed by Holm (t) in 1."), "{md}");
+        assert!(md.contains("- P4: computed in 2 of 3 cells (runs present); holds by t in 1, by both tests in 1, confirmed by Holm (t) in 1."), "{md}");
     }
 }
