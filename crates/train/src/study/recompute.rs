@@ -38,10 +38,12 @@ pub fn check_report(csv: &str, report: &str, what: &str, scope: Scope) -> Result
     if let Some(id) = got.keys().find(|id| !want.contains_key(*id)) {
         bail!("{what}: the report's row {id} cannot be computed from the CSV");
     }
-    // The Holm lines depend on the whole family: compare them too.
+    // The Holm lines depend on the whole family: compare them too. Only the generated
+    // summaries ("Holm (<family>): ..."), so hand-written prose included in the report may
+    // start a line with the word.
     let holm = |md: &str| -> Vec<String> {
         md.lines()
-            .filter(|l| l.starts_with("Holm"))
+            .filter(|l| l.starts_with("Holm (") && l.contains("): "))
             .map(str::to_string)
             .collect()
     };
@@ -108,6 +110,18 @@ mod tests {
         let e = check_report(&(csv.join("\n") + "\n"), FIXTURE_REPORT, "fx", Scope::Main)
             .expect_err("caught");
         assert!(e.to_string().contains("does not follow"), "{e}");
+        // Prose that starts a line with "Holm" is not a summary; a changed summary is caught.
+        let prose = format!("{FIXTURE_REPORT}\nHolm within each cell, as planned.\n");
+        check_report(FIXTURE_CSV, &prose, "fx", Scope::Main).expect("prose is not a summary");
+        let summary = FIXTURE_REPORT
+            .lines()
+            .find(|l| l.starts_with("Holm ("))
+            .expect("a Holm summary");
+        let changed = FIXTURE_REPORT.replace(
+            summary,
+            &summary.replacen(" hold by t", " hold by t (changed)", 1),
+        );
+        assert!(check_report(FIXTURE_CSV, &changed, "fx", Scope::Main).is_err());
         // A row the CSV cannot give.
         let extra = format!("{FIXTURE_REPORT}| P9 x |\n");
         assert!(check_report(FIXTURE_CSV, &extra, "fx", Scope::Main).is_err());
