@@ -178,11 +178,31 @@ pub fn decide(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> Vec<Decide
         .collect()
 }
 
+/// Whether a test's outcome (p of holds, fails shown) holds at ALPHA, before any correction.
+pub fn holds((p, _): (Option<f64>, bool)) -> bool {
+    p.is_some_and(|p| p <= ALPHA)
+}
+
+/// Holm's step-down at ALPHA over one family's decided rows by one test's p-value: which rows
+/// it confirms. An incomplete family (a planned claim's runs missing) confirms none, since
+/// Holm needs every p-value of the family.
+pub fn holm_confirmed<'a>(
+    rows: impl IntoIterator<Item = &'a Decided>,
+    complete: bool,
+    p: fn(&Decided) -> Option<f64>,
+) -> Vec<bool> {
+    let ps: Vec<Option<f64>> = rows.into_iter().map(p).collect();
+    holm(&ps, ALPHA)
+        .into_iter()
+        .map(|h| h && complete)
+        .collect()
+}
+
 /// A test's raw decision in the report's words.
-pub fn verdict((p, fails): (Option<f64>, bool)) -> &'static str {
-    if p.is_some_and(|p| p <= ALPHA) {
+pub fn verdict(outcome: (Option<f64>, bool)) -> &'static str {
+    if holds(outcome) {
         "**holds**"
-    } else if fails {
+    } else if outcome.1 {
         "**fails**"
     } else {
         "unresolved"
@@ -254,8 +274,7 @@ pub fn tables(runs: &BTreeMap<String, Vec<SeedRow>>, scope: Scope) -> String {
         let complete = rows.len() == planned;
         let confirm = family != Family::Exploratory;
         let adjusted = |p: fn(&Decided) -> Option<f64>| -> Vec<String> {
-            let ps: Vec<Option<f64>> = rows.iter().map(|d| p(d)).collect();
-            holm(&ps, ALPHA)
+            holm_confirmed(rows.iter().copied(), complete, p)
                 .into_iter()
                 .map(|h| {
                     if !complete {

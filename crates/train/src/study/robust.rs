@@ -6,9 +6,10 @@
 //! seeds.csv + trajectory.csv (docs/v4/robust/<cell>/, and the main design's) -> [`section`]
 //! -> docs/v4/results.md.
 
-use super::confirmatory::{decide, verdict, Decided, Scope, ALPHA, ROBUSTNESS_CLAIMS};
+use super::confirmatory::{
+    decide, holds, holm_confirmed, verdict, Scope, ALPHA, ROBUSTNESS_CLAIMS,
+};
 use super::seeds::SeedRow;
-use super::stats::holm;
 use super::trajectory::TrajRow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -31,16 +32,6 @@ fn word(raw: (Option<f64>, bool), confirmed: bool) -> String {
     }
 }
 
-/// Holm over the cell's decided P1-P4 (all four needed; an incomplete cell confirms nothing).
-fn confirmed(rows: &[Decided], p: fn(&Decided) -> Option<f64>) -> Vec<bool> {
-    let complete = rows.len() == ROBUSTNESS_CLAIMS.len();
-    let ps: Vec<Option<f64>> = rows.iter().map(p).collect();
-    holm(&ps, ALPHA)
-        .into_iter()
-        .map(|h| h && complete)
-        .collect()
-}
-
 /// The section: one row per cell, then a count per claim.
 pub fn section(cells: &[CellTables]) -> String {
     let mut s = String::new();
@@ -60,7 +51,10 @@ pub fn section(cells: &[CellTables]) -> String {
     let mut tally: BTreeMap<&str, [usize; 4]> = BTreeMap::new();
     for c in cells {
         let rows = decide(c.seeds, Scope::Robustness);
-        let (ht, hf) = (confirmed(&rows, |d| d.t.0), confirmed(&rows, |d| d.flip.0));
+        // Holm over the cell's P1-P4 (all four needed; an incomplete cell confirms nothing).
+        let complete = rows.len() == ROBUSTNESS_CLAIMS.len();
+        let ht = holm_confirmed(&rows, complete, |d| d.t.0);
+        let hf = holm_confirmed(&rows, complete, |d| d.flip.0);
         let standard = c.seeds.get("standard").map_or("not run".into(), |r| {
             format!(
                 "{:.1}",
@@ -84,7 +78,6 @@ pub fn section(cells: &[CellTables]) -> String {
                 word(d.t, ht[k]),
                 word(d.flip, hf[k])
             );
-            let holds = |x: (Option<f64>, bool)| x.0.is_some_and(|p| p <= ALPHA);
             let t = tally.entry(id).or_default();
             t[0] += 1;
             t[1] += usize::from(holds(d.t));
