@@ -156,6 +156,20 @@ enum Cmd {
         #[arg(long, default_value_t = 512)]
         prompt_tokens: usize,
     },
+    /// CARE's premise read from the testbed teacher a config's SFT checkpoint imitates, before
+    /// any run: per level the teacher's pass@1 and length and CARE's direction d of groups of
+    /// its traces, and the d = -1 / d = +1 groups per step (docs/v4/plan.md section 7b).
+    TeacherPremise {
+        /// Run config (its [data] testbed keys, levels, seed and prompts per step).
+        #[arg(long)]
+        config: String,
+        /// Group size (default: the config's grpo.group_size).
+        #[arg(long)]
+        group: Option<usize>,
+        /// Steps to draw (default: the config's grpo.steps).
+        #[arg(long)]
+        steps: Option<usize>,
+    },
     /// A performance model of kernels/flash_tc.cu read from its sm_90 SASS: per loop
     /// iteration, instructions, HMMA, shared-memory wavefronts, global accesses; the bound and
     /// the estimated share of the H200's bf16 peak (needs nvcc and nvdisasm: installs them).
@@ -203,6 +217,11 @@ fn main() -> ExitCode {
             gpus,
             prompt_tokens,
         } => plan(&config, gpu_mem, gpus, prompt_tokens),
+        Cmd::TeacherPremise {
+            config,
+            group,
+            steps,
+        } => teacher_premise(&config, group, steps),
         Cmd::MakeTestbed { out } => make_testbed(&out),
         Cmd::Plot { metrics, out } => plot(&metrics, out),
     };
@@ -319,6 +338,23 @@ fn sft(config: &str) -> anyhow::Result<ExitCode> {
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     let out = terse_train::sft_only(&cfg)?;
     println!("wrote {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints CARE's premise as the testbed teacher of `config` has it (study::teacher_premise).
+fn teacher_premise(
+    config: &str,
+    group: Option<usize>,
+    steps: Option<usize>,
+) -> anyhow::Result<ExitCode> {
+    let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
+    if cfg.data.task != terse_train::config::TaskKind::Testbed {
+        anyhow::bail!("{config}: data.task must be \"testbed\" for a teacher read");
+    }
+    let group = group.unwrap_or(cfg.grpo.group_size);
+    let steps = steps.unwrap_or(cfg.grpo.steps as usize);
+    let read = terse_train::study::teacher_premise::teacher_premise(&cfg, group, steps);
+    print!("{}", terse_train::study::teacher_premise::render(&read));
     Ok(ExitCode::SUCCESS)
 }
 

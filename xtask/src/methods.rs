@@ -144,6 +144,10 @@ pub enum Testbed {
     /// v4's CARE premise condition (plan section 7b): overturns on the partially solvable
     /// levels only, its own checkpoint (configs/v4-care.toml), into docs/v4/care/.
     V4Care,
+    /// v4's second CARE premise condition (P-CARE-L, the plan's note of 2026-12-03): a
+    /// per-level overturn profile that P-CARE's straight line could not draw, its own checkpoint
+    /// (configs/v4-care-levels.toml), into docs/v4/care-levels/.
+    V4CareLevels,
 }
 
 impl Testbed {
@@ -153,6 +157,7 @@ impl Testbed {
             Testbed::V3 => "configs/repro-v3.toml",
             Testbed::V4 => "configs/repro-v4.toml",
             Testbed::V4Care => "configs/repro-v4-care.toml",
+            Testbed::V4CareLevels => "configs/repro-v4-care-levels.toml",
         }
     }
 
@@ -162,6 +167,7 @@ impl Testbed {
             Testbed::V3 => "docs/v3",
             Testbed::V4 => "docs/v4",
             Testbed::V4Care => "docs/v4/care",
+            Testbed::V4CareLevels => "docs/v4/care-levels",
         }
     }
 
@@ -172,6 +178,7 @@ impl Testbed {
             Testbed::V3 => " v3",
             Testbed::V4 => " v4",
             Testbed::V4Care => " v4-care",
+            Testbed::V4CareLevels => " v4-care-levels",
         }
     }
 
@@ -181,6 +188,7 @@ impl Testbed {
             Testbed::V2 => None,
             Testbed::V3 | Testbed::V4 => Some("configs/v3.toml"),
             Testbed::V4Care => Some("configs/v4-care.toml"),
+            Testbed::V4CareLevels => Some("configs/v4-care-levels.toml"),
         }
     }
 
@@ -188,7 +196,7 @@ impl Testbed {
     pub fn default_seeds(self) -> u64 {
         match self {
             Testbed::V2 | Testbed::V3 => DEFAULT_SEEDS,
-            Testbed::V4 | Testbed::V4Care => 9,
+            Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels => 9,
         }
     }
 
@@ -197,7 +205,7 @@ impl Testbed {
     pub fn run_seed(self, i: u64) -> u64 {
         match self {
             Testbed::V2 | Testbed::V3 => i,
-            Testbed::V4 | Testbed::V4Care => 100 + i,
+            Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels => 100 + i,
         }
     }
 
@@ -206,14 +214,14 @@ impl Testbed {
     /// such as Kimi's), or the premise condition's four.
     pub fn reported(self) -> Vec<&'static Method> {
         match self {
-            Testbed::V4Care => self.methods(),
+            Testbed::V4Care | Testbed::V4CareLevels => self.methods(),
             _ => known().chain(named(&["step_grpo_paper"])).collect(),
         }
     }
 
     /// Whether the study is v4's confirmatory one, reported by report_v4.rs.
     pub fn is_v4(self) -> bool {
-        matches!(self, Testbed::V4 | Testbed::V4Care)
+        matches!(self, Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels)
     }
 
     /// The methods studied when `--methods` names none.
@@ -232,7 +240,7 @@ impl Testbed {
                 known().filter(|m| names.contains(&m.name)).collect()
             }
             Testbed::V4 => named(&V4_MAIN),
-            Testbed::V4Care => named(&V4_CARE),
+            Testbed::V4Care | Testbed::V4CareLevels => named(&V4_CARE),
         }
     }
 }

@@ -8,7 +8,7 @@
 //! the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl ->
 //! seeds.csv + trajectory.csv -> results.md, which `study::recompute::check_report` audits
 //! against seeds.csv. Called by repro.rs for `--testbed v4` (with or without `--cell`) and
-//! `v4-care`; summary/ writes v2's and v3's reports.
+//! `v4-care` / `v4-care-levels`; summary/ writes v2's and v3's reports.
 
 use crate::cells::Cell;
 use crate::methods::Testbed;
@@ -46,14 +46,22 @@ fn names(study: &Study) -> (String, String, String) {
 /// The study's scope: which claim families its report decides.
 fn scope(testbed: Testbed, cell: Option<Cell>) -> Scope {
     match (testbed, cell) {
-        (Testbed::V4Care, _) => Scope::CarePremise,
+        (Testbed::V4Care | Testbed::V4CareLevels, _) => Scope::CarePremise,
         (_, Some(_)) => Scope::Robustness,
         _ => Scope::Main,
     }
 }
 
-/// CARE's rows in the premise condition and their group sizes (plan section 7b).
+/// CARE's rows in the premise conditions and their group sizes (plan section 7b).
 const CARE_ARMS: [(&str, usize); 2] = [("care", 6), ("care_g16", 16)];
+
+/// How a premise condition sets its overturns (what its report says a failed check 2 means).
+fn profile(testbed: Testbed) -> premise::Profile {
+    match testbed {
+        Testbed::V4CareLevels => premise::Profile::PerLevel,
+        _ => premise::Profile::Line,
+    }
+}
 
 /// Reads every finished run (its last evaluation at step `steps`) of the testbed's rows under
 /// `root` into the per-seed tables, and notes each run that is there but unfinished.
@@ -283,7 +291,12 @@ pub fn write(
     summary_table(&mut md, &runs)?;
     writeln!(md)?;
     if sc == Scope::CarePremise {
-        md.push_str(&premise::section(&runs, &traj, &CARE_ARMS));
+        md.push_str(&premise::section(
+            &runs,
+            &traj,
+            &CARE_ARMS,
+            profile(study.testbed),
+        ));
     }
     writeln!(md, "## Claims\n")?;
     md.push_str(&confirmatory::tables(&runs, sc));

@@ -350,6 +350,9 @@ mod tests {
                     cfg.run.dir.join(&cfg.run.name).join("sft"),
                     "{testbed:?}"
                 );
+                // ... and draws its problems from the testbed that checkpoint learned.
+                assert_eq!(base_cfg.data.teacher(), cfg.data.teacher(), "{testbed:?}");
+                assert_eq!(base_cfg.data.levels, cfg.data.levels, "{testbed:?}");
             }
         }
         let v4 = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);

@@ -248,14 +248,24 @@ fn the_premise_checks_and_a_robustness_cell_are_computed_from_the_runs() {
 fn the_committed_v4_reports_follow_from_their_csv() {
     use clap::ValueEnum;
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/v4");
-    let mut reports = vec![
-        (docs.clone(), Scope::Main),
-        (docs.join("care"), Scope::CarePremise),
-    ];
-    for c in Cell::value_variants() {
-        reports.push((docs.join("robust").join(c.spec().name), Scope::Robustness));
+    let mut reports = vec![(docs.clone(), Scope::Main, Testbed::V4)];
+    for t in [Testbed::V4Care, Testbed::V4CareLevels] {
+        reports.push((
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(t.out()),
+            Scope::CarePremise,
+            t,
+        ));
     }
-    for (dir, scope) in reports {
+    for c in Cell::value_variants() {
+        reports.push((
+            docs.join("robust").join(c.spec().name),
+            Scope::Robustness,
+            Testbed::V4,
+        ));
+    }
+    for (dir, scope, testbed) in reports {
         let (csv, md) = (dir.join("seeds.csv"), dir.join("results.md"));
         if !csv.is_file() && !md.is_file() {
             continue; // not run yet: docs/v4 holds only the plan
@@ -270,7 +280,7 @@ fn the_committed_v4_reports_follow_from_their_csv() {
         let runs = seeds::read_csv(&csv, "seeds.csv").expect("seeds.csv");
         let traj = trajectory::read_csv(&traj, "trajectory.csv").expect("trajectory.csv");
         let part = match scope {
-            Scope::CarePremise => premise::section(&runs, &traj, &CARE_ARMS),
+            Scope::CarePremise => premise::section(&runs, &traj, &CARE_ARMS, profile(testbed)),
             _ => effect::section(&runs, &traj),
         };
         assert!(md.contains(&part), "{}: recomputed:\n{part}", dir.display());

@@ -148,12 +148,24 @@ fn insensitive(
     )
 }
 
+/// How a premise condition sets its overturn chance per level: what a failed check 2 can be
+/// put down to differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `overturn_easy` to `overturn_hard`, a straight line (P-CARE, plan section 7b).
+    Line,
+    /// `data.overturn_by_level`, any shape (P-CARE-L, the plan's note of 2026-12-03).
+    PerLevel,
+}
+
 /// The premise section: every check's rule, value and result, then what they mean for the
-/// claims. `care_arms` names CARE's rows and their group sizes.
+/// claims. `care_arms` names CARE's rows and their group sizes; `profile` how the condition
+/// sets its overturns.
 pub fn section(
     seeds: &BTreeMap<String, Vec<SeedRow>>,
     traj: &BTreeMap<String, Vec<TrajRow>>,
     care_arms: &[(&str, usize)],
+    profile: Profile,
 ) -> String {
     let mut rows = vec![overthinks(traj)];
     rows.extend(care_arms.iter().map(|&(arm, g)| harms(traj, arm, g)));
@@ -180,9 +192,13 @@ pub fn section(
             "\nEvery premise check passes: the claims below are read on CARE's premise.\n"
         )
     } else {
+        let why = match profile {
+            Profile::Line => "If check 2 fails, a straight-line overturn profile may be the reason (it cannot peak on levels 3-4); the plan then asks for a per-level overturn profile, which `data.overturn_by_level` sets (added after the v4 runs).",
+            Profile::PerLevel => "This condition sets its overturns per level (`data.overturn_by_level`), so a failed check 2 is not a straight line's limit: the overturns it puts on the partially solvable levels did not outweigh the guesses reflection corrects.",
+        };
         writeln!(
             s,
-            "\nThe premise did not hold in full (checks {} did not pass): the claims below are still computed, as the plan says, and read as CARE tested where its premise is not (wholly) present. If check 2 fails, a straight-line overturn profile may be the reason (it cannot peak on levels 3-4); the plan then asks for a per-level overturn profile, which `data.overturn_by_level` sets (added after the v4 runs).\n",
+            "\nThe premise did not hold in full (checks {} did not pass): the claims below are still computed, as the plan says, and read as CARE tested where its premise is not (wholly) present. {why}\n",
             failed.join(", ")
         )
     };
@@ -258,7 +274,12 @@ mod tests {
                 .map(|s| ("standard".into(), seed_row("standard", s, [0.99, 0.93])))
                 .collect(),
         );
-        let md = section(&seeds, &traj, &[("care", 6), ("care_g16", 16)]);
+        let md = section(
+            &seeds,
+            &traj,
+            &[("care", 6), ("care_g16", 16)],
+            Profile::Line,
+        );
         let row = |p: &str| md.lines().find(|l| l.starts_with(p)).unwrap_or_default();
         assert!(row("| 1. ").ends_with("| **pass** |"), "{md}");
         assert!(row("| 1. ").contains("×1.410 ["), "{md}");
@@ -279,6 +300,18 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("checks 2, 3 did not pass"), "{md}");
+        assert!(md.contains("straight-line overturn profile may be"), "{md}");
+        // A per-level condition does not blame the line.
+        let levels = section(
+            &seeds,
+            &traj,
+            &[("care", 6), ("care_g16", 16)],
+            Profile::PerLevel,
+        );
+        assert!(
+            levels.contains("not a straight line's limit") && !levels.contains("may be the"),
+            "{levels}"
+        );
         // Standard that does not grow fails check 1; missing runs are named, not passed.
         let flat = by_method(
             (0..9u64)
@@ -290,7 +323,7 @@ mod tests {
                 })
                 .collect(),
         );
-        let md = section(&BTreeMap::new(), &flat, &[("care", 6)]);
+        let md = section(&BTreeMap::new(), &flat, &[("care", 6)], Profile::Line);
         let row = |p: &str| md.lines().find(|l| l.starts_with(p)).unwrap_or_default();
         assert!(row("| 1. ").ends_with("| **fail** |"), "{md}");
         assert!(

@@ -1,0 +1,175 @@
+//! CARE's premise read on paper, from the testbed teacher a condition's SFT checkpoint imitates:
+//! groups of teacher traces per training prompt, CARE's direction d of each group, and per level
+//! the teacher's pass@1 and length. A premise condition (docs/v4/plan.md section 7b) can be
+//! checked this way before its runs; the runs' own check 2 (study::premise) stays the verdict.
+//! Data flow: a run config's [data] and [grpo] -> [`teacher_premise`] -> [`render`] ->
+//! `cargo xtask teacher-premise`.
+
+use crate::config::RunConfig;
+use crate::data;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::fmt::Write as _;
+use terse_reward::care::direction;
+use terse_tasks::testbed::verify;
+
+/// A stream tag no training or SFT draw uses, so the teacher's samples here are their own.
+const STREAM: u64 = 900;
+
+/// One level's groups: how many, how many said "shorter" (d = −1) and "longer" (d = +1), and
+/// the teacher's accuracy and mean length (tokens: the testbed's tokenizer splits on spaces).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LevelRead {
+    pub level: usize,
+    pub groups: usize,
+    pub shorter: usize,
+    pub longer: usize,
+    pub correct: usize,
+    pub samples: usize,
+    pub tokens: usize,
+}
+
+impl LevelRead {
+    pub fn pass(&self) -> f64 {
+        self.correct as f64 / self.samples.max(1) as f64
+    }
+}
+
+/// The read of one condition: per level, and per step the d = −1 and d = +1 groups.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TeacherPremise {
+    pub group: usize,
+    pub steps: usize,
+    pub prompts_per_step: usize,
+    pub levels: Vec<LevelRead>,
+}
+
+impl TeacherPremise {
+    /// Mean d = −1 and d = +1 groups per step (the runs' check 2 compares these).
+    pub fn per_step(&self) -> (f64, f64) {
+        let n = self.steps.max(1) as f64;
+        let (s, l) = self
+            .levels
+            .iter()
+            .fold((0, 0), |(s, l), r| (s + r.shorter, l + r.longer));
+        (s as f64 / n, l as f64 / n)
+    }
+}
+
+/// Draws `steps` steps of the config's training prompts (its levels round-robin, its seed), each
+/// with `group` teacher traces, and reads CARE's direction per group (tie key: sample index).
+pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize) -> TeacherPremise {
+    let teacher = cfg.data.teacher();
+    let levels = &cfg.data.levels;
+    let per_step = cfg.grpo.prompts_per_step;
+    let mut reads: Vec<LevelRead> = levels
+        .iter()
+        .map(|&level| LevelRead {
+            level,
+            ..Default::default()
+        })
+        .collect();
+    let seed = cfg.run.seed;
+    for step in 0..steps {
+        for k in 0..per_step {
+            let index = (step * per_step + k) as u64;
+            let slot = (index % levels.len() as u64) as usize;
+            let p = data::problem(seed, data::TRAIN, index, levels, &teacher);
+            let samples: Vec<(usize, bool, u64)> = (0..group as u64)
+                .map(|j| {
+                    let key = data::mix(seed, STREAM, index << 16 | j);
+                    let text = teacher.trace(&p, &mut ChaCha8Rng::seed_from_u64(key)).text;
+                    let right = verify(&text, p.answer()).correct;
+                    (text.split_whitespace().count(), right, j)
+                })
+                .collect();
+            let (d, _) = direction(&samples);
+            let r = &mut reads[slot];
+            r.groups += 1;
+            r.shorter += usize::from(d < 0);
+            r.longer += usize::from(d > 0);
+            r.samples += samples.len();
+            r.correct += samples.iter().filter(|s| s.1).count();
+            r.tokens += samples.iter().map(|s| s.0).sum::<usize>();
+        }
+    }
+    TeacherPremise {
+        group,
+        steps,
+        prompts_per_step: per_step,
+        levels: reads,
+    }
+}
+
+/// The read as a Markdown table per level and the per-step counts check 2 compares.
+pub fn render(t: &TeacherPremise) -> String {
+    let mut s = format!(
+        "Teacher read at G = {}, {} steps of {} prompts (no model: the traces the SFT \
+         checkpoint imitates)\n\n| level | teacher pass@1 | tokens | groups | d = -1 (shorter) | \
+         d = +1 (longer) |\n|---|---|---|---|---|---|\n",
+        t.group, t.steps, t.prompts_per_step
+    );
+    for r in &t.levels {
+        let _ = writeln!(
+            s,
+            "| {} | {:.3} | {:.1} | {} | {} | {} |",
+            r.level,
+            r.pass(),
+            r.tokens as f64 / r.samples.max(1) as f64,
+            r.groups,
+            r.shorter,
+            r.longer
+        );
+    }
+    let (shorter, longer) = t.per_step();
+    let _ = writeln!(
+        s,
+        "\nper step: d = -1 {shorter:.2}, d = +1 {longer:.2} (check 2 asks for more d = -1)"
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(data: &str) -> RunConfig {
+        let text = format!(
+            "[data]\ntask = \"testbed\"\nlevels = [1, 2, 3, 4, 5, 6]\ntestbed = \"v3\"\n\
+             recheck_prob = 0.5\nrecheck_hard_prob = 0.6\nhard_rate = 0.05\n\
+             guess_unchecked = true\nreflect_rounds = 2\n{data}\n[grpo]\nprompts_per_step = 12\n"
+        );
+        RunConfig::from_toml(&text, Path::new("t.toml")).expect("config")
+    }
+
+    #[test]
+    fn overturns_on_the_middle_levels_turn_their_groups_toward_shorter() {
+        let flat = "overturn_by_level = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]\n";
+        let none = teacher_premise(&config(flat), 6, 20);
+        let mid = teacher_premise(
+            &config("overturn_by_level = [0.0, 0.0, 0.9, 0.9, 0.0, 0.0]\n"),
+            6,
+            20,
+        );
+        for t in [&none, &mid] {
+            assert_eq!(t.levels.iter().map(|r| r.groups).sum::<usize>(), 240);
+            // Easy levels: no hard steps, no overturns, so every trace is right and no group
+            // has a direction.
+            for r in &t.levels[..2] {
+                assert_eq!((r.pass(), r.shorter, r.longer), (1.0, 0, 0), "{r:?}");
+            }
+        }
+        // Without overturns only corrections set d: a longer trace re-checked a guess.
+        let (s0, l0) = none.per_step();
+        assert!(l0 > s0, "{}", render(&none));
+        // Overturns on levels 3-4 make their longer traces wrong: those levels say shorter.
+        for r in &mid.levels[2..4] {
+            assert!(r.shorter > r.longer, "{}", render(&mid));
+        }
+        let (s1, l1) = mid.per_step();
+        assert!(s1 > s0 && l1 < l0, "{}\n{}", render(&none), render(&mid));
+        // Levels 5-6 are untouched by the profile: the same draws, the same groups.
+        assert_eq!(none.levels[4..], mid.levels[4..]);
+    }
+}
