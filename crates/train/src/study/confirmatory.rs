@@ -34,7 +34,7 @@ pub enum Family {
 pub enum Scope {
     /// The main design (`repro --testbed v4`): the primary and the exploratory families.
     Main,
-    /// CARE's premise condition (`repro --testbed v4-care`): its family alone.
+    /// CARE's premise conditions (`repro --testbed v4-care`, `v4-care-levels`): the family alone.
     CarePremise,
     /// A robustness cell (plan section 8: another SFT checkpoint or one knob of the grid):
     /// the four papers' primary claims P1-P4, Holm within the cell, labelled exploratory.
