@@ -192,14 +192,21 @@ pub fn section(
             "\nEvery premise check passes: the claims below are read on CARE's premise.\n"
         )
     } else {
-        let why = match profile {
-            Profile::Line => "If check 2 fails, a straight-line overturn profile may be the reason (it cannot peak on levels 3-4); the plan then asks for a per-level overturn profile, which `data.overturn_by_level` sets (added after the v4 runs).",
-            Profile::PerLevel => "This condition sets its overturns per level (`data.overturn_by_level`), so a failed check 2 is not a straight line's limit: the overturns it puts on the partially solvable levels did not outweigh the guesses reflection corrects.",
-        };
+        let mut why = vec![];
+        if failed.contains(&"1") {
+            why.push(" Check 1 not passing means Standard did not lengthen as the goal asks: there is less or no overthinking for CARE to remove.");
+        }
+        if failed.contains(&"2") {
+            why.push(match profile {
+                Profile::Line => " If check 2 fails, a straight-line overturn profile may be the reason (it cannot peak on levels 3-4); the plan then asks for a per-level overturn profile, which `data.overturn_by_level` sets (added after the v4 runs).",
+                Profile::PerLevel => " This condition sets its overturns per level (`data.overturn_by_level`), so where check 2 fails it is not a straight line's limit.",
+            });
+        }
         writeln!(
             s,
-            "\nThe premise did not hold in full (checks {} did not pass): the claims below are still computed, as the plan says, and read as CARE tested where its premise is not (wholly) present. {why}\n",
-            failed.join(", ")
+            "\nThe premise did not hold in full (checks {} did not pass): the claims below are still computed, as the plan says, and read as CARE tested where its premise is not (wholly) present.{}\n",
+            failed.join(", "),
+            why.concat()
         )
     };
     s
@@ -312,6 +319,8 @@ mod tests {
             levels.contains("not a straight line's limit") && !levels.contains("may be the"),
             "{levels}"
         );
+        // Check 1 passed there, so nothing is said about it.
+        assert!(!md.contains("Check 1 not passing"), "{md}");
         // Standard that does not grow fails check 1; missing runs are named, not passed.
         let flat = by_method(
             (0..9u64)
@@ -326,6 +335,7 @@ mod tests {
         let md = section(&BTreeMap::new(), &flat, &[("care", 6)], Profile::Line);
         let row = |p: &str| md.lines().find(|l| l.starts_with(p)).unwrap_or_default();
         assert!(row("| 1. ").ends_with("| **fail** |"), "{md}");
+        assert!(md.contains("Check 1 not passing means"), "{md}");
         assert!(
             row("| 2. ").contains("no two finished `care` runs")
                 && row("| 2. ").ends_with("| not computed |"),
