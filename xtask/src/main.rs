@@ -169,6 +169,10 @@ enum Cmd {
         /// Steps to draw (default: the config's grpo.steps).
         #[arg(long)]
         steps: Option<usize>,
+        /// The GRPO seed whose training prompts are drawn (default: the config's run.seed; a
+        /// v4 study's runs use 100-108).
+        #[arg(long)]
+        seed: Option<u64>,
     },
     /// A performance model of kernels/flash_tc.cu read from its sm_90 SASS: per loop
     /// iteration, instructions, HMMA, shared-memory wavefronts, global accesses; the bound and
@@ -221,7 +225,8 @@ fn main() -> ExitCode {
             config,
             group,
             steps,
-        } => teacher_premise(&config, group, steps),
+            seed,
+        } => teacher_premise(&config, group, steps, seed),
         Cmd::MakeTestbed { out } => make_testbed(&out),
         Cmd::Plot { metrics, out } => plot(&metrics, out),
     };
@@ -346,6 +351,7 @@ fn teacher_premise(
     config: &str,
     group: Option<usize>,
     steps: Option<usize>,
+    seed: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     if cfg.data.task != terse_train::config::TaskKind::Testbed {
@@ -353,7 +359,8 @@ fn teacher_premise(
     }
     let group = group.unwrap_or(cfg.grpo.group_size);
     let steps = steps.unwrap_or(cfg.grpo.steps as usize);
-    let read = terse_train::study::teacher_premise::teacher_premise(&cfg, group, steps);
+    let seed = seed.unwrap_or(cfg.run.seed);
+    let read = terse_train::study::teacher_premise::teacher_premise(&cfg, group, steps, seed);
     print!("{}", terse_train::study::teacher_premise::render(&read));
     Ok(ExitCode::SUCCESS)
 }

@@ -192,11 +192,17 @@ pub fn section(
             "\nEvery premise check passes: the claims below are read on CARE's premise.\n"
         )
     } else {
+        // Only a check that ran and failed says something about the condition.
+        let fails: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.3 == "**fail**")
+            .map(|r| r.0.split('.').next().unwrap_or(""))
+            .collect();
         let mut why = vec![];
-        if failed.contains(&"1") {
-            why.push(" Check 1 not passing means Standard did not lengthen as the goal asks: there is less or no overthinking for CARE to remove.");
+        if fails.contains(&"1") {
+            why.push(" Check 1 failing means Standard did not lengthen as the goal asks: there is less or no overthinking for CARE to remove.");
         }
-        if failed.contains(&"2") {
+        if fails.contains(&"2") {
             why.push(match profile {
                 Profile::Line => " If check 2 fails, a straight-line overturn profile may be the reason (it cannot peak on levels 3-4); the plan then asks for a per-level overturn profile, which `data.overturn_by_level` sets (added after the v4 runs).",
                 Profile::PerLevel => " This condition sets its overturns per level (`data.overturn_by_level`), so where check 2 fails it is not a straight line's limit.",
@@ -320,7 +326,7 @@ mod tests {
             "{levels}"
         );
         // Check 1 passed there, so nothing is said about it.
-        assert!(!md.contains("Check 1 not passing"), "{md}");
+        assert!(!md.contains("Check 1 failing"), "{md}");
         // Standard that does not grow fails check 1; missing runs are named, not passed.
         let flat = by_method(
             (0..9u64)
@@ -335,7 +341,11 @@ mod tests {
         let md = section(&BTreeMap::new(), &flat, &[("care", 6)], Profile::Line);
         let row = |p: &str| md.lines().find(|l| l.starts_with(p)).unwrap_or_default();
         assert!(row("| 1. ").ends_with("| **fail** |"), "{md}");
-        assert!(md.contains("Check 1 not passing means"), "{md}");
+        // A check that could not be computed explains nothing: only check 1's sentence.
+        assert!(
+            md.contains("Check 1 failing means") && !md.contains("straight-line"),
+            "{md}"
+        );
         assert!(
             row("| 2. ").contains("no two finished `care` runs")
                 && row("| 2. ").ends_with("| not computed |"),

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::fmt::Write as _;
 use terse_reward::care::direction;
-use terse_tasks::testbed::verify;
+use terse_tasks::testbed::{verify, Problem, Teacher};
 
 /// A stream tag no training or SFT draw uses, so the teacher's samples here are their own.
 const STREAM: u64 = 900;
@@ -38,6 +38,7 @@ impl LevelRead {
 /// The read of one condition: per level, and per step the d = −1 and d = +1 groups.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TeacherPremise {
+    pub seed: u64,
     pub group: usize,
     pub steps: usize,
     pub prompts_per_step: usize,
@@ -56,9 +57,15 @@ impl TeacherPremise {
     }
 }
 
-/// Draws `steps` steps of the config's training prompts (its levels round-robin, its seed), each
-/// with `group` teacher traces, and reads CARE's direction per group (tie key: sample index).
-pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize) -> TeacherPremise {
+/// Training item `index` of a run with GRPO seed `seed`, as a problem the teacher can trace.
+fn drawn(levels: &[usize], teacher: &Teacher, seed: u64, index: u64) -> Problem {
+    data::problem(seed, data::TRAIN, index, levels, teacher)
+}
+
+/// Draws `steps` steps of the training prompts a run of `cfg` with GRPO seed `seed` draws (its
+/// levels round-robin; the prompts of [`crate::task::Task::train_item`]), each with `group`
+/// teacher traces, and reads CARE's direction per group (tie key: sample index).
+pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize, seed: u64) -> TeacherPremise {
     let teacher = cfg.data.teacher();
     let levels = &cfg.data.levels;
     let per_step = cfg.grpo.prompts_per_step;
@@ -69,12 +76,11 @@ pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize) -> TeacherPr
             ..Default::default()
         })
         .collect();
-    let seed = cfg.run.seed;
     for step in 0..steps {
         for k in 0..per_step {
             let index = (step * per_step + k) as u64;
             let slot = (index % levels.len() as u64) as usize;
-            let p = data::problem(seed, data::TRAIN, index, levels, &teacher);
+            let p = drawn(levels, &teacher, seed, index);
             let samples: Vec<(usize, bool, u64)> = (0..group as u64)
                 .map(|j| {
                     let key = data::mix(seed, STREAM, index << 16 | j);
@@ -94,6 +100,7 @@ pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize) -> TeacherPr
         }
     }
     TeacherPremise {
+        seed,
         group,
         steps,
         prompts_per_step: per_step,
@@ -104,10 +111,10 @@ pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize) -> TeacherPr
 /// The read as a Markdown table per level and the per-step counts check 2 compares.
 pub fn render(t: &TeacherPremise) -> String {
     let mut s = format!(
-        "Teacher read at G = {}, {} steps of {} prompts (no model: the traces the SFT \
+        "Teacher read at G = {}, {} steps of {} prompts, seed {} (no model: the traces the SFT \
          checkpoint imitates)\n\n| level | teacher pass@1 | tokens | groups | d = -1 (shorter) | \
          d = +1 (longer) |\n|---|---|---|---|---|---|\n",
-        t.group, t.steps, t.prompts_per_step
+        t.group, t.steps, t.prompts_per_step, t.seed
     );
     for r in &t.levels {
         let _ = writeln!(
@@ -146,11 +153,12 @@ mod tests {
     #[test]
     fn overturns_on_the_middle_levels_turn_their_groups_toward_shorter() {
         let flat = "overturn_by_level = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]\n";
-        let none = teacher_premise(&config(flat), 6, 20);
+        let none = teacher_premise(&config(flat), 6, 20, 7);
         let mid = teacher_premise(
             &config("overturn_by_level = [0.0, 0.0, 0.9, 0.9, 0.0, 0.0]\n"),
             6,
             20,
+            7,
         );
         for t in [&none, &mid] {
             assert_eq!(t.levels.iter().map(|r| r.groups).sum::<usize>(), 240);
@@ -171,5 +179,32 @@ mod tests {
         assert!(s1 > s0 && l1 < l0, "{}\n{}", render(&none), render(&mid));
         // Levels 5-6 are untouched by the profile: the same draws, the same groups.
         assert_eq!(none.levels[4..], mid.levels[4..]);
+        // Longer chains, longer traces; no trace is empty.
+        assert!(none.levels.windows(2).all(|w| {
+            let t = |r: &LevelRead| r.tokens as f64 / r.samples as f64;
+            t(&w[0]) > 8.0 && t(&w[1]) > t(&w[0])
+        }));
+    }
+
+    /// The prompts read are the ones a run with that seed trains on, step by step.
+    #[test]
+    fn the_read_draws_the_training_prompts_of_its_seed() {
+        let cfg = config("");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
+        let task = crate::task::Task::new(&cfg.data, &root, 7).expect("task");
+        let teacher = cfg.data.teacher();
+        for index in [0u64, 5, 13, 719] {
+            let p = drawn(&cfg.data.levels, &teacher, 7, index);
+            let item = task.train_item(index).expect("item");
+            assert_eq!(
+                (p.prompt(), p.answer().to_string()),
+                (item.prompt, item.answer)
+            );
+        }
+        // Another seed, other problems: the read is not the same.
+        assert_ne!(
+            teacher_premise(&cfg, 6, 5, 7),
+            teacher_premise(&cfg, 6, 5, 8)
+        );
     }
 }
