@@ -180,11 +180,14 @@ pub fn section(
     for (check, rule, value, result) in &rows {
         let _ = writeln!(s, "| {check} | {rule} | {value} | {result} |");
     }
-    let mut failed: Vec<&str> = rows
-        .iter()
-        .filter(|r| r.3 != "**pass**")
-        .map(|r| r.0.split('.').next().unwrap_or(""))
-        .collect();
+    // A row's check number ("2" of "2. Reflection harms ..."), for the checks with a result.
+    let checks = |result: fn(&str) -> bool| -> Vec<&str> {
+        rows.iter()
+            .filter(|r| result(r.3))
+            .map(|r| r.0.split('.').next().unwrap_or(""))
+            .collect()
+    };
+    let mut failed = checks(|r| r != "**pass**");
     failed.dedup();
     let _ = if failed.is_empty() {
         writeln!(
@@ -193,11 +196,7 @@ pub fn section(
         )
     } else {
         // Only a check that ran and failed says something about the condition.
-        let fails: Vec<&str> = rows
-            .iter()
-            .filter(|r| r.3 == "**fail**")
-            .map(|r| r.0.split('.').next().unwrap_or(""))
-            .collect();
+        let fails = checks(|r| r == "**fail**");
         let mut why = vec![];
         if fails.contains(&"1") {
             why.push(" Check 1 failing means Standard did not lengthen as the goal asks: there is less or no overthinking for CARE to remove.");
