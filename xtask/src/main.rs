@@ -173,6 +173,10 @@ enum Cmd {
         /// v4 study's runs use 100-108).
         #[arg(long)]
         seed: Option<u64>,
+        /// Read this many GRPO seeds from --seed on, pooled, and print each seed's margin and
+        /// their spread (a one-seed read's margin is partly which prompts that seed draws).
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
     },
     /// A performance model of kernels/flash_tc.cu read from its sm_90 SASS: per loop
     /// iteration, instructions, HMMA, shared-memory wavefronts, global accesses; the bound and
@@ -226,7 +230,8 @@ fn main() -> ExitCode {
             group,
             steps,
             seed,
-        } => teacher_premise(&config, group, steps, seed),
+            seeds,
+        } => teacher_premise(&config, group, steps, seed, seeds),
         Cmd::MakeTestbed { out } => make_testbed(&out),
         Cmd::Plot { metrics, out } => plot(&metrics, out),
     };
@@ -352,16 +357,27 @@ fn teacher_premise(
     group: Option<usize>,
     steps: Option<usize>,
     seed: Option<u64>,
+    seeds: u64,
 ) -> anyhow::Result<ExitCode> {
+    use terse_train::study::teacher_premise as tp;
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     if cfg.data.task != terse_train::config::TaskKind::Testbed {
         anyhow::bail!("{config}: data.task must be \"testbed\" for a teacher read");
     }
+    if seeds == 0 {
+        anyhow::bail!("--seeds 0: a read needs at least one seed");
+    }
     let group = group.unwrap_or(cfg.grpo.group_size);
     let steps = steps.unwrap_or(cfg.grpo.steps as usize);
     let seed = seed.unwrap_or(cfg.run.seed);
-    let read = terse_train::study::teacher_premise::teacher_premise(&cfg, group, steps, seed);
-    print!("{}", terse_train::study::teacher_premise::render(&read));
+    let reads: Vec<tp::TeacherPremise> = (seed..seed + seeds)
+        .map(|s| tp::teacher_premise(&cfg, group, steps, s))
+        .collect();
+    print!(
+        "{}{}",
+        tp::render(&tp::pool(&reads)),
+        tp::render_spread(&reads)
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -89,6 +89,29 @@ fn collect(root: &Path, study: &Study, steps: u64) -> Result<Collected> {
     Ok((rows, traj, notes))
 }
 
+/// The per-seed tables already beside the report, when `root` holds no finished run (a fresh
+/// clone's `--report-only`, say, after a reading was edited): the report is rewritten from
+/// them rather than the tables overwritten with nothing.
+fn committed(root: &Path, csv: &Path, traj: &Path) -> Result<(String, String)> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).with_context(|| {
+            format!(
+                "{} holds no finished run and {} cannot be read: nothing to report",
+                root.display(),
+                p.display()
+            )
+        })
+    };
+    let tables = (read(csv)?, read(traj)?);
+    eprintln!(
+        "{} holds no finished run: rewriting the report from {} and {}",
+        root.display(),
+        csv.display(),
+        traj.display()
+    );
+    Ok(tables)
+}
+
 /// The four Step-GRPO variants under the names docs/v4/plan.md section 7a gives them (v2-v3's
 /// labels in methods.rs stay as those reports printed them).
 const STEP_GRPO_NAMES: [(&str, &str); 4] = [
@@ -253,13 +276,19 @@ pub fn write(
     let sc = scope(study.testbed, cell);
     let (csv_name, traj_name, md_name) = names(study);
     let (rows, traj_rows, notes) = collect(root, study, steps)?;
-    let csv = seeds::write_csv(&rows)?;
     let csv_path = out.join(&csv_name);
-    std::fs::write(&csv_path, &csv).with_context(|| format!("writing {}", csv_path.display()))?;
-    let traj_csv = trajectory::write_csv(&traj_rows)?;
     let traj_path = out.join(&traj_name);
-    std::fs::write(&traj_path, &traj_csv)
-        .with_context(|| format!("writing {}", traj_path.display()))?;
+    let (csv, traj_csv) = if rows.is_empty() {
+        committed(root, &csv_path, &traj_path)?
+    } else {
+        let csv = seeds::write_csv(&rows)?;
+        std::fs::write(&csv_path, &csv)
+            .with_context(|| format!("writing {}", csv_path.display()))?;
+        let traj_csv = trajectory::write_csv(&traj_rows)?;
+        std::fs::write(&traj_path, &traj_csv)
+            .with_context(|| format!("writing {}", traj_path.display()))?;
+        (csv, traj_csv)
+    };
     // The report reads the tables back, so every number in it is the CSVs'.
     let runs = seeds::read_csv(&csv, &csv_name)?;
     let traj = trajectory::read_csv(&traj_csv, &traj_name)?;

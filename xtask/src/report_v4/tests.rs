@@ -126,6 +126,26 @@ fn the_report_follows_from_the_csv_it_writes() {
         "{md}"
     );
     assert!(out.join("trajectory.csv").is_file());
+    // With no finished run (a fresh clone's --report-only), the tables beside the report are
+    // read, not overwritten with nothing, and the report is rewritten from them.
+    let traj = std::fs::read_to_string(out.join("trajectory.csv")).expect("trajectory");
+    let empty = tmp.join("no-runs");
+    let again =
+        std::fs::read_to_string(write(&empty, &study, 3, &out, None).expect("again")).expect("md");
+    assert_eq!(
+        std::fs::read_to_string(out.join("seeds.csv")).expect("csv"),
+        csv
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("trajectory.csv")).expect("t"),
+        traj
+    );
+    check_report(&csv, &again, "fake v4 again", Scope::Main).expect("the report follows");
+    assert!(again.contains(p1), "{again}");
+    // And with neither runs nor tables there is nothing to report: an error, no files.
+    let err = write(&empty, &study, 3, &tmp.join("nowhere"), None).expect_err("nothing");
+    assert!(format!("{err:#}").contains("nothing to report"), "{err:#}");
+    assert!(!tmp.join("nowhere/seeds.csv").exists());
     std::fs::remove_dir_all(&tmp).expect("temp dir");
 }
 

@@ -38,7 +38,8 @@ impl LevelRead {
 /// The read of one condition: per level, and per step the d = −1 and d = +1 groups.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TeacherPremise {
-    pub seed: u64,
+    /// The GRPO seeds read: one, or several pooled by [`pool`].
+    pub seeds: Vec<u64>,
     pub group: usize,
     pub steps: usize,
     pub prompts_per_step: usize,
@@ -55,6 +56,53 @@ impl TeacherPremise {
             .fold((0, 0), |(s, l), r| (s + r.shorter, l + r.longer));
         (s as f64 / n, l as f64 / n)
     }
+
+    /// d = −1 minus d = +1 groups per step: what check 2 asks to be positive.
+    pub fn margin(&self) -> f64 {
+        let (shorter, longer) = self.per_step();
+        shorter - longer
+    }
+}
+
+/// Reads of several GRPO seeds as one (counts summed level by level, steps added), so a design
+/// is chosen on more prompts than one run draws. `reads` must share config, group and levels.
+pub fn pool(reads: &[TeacherPremise]) -> TeacherPremise {
+    let mut out = reads[0].clone();
+    for r in &reads[1..] {
+        assert_eq!((r.group, r.levels.len()), (out.group, out.levels.len()));
+        out.seeds.extend(&r.seeds);
+        out.steps += r.steps;
+        for (a, b) in out.levels.iter_mut().zip(&r.levels) {
+            a.groups += b.groups;
+            a.shorter += b.shorter;
+            a.longer += b.longer;
+            a.correct += b.correct;
+            a.samples += b.samples;
+            a.tokens += b.tokens;
+        }
+    }
+    out
+}
+
+/// Each seed's margin, their mean and sample sd: how much of a design's margin a one-seed read
+/// owes to which prompts that seed draws (one line, empty for a single read).
+pub fn render_spread(reads: &[TeacherPremise]) -> String {
+    if reads.len() < 2 {
+        return String::new();
+    }
+    let m: Vec<f64> = reads.iter().map(TeacherPremise::margin).collect();
+    let mean = m.iter().sum::<f64>() / m.len() as f64;
+    let var = m.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (m.len() - 1) as f64;
+    let each: Vec<String> = reads
+        .iter()
+        .zip(&m)
+        .map(|(r, x)| format!("{} {x:+.2}", r.seeds[0]))
+        .collect();
+    format!(
+        "margin (d = -1 minus d = +1 per step) by seed: {}; mean {mean:+.2}, sd {:.2}\n",
+        each.join(", "),
+        var.sqrt()
+    )
 }
 
 /// Training item `index` of a run with GRPO seed `seed`, as a problem the teacher can trace.
@@ -100,7 +148,7 @@ pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize, seed: u64) -
         }
     }
     TeacherPremise {
-        seed,
+        seeds: vec![seed],
         group,
         steps,
         prompts_per_step: per_step,
@@ -110,11 +158,16 @@ pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize, seed: u64) -
 
 /// The read as a Markdown table per level and the per-step counts check 2 compares.
 pub fn render(t: &TeacherPremise) -> String {
+    let seeds: Vec<String> = t.seeds.iter().map(u64::to_string).collect();
     let mut s = format!(
-        "Teacher read at G = {}, {} steps of {} prompts, seed {} (no model: the traces the SFT \
+        "Teacher read at G = {}, {} steps of {} prompts, seed{} {} (no model: the traces the SFT \
          checkpoint imitates)\n\n| level | teacher pass@1 | tokens | groups | d = -1 (shorter) | \
          d = +1 (longer) |\n|---|---|---|---|---|---|\n",
-        t.group, t.steps, t.prompts_per_step, t.seed
+        t.group,
+        t.steps,
+        t.prompts_per_step,
+        if seeds.len() > 1 { "s" } else { "" },
+        seeds.join(", ")
     );
     for r in &t.levels {
         let _ = writeln!(
@@ -177,6 +230,7 @@ mod tests {
         }
         let (s1, l1) = mid.per_step();
         assert!(s1 > s0 && l1 < l0, "{}\n{}", render(&none), render(&mid));
+        assert!(none.margin() < 0.0 && mid.margin() > none.margin());
         // Levels 5-6 are untouched by the profile: the same draws, the same groups.
         assert_eq!(none.levels[4..], mid.levels[4..]);
         // Longer chains, longer traces; no trace is empty.
@@ -206,5 +260,36 @@ mod tests {
             teacher_premise(&cfg, 6, 5, 7),
             teacher_premise(&cfg, 6, 5, 8)
         );
+    }
+
+    /// Pooling seeds is reading their prompts together: counts add level by level, the pooled
+    /// margin is the seeds' mean margin (equal steps each), and the spread line names each seed.
+    #[test]
+    fn pooled_seeds_add_their_groups_and_average_their_margins() {
+        let cfg = config("overturn_by_level = [0.0, 0.0, 0.5, 0.5, 0.2, 0.2]\n");
+        let reads: Vec<TeacherPremise> = (3..6).map(|s| teacher_premise(&cfg, 6, 10, s)).collect();
+        let all = pool(&reads);
+        assert_eq!((all.seeds.clone(), all.steps), (vec![3, 4, 5], 30));
+        for (i, r) in all.levels.iter().enumerate() {
+            let sum =
+                |f: fn(&LevelRead) -> usize| reads.iter().map(|t| f(&t.levels[i])).sum::<usize>();
+            assert_eq!(r.groups, sum(|l| l.groups));
+            assert_eq!(r.shorter, sum(|l| l.shorter));
+            assert_eq!(r.longer, sum(|l| l.longer));
+            assert_eq!(r.tokens, sum(|l| l.tokens));
+        }
+        let mean = reads.iter().map(TeacherPremise::margin).sum::<f64>() / 3.0;
+        assert!(
+            (all.margin() - mean).abs() < 1e-12,
+            "{} {mean}",
+            all.margin()
+        );
+        let line = render_spread(&reads);
+        assert!(
+            line.contains("by seed: 3 ") && line.contains(", 5 "),
+            "{line}"
+        );
+        assert!(render(&all).contains("seeds 3, 4, 5"), "{}", render(&all));
+        assert_eq!(render_spread(&reads[..1]), "");
     }
 }
