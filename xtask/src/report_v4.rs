@@ -278,7 +278,8 @@ pub fn write(
     let (rows, traj_rows, notes) = collect(root, study, steps)?;
     let csv_path = out.join(&csv_name);
     let traj_path = out.join(&traj_name);
-    let (csv, traj_csv) = if rows.is_empty() {
+    let from_runs = !rows.is_empty();
+    let (csv, traj_csv) = if !from_runs {
         committed(root, &csv_path, &traj_path)?
     } else {
         let csv = seeds::write_csv(&rows)?;
@@ -354,7 +355,9 @@ pub fn write(
     }
     let path = out.join(&md_name);
     std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
-    println!("wrote {}", csv_path.display());
+    if from_runs {
+        println!("wrote {}", csv_path.display());
+    }
     Ok(path)
 }
 
