@@ -370,7 +370,10 @@ fn teacher_premise(
     let group = group.unwrap_or(cfg.grpo.group_size);
     let steps = steps.unwrap_or(cfg.grpo.steps as usize);
     let seed = seed.unwrap_or(cfg.run.seed);
-    let reads: Vec<tp::TeacherPremise> = (seed..seed + seeds)
+    let end = seed.checked_add(seeds).ok_or_else(|| {
+        anyhow::anyhow!("--seed {seed} --seeds {seeds}: the last seed overflows u64")
+    })?;
+    let reads: Vec<tp::TeacherPremise> = (seed..end)
         .map(|s| tp::teacher_premise(&cfg, group, steps, s))
         .collect();
     print!(

@@ -14,7 +14,7 @@ use crate::cells::Cell;
 use crate::methods::Testbed;
 use crate::summary::tables::cell;
 use crate::summary::Study;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -96,7 +96,8 @@ fn committed(root: &Path, csv: &Path, traj: &Path) -> Result<(String, String)> {
     let read = |p: &Path| {
         std::fs::read_to_string(p).with_context(|| {
             format!(
-                "{} holds no finished run and {} cannot be read: nothing to report",
+                "{} holds no finished run and the committed table {} cannot be read: nothing \
+                 to report",
                 root.display(),
                 p.display()
             )
@@ -280,6 +281,14 @@ pub fn write(
     let traj_path = out.join(&traj_name);
     let from_runs = !rows.is_empty();
     let (csv, traj_csv) = if !from_runs {
+        if !notes.is_empty() {
+            bail!(
+                "{} holds {} unfinished run(s) and none finished: finish or remove them before \
+                 the report is rewritten from the committed tables",
+                root.display(),
+                notes.len()
+            );
+        }
         committed(root, &csv_path, &traj_path)?
     } else {
         let csv = seeds::write_csv(&rows)?;

@@ -40,7 +40,9 @@ pub struct Args {
     /// results-quick.md instead of results.md.
     #[arg(long)]
     quick: bool,
-    /// Only rewrite the report from the runs already under the study's run directory.
+    /// Only rewrite the report from the runs already under the study's run directory (a v4
+    /// study with none finished there, a fresh clone's, rewrites from its committed
+    /// seeds.csv and trajectory.csv).
     #[arg(long)]
     report_only: bool,
     /// Study only these methods (comma-separated names, e.g. `standard,cos_fn`); the report

@@ -142,6 +142,19 @@ fn the_report_follows_from_the_csv_it_writes() {
     );
     check_report(&csv, &again, "fake v4 again", Scope::Main).expect("the report follows");
     assert!(again.contains(p1), "{again}");
+    // Unfinished runs and no finished one: their notes would contradict the committed
+    // tables, so the rewrite stops and names them.
+    fake_run(&empty, "short_rl-s0", 0.9, 50.0, 2, 0.0);
+    let err = write(&empty, &study, 3, &out, None).expect_err("unfinished only");
+    assert!(
+        format!("{err:#}").contains("1 unfinished run(s)"),
+        "{err:#}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("seeds.csv")).expect("csv"),
+        csv
+    );
+    std::fs::remove_dir_all(&empty).expect("temp dir");
     // And with neither runs nor tables there is nothing to report: an error, no files.
     let err = write(&empty, &study, 3, &tmp.join("nowhere"), None).expect_err("nothing");
     assert!(format!("{err:#}").contains("nothing to report"), "{err:#}");

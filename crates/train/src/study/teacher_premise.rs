@@ -65,11 +65,17 @@ impl TeacherPremise {
 }
 
 /// Reads of several GRPO seeds as one (counts summed level by level, steps added), so a design
-/// is chosen on more prompts than one run draws. `reads` must share config, group and levels.
+/// is chosen on more prompts than one run draws. `reads` is non-empty and shares one config
+/// (group, prompts per step, levels); with equal steps per read, as the CLI draws them, the
+/// pooled margin is the mean of the reads' margins.
 pub fn pool(reads: &[TeacherPremise]) -> TeacherPremise {
     let mut out = reads[0].clone();
     for r in &reads[1..] {
-        assert_eq!((r.group, r.levels.len()), (out.group, out.levels.len()));
+        let shape = |t: &TeacherPremise| {
+            let levels: Vec<usize> = t.levels.iter().map(|l| l.level).collect();
+            (t.group, t.prompts_per_step, levels)
+        };
+        assert_eq!(shape(r), shape(&out), "pooled reads of different configs");
         out.seeds.extend(&r.seeds);
         out.steps += r.steps;
         for (a, b) in out.levels.iter_mut().zip(&r.levels) {
