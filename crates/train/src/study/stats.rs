@@ -78,7 +78,8 @@ fn paired_with(diffs: &[f64], q: impl Fn(usize) -> f64) -> Interval {
     }
 }
 
-fn sd(xs: &[f64], mean: f64) -> f64 {
+/// Sample sd (n − 1) of `xs` about `mean`.
+pub(crate) fn sd(xs: &[f64], mean: f64) -> f64 {
     (xs.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt()
 }
 

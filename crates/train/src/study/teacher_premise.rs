@@ -30,6 +30,16 @@ pub struct LevelRead {
 }
 
 impl LevelRead {
+    /// Adds `other`'s counts (the same level: another group, or another seed's read).
+    fn add(&mut self, other: &LevelRead) {
+        self.groups += other.groups;
+        self.shorter += other.shorter;
+        self.longer += other.longer;
+        self.correct += other.correct;
+        self.samples += other.samples;
+        self.tokens += other.tokens;
+    }
+
     pub fn pass(&self) -> f64 {
         self.correct as f64 / self.samples.max(1) as f64
     }
@@ -79,12 +89,7 @@ pub fn pool(reads: &[TeacherPremise]) -> TeacherPremise {
         out.seeds.extend(&r.seeds);
         out.steps += r.steps;
         for (a, b) in out.levels.iter_mut().zip(&r.levels) {
-            a.groups += b.groups;
-            a.shorter += b.shorter;
-            a.longer += b.longer;
-            a.correct += b.correct;
-            a.samples += b.samples;
-            a.tokens += b.tokens;
+            a.add(b);
         }
     }
     out
@@ -98,7 +103,6 @@ pub fn render_spread(reads: &[TeacherPremise]) -> String {
     }
     let m: Vec<f64> = reads.iter().map(TeacherPremise::margin).collect();
     let mean = m.iter().sum::<f64>() / m.len() as f64;
-    let var = m.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (m.len() - 1) as f64;
     let each: Vec<String> = reads
         .iter()
         .zip(&m)
@@ -107,7 +111,7 @@ pub fn render_spread(reads: &[TeacherPremise]) -> String {
     format!(
         "margin (d = -1 minus d = +1 per step) by seed: {}; mean {mean:+.2}, sd {:.2}\n",
         each.join(", "),
-        var.sqrt()
+        super::stats::sd(&m, mean)
     )
 }
 
@@ -144,13 +148,15 @@ pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize, seed: u64) -
                 })
                 .collect();
             let (d, _) = direction(&samples);
-            let r = &mut reads[slot];
-            r.groups += 1;
-            r.shorter += usize::from(d < 0);
-            r.longer += usize::from(d > 0);
-            r.samples += samples.len();
-            r.correct += samples.iter().filter(|s| s.1).count();
-            r.tokens += samples.iter().map(|s| s.0).sum::<usize>();
+            reads[slot].add(&LevelRead {
+                level: levels[slot],
+                groups: 1,
+                shorter: usize::from(d < 0),
+                longer: usize::from(d > 0),
+                correct: samples.iter().filter(|s| s.1).count(),
+                samples: samples.len(),
+                tokens: samples.iter().map(|s| s.0).sum(),
+            });
         }
     }
     TeacherPremise {
