@@ -8,6 +8,9 @@
 #ifndef TERSE_LOGPROB_BLOCK
 #error "TERSE_LOGPROB_BLOCK is passed by crates/model/build.rs"
 #endif
+#ifndef TERSE_SAMPLE_BLOCK
+#error "TERSE_SAMPLE_BLOCK is passed by crates/model/build.rs"
+#endif
 #ifndef TERSE_DECODE_WARPS
 #error "TERSE_DECODE_WARPS is passed by crates/model/build.rs"
 #endif

@@ -20,6 +20,7 @@ command -v nvcc >/dev/null || eval "$(bash scripts/cuda-toolchain.sh --compiler-
 # The launch geometry the kernels are compiled for, from the constants the Rust launches use.
 defines=()
 for pair in RMSNORM_BLOCK:TERSE_RMSNORM_BLOCK LOGPROB_BLOCK:TERSE_LOGPROB_BLOCK \
+  SAMPLE_BLOCK:TERSE_SAMPLE_BLOCK \
   DECODE_WARPS:TERSE_DECODE_WARPS DECODE_MAX_HEAD_DIM:TERSE_DECODE_MAX_HEAD_DIM \
   FLASH_WARPS:TERSE_FLASH_WARPS FLASH_TC_WARPS:TERSE_FLASH_TC_WARPS \
   FLASH_TC_KEYS:TERSE_FLASH_TC_KEYS; do

@@ -7,6 +7,7 @@ pub fn kernel_defines(geometry_rs: &str) -> Vec<(String, u64)> {
     let names = [
         ("TERSE_RMSNORM_BLOCK", "RMSNORM_BLOCK"),
         ("TERSE_LOGPROB_BLOCK", "LOGPROB_BLOCK"),
+        ("TERSE_SAMPLE_BLOCK", "SAMPLE_BLOCK"),
         ("TERSE_DECODE_WARPS", "DECODE_WARPS"),
         ("TERSE_DECODE_MAX_HEAD_DIM", "DECODE_MAX_HEAD_DIM"),
         ("TERSE_FLASH_WARPS", "FLASH_WARPS"),

@@ -49,4 +49,4 @@ pub use model::{ForwardOptions, Qwen3};
 pub use paged::PagedSeq;
 pub use paged::{BlockTable, PagedKvCache};
 
-pub use kernels::{flash, launch};
+pub use kernels::{flash, launch, sample};

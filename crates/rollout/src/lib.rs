@@ -6,6 +6,7 @@
 //! Data flow: prompts (token ids with stable ids) -> [`generate`] -> [`Sample`]s (tokens,
 //! sampled mask, sampler log-probs, finish reason, Step-GRPO records) -> the trainer scores them.
 
+mod draw;
 pub mod engine;
 pub mod paging;
 pub mod sampling;

@@ -1,10 +1,14 @@
 //! Exact sampling from one row of logits: temperature, then top-k, top-p and min-p truncation
 //! (HF's warper order), then inverse-CDF with one uniform number from the sample's own stream.
-//! Pure functions; the engine calls `sample_row` for every active row of a decode step.
+//! The settings (`SamplingParams`) and the streams live here; the semantics are
+//! terse_model::sample's (its reference on the CPU, its kernel on CUDA), so the two paths
+//! cannot drift. The scheduler samples every ready row of a step at once (`sample_rows`).
 
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+pub use terse_model::sample::Drawn;
+use terse_model::sample::{reference, Warpers};
 
 /// How tokens are drawn. `temperature = 0` means greedy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,18 +63,16 @@ impl SamplingParams {
         }
         Ok(())
     }
-}
 
-/// One drawn token with its log-probability under the distribution it was drawn from (after
-/// truncation and renormalisation) and under the plain temperature-scaled softmax (what the
-/// trainer recomputes).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Drawn {
-    pub token: u32,
-    pub logp_sampled: f32,
-    pub logp_plain: f32,
-    /// Entropy (nats) of the plain temperature-scaled softmax the token came from.
-    pub entropy: f32,
+    /// The settings as the sampler (terse_model's reference and kernel) takes them.
+    pub fn warpers(&self) -> Warpers {
+        Warpers {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
+    }
 }
 
 /// The random stream of one sample, keyed by (seed, prompt id, sample index) so a sample's
@@ -93,98 +95,12 @@ pub fn uniform(rng: &mut impl RngCore) -> f64 {
 /// The truncated, renormalised distribution as (token, probability) pairs, plus the plain
 /// log-partition (for plain log-probs). Greedy returns the argmax with probability 1.
 pub fn distribution(logits: &[f32], p: &SamplingParams) -> (Vec<(u32, f64)>, f64) {
-    let (probs, log_z, _) = distribution_with_entropy(logits, p);
-    (probs, log_z)
-}
-
-/// [`distribution`] plus the entropy of the plain softmax (computed from the same exponentials).
-fn distribution_with_entropy(logits: &[f32], p: &SamplingParams) -> (Vec<(u32, f64)>, f64, f64) {
-    let t = if p.temperature > 0.0 {
-        p.temperature
-    } else {
-        1.0
-    };
-    let scaled: Vec<f64> = logits.iter().map(|&x| f64::from(x) / t).collect();
-    let m = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let z: f64 = scaled.iter().map(|x| (x - m).exp()).sum();
-    let log_z = m + z.ln();
-    if p.temperature == 0.0 {
-        // First maximal index, as argmax does.
-        let best = scaled.iter().position(|&x| x == m).unwrap_or(0);
-        let entropy = scaled.iter().map(|x| (x - log_z).exp() * (log_z - x)).sum();
-        return (vec![(best as u32, 1.0)], log_z, entropy);
-    }
-    let mut probs: Vec<(u32, f64)> = scaled
-        .iter()
-        .enumerate()
-        .map(|(i, x)| (i as u32, (x - log_z).exp()))
-        .collect();
-    // H = Σ p (log Z − x); terms with p = 0 contribute nothing.
-    let entropy = probs
-        .iter()
-        .map(|&(i, q)| {
-            if q > 0.0 {
-                q * (log_z - scaled[i as usize])
-            } else {
-                0.0
-            }
-        })
-        .sum();
-    let truncating = (p.top_k > 0 && p.top_k < probs.len()) || p.top_p < 1.0 || p.min_p > 0.0;
-    if truncating {
-        // Descending probability, ties by token id (deterministic).
-        probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
-            probs.truncate(p.top_k);
-        }
-        if p.top_p < 1.0 {
-            let total: f64 = probs.iter().map(|x| x.1).sum();
-            let mut cum = 0.0;
-            let keep = probs
-                .iter()
-                .position(|x| {
-                    cum += x.1 / total;
-                    cum >= p.top_p
-                })
-                .map_or(probs.len(), |i| i + 1);
-            probs.truncate(keep);
-        }
-        if p.min_p > 0.0 {
-            let total: f64 = probs.iter().map(|x| x.1).sum();
-            let cut = p.min_p * probs[0].1 / total;
-            probs.retain(|x| x.1 / total >= cut);
-        }
-    }
-    let total: f64 = probs.iter().map(|x| x.1).sum();
-    for x in &mut probs {
-        x.1 /= total;
-    }
-    (probs, log_z, entropy)
+    reference::distribution(logits, &p.warpers())
 }
 
 /// Draws one token from a row of logits with uniform `u` ∈ [0, 1).
 pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Drawn {
-    let (dist, log_z, entropy) = distribution_with_entropy(logits, p);
-    let mut cum = 0.0;
-    let mut pick = dist[dist.len() - 1];
-    for &x in &dist {
-        cum += x.1;
-        if u < cum {
-            pick = x;
-            break;
-        }
-    }
-    let t = if p.temperature > 0.0 {
-        p.temperature
-    } else {
-        1.0
-    };
-    Drawn {
-        token: pick.0,
-        logp_sampled: pick.1.ln() as f32,
-        logp_plain: (f64::from(logits[pick.0 as usize]) / t - log_z) as f32,
-        entropy: entropy as f32,
-    }
+    reference::sample_row(logits, &p.warpers(), u)
 }
 
 #[cfg(test)]

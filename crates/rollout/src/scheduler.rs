@@ -17,9 +17,10 @@
 //! stream is its own, and `forward_paged` gives a sequence's logits from its own tokens alone,
 //! bit for bit the same whether it was decoded token by token or recomputed as a prefill.
 
+use crate::draw::{draw, host_sampler, RowLogits};
 use crate::paging::{pool_blocks, PoolPlan};
-use crate::sampling::sample_stream;
-use crate::step::{sample_next, try_exit, Next};
+use crate::sampling::{sample_stream, uniform};
+use crate::step::{record_next, try_exit, Next};
 use crate::types::Detokenizer;
 use crate::types::{GenParams, KvCacheDtype, Prompt, RolloutStats, Row, Sample};
 use candle_core::{DType, Result};
@@ -41,7 +42,7 @@ struct Seq {
     /// prompt's prefix), the tokens so far (after a preemption), or the last sampled token.
     pending: Vec<u32>,
     /// Logits to sample the next token from, once everything is fed.
-    logits: Option<Vec<f32>>,
+    logits: Option<RowLogits>,
     state: State,
     /// Prefilling its prompt's prefix.
     owner: bool,
@@ -50,7 +51,7 @@ struct Seq {
 #[derive(Default)]
 struct Prefix {
     table: Option<BlockTable>,
-    logits: Option<Vec<f32>>,
+    logits: Option<RowLogits>,
     owner: Option<usize>,
     /// Samples not finished.
     left: usize,
@@ -104,6 +105,8 @@ struct Scheduler<'a> {
     waiting: VecDeque<usize>,
     running: Vec<usize>,
     stats: RolloutStats,
+    /// `TERSE_HOST_SAMPLER=1`: logits to the host, sampled there (draw.rs).
+    host_sampler: bool,
 }
 
 impl<'a> Scheduler<'a> {
@@ -176,6 +179,7 @@ impl<'a> Scheduler<'a> {
             seqs,
             prefixes,
             running: vec![],
+            host_sampler: host_sampler(),
             stats: RolloutStats {
                 pool_blocks: blocks,
                 block_bytes,
@@ -189,20 +193,21 @@ impl<'a> Scheduler<'a> {
     /// end it there); a finished one frees its blocks, and its prompt's prefix once the
     /// prompt's last sample is done.
     fn sample_ready(&mut self) -> Result<()> {
+        // Every ready row's draw at once, each with the next uniform of its own stream.
+        let (mut ready, mut rows, mut us) = (vec![], vec![], vec![]);
         for &s in &self.running {
-            let Some(logits) = self.seqs[s].logits.take() else {
-                continue;
-            };
+            if let Some(logits) = self.seqs[s].logits.take() {
+                us.push(uniform(&mut self.seqs[s].row.rng));
+                rows.push(logits);
+                ready.push(s);
+            }
+        }
+        let warpers = self.params.sampling.warpers();
+        let drawn = draw(&rows, &us, &warpers, self.host_sampler)?;
+        for (s, d) in ready.into_iter().zip(drawn) {
             let plen = self.prompts[self.seqs[s].p].tokens.len();
             let seq = &mut self.seqs[s];
-            let next = sample_next(
-                &mut seq.row,
-                &logits,
-                self.params,
-                self.detok,
-                plen,
-                self.limit,
-            );
+            let next = record_next(&mut seq.row, d, self.params, self.detok, plen, self.limit);
             let done = match next {
                 Next::Done => true,
                 Next::Feed(t) => {
@@ -362,17 +367,15 @@ impl<'a> Scheduler<'a> {
             .forward_paged(&self.snap, &mut self.cache, &mut fw)?; // (B, V)
         drop(fw);
         self.stats.steps += 1;
-        let host = logits
-            .to_device(&candle_core::Device::Cpu)?
-            .to_vec2::<f32>()?;
-        for ((&(s, _), (t, _)), row) in batch.iter().zip(tables).zip(host) {
+        let rows = RowLogits::of_step(logits);
+        for ((&(s, _), (t, _)), row) in batch.iter().zip(tables).zip(rows) {
             let seq = &mut self.seqs[s];
             seq.table = t;
             let plen = self.prompts[seq.p].tokens.len();
             if seq.owner && seq.table.len() == plen {
                 let pre = &mut self.prefixes[seq.p];
                 pre.table = Some(self.cache.fork(&seq.table));
-                pre.logits = Some(row.clone());
+                pre.logits = Some(row.own()?);
                 pre.owner = None;
                 seq.owner = false;
             }

@@ -1,9 +1,10 @@
-//! One sampling step of one sequence: the next token from its logits and its own random
-//! stream, the stop logic (EOS, stop strings, length, the model's context) and Step-GRPO's
-//! probe at a trigger (`try_exit`, over a fork of the sequence's block table; probes never
-//! touch a sample's random stream). The scheduler calls them for every running sequence.
+//! One sampling step of one sequence: its drawn token recorded (draw.rs draws every ready
+//! row's at once), the stop logic (EOS, stop strings, length, the model's context) and
+//! Step-GRPO's probe at a trigger (`try_exit`, over a fork of the sequence's block table;
+//! probes never touch a sample's random stream). The scheduler calls them for every running
+//! sequence.
 
-use crate::sampling::{sample_row, uniform};
+use crate::sampling::Drawn;
 use crate::step_exit::{confidence, StepExit};
 use crate::types::{Detokenizer, Finish, GenParams, Row};
 use candle_core::{Result, Tensor, D};
@@ -26,18 +27,17 @@ pub(crate) enum Next {
     Probe(u32),
 }
 
-/// Samples the next token of a row from its logits (its own uniform), records it, and says
-/// whether the sample stops, goes on, or reached a Step-GRPO trigger. `plen` is the prompt's
-/// length; `limit` the model's context.
-pub(crate) fn sample_next(
+/// Records a row's drawn token (drawn from its logits with its own uniform, the scheduler's
+/// batch of draws) and says whether the sample stops, goes on, or reached a Step-GRPO trigger.
+/// `plen` is the prompt's length; `limit` the model's context.
+pub(crate) fn record_next(
     row: &mut Row,
-    logits: &[f32],
+    d: Drawn,
     params: &GenParams,
     detok: &dyn Detokenizer,
     plen: usize,
     limit: usize,
 ) -> Next {
-    let d = sample_row(logits, &params.sampling, uniform(&mut row.rng));
     row.out.push(d.token, true, d.logp_sampled, d.logp_plain);
     row.out.entropy_sum += f64::from(d.entropy);
     row.out.entropy_tokens += 1;

@@ -9,6 +9,10 @@ pub const RMSNORM_BLOCK: u32 = 256;
 /// Threads per block of `logprob_{fwd,bwd}_f32` (one block per row; a multiple of 32).
 pub const LOGPROB_BLOCK: u32 = 512;
 
+/// Threads per block of `sample_f32` (one block per row; a multiple of 16 x 16: the radix
+/// descent's bins are summed by 16 groups of SAMPLE_BLOCK / 16 threads).
+pub const SAMPLE_BLOCK: u32 = 256;
+
 /// Warps per block of `decode_attention_*` (one block per (row, query head)).
 pub const DECODE_WARPS: u32 = 4;
 
@@ -34,6 +38,7 @@ pub fn nvcc_defines() -> Vec<(&'static str, u64)> {
     vec![
         ("TERSE_RMSNORM_BLOCK", u64::from(RMSNORM_BLOCK)),
         ("TERSE_LOGPROB_BLOCK", u64::from(LOGPROB_BLOCK)),
+        ("TERSE_SAMPLE_BLOCK", u64::from(SAMPLE_BLOCK)),
         ("TERSE_DECODE_WARPS", u64::from(DECODE_WARPS)),
         ("TERSE_DECODE_MAX_HEAD_DIM", DECODE_MAX_HEAD_DIM as u64),
         ("TERSE_FLASH_WARPS", u64::from(FLASH_WARPS)),
@@ -81,6 +86,7 @@ mod tests {
             "kv_cache.cu",
             "flash_attn.cu",
             "paged_attention.cu",
+            "sample.cu",
         ] {
             let src = std::fs::read_to_string(dir.join(f)).expect("kernel");
             for l in src

@@ -42,6 +42,7 @@ pub(crate) fn module_ptx(module: &str) -> Result<&'static str> {
         "rmsnorm" => ptx::RMSNORM,
         "rope" => ptx::ROPE,
         "logprob" => ptx::LOGPROB,
+        "sample" => ptx::SAMPLE,
         "kv_cache" => ptx::KV_CACHE,
         "paged_attention" => ptx::PAGED_ATTENTION,
         "flash_attn" => ptx::FLASH_ATTN,

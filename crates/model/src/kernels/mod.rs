@@ -1,5 +1,5 @@
 //! The CUDA kernels of kernels/*.cu as candle custom ops, one file per kernel family (one per
-//! .cu file): rmsnorm.rs, rope.rs, logprob.rs, kv_cache.rs, paged_attention.rs and flash/. Each
+//! .cu file): rmsnorm.rs, rope.rs, logprob.rs, kv_cache.rs, paged_attention.rs, sample/ and flash/. Each
 //! holds the family's op (its [`op::Kernel`] impl: the CPU path runs the family's f32 reference,
 //! the CUDA path launches the kernel), its shape checks (run before every launch, on every
 //! device, so a wrong shape is an error, never an out-of-bounds read), its reference, its launch
@@ -23,6 +23,7 @@ pub(crate) mod op;
 pub(crate) mod paged_attention;
 pub(crate) mod rmsnorm;
 pub(crate) mod rope;
+pub mod sample;
 
 pub(crate) use kv_cache::{decode_attention, kv_write};
 pub(crate) use logprob::{
@@ -46,6 +47,7 @@ pub mod launch {
     pub use crate::kernels::paged_attention::launch::*;
     pub use crate::kernels::rmsnorm::launch::*;
     pub use crate::kernels::rope::launch::*;
+    pub use crate::kernels::sample::launch::*;
 }
 
 /// The f32 CPU references of every kernel family (testing.rs re-exports them for crates/simt).

@@ -21,6 +21,7 @@ use flash::{flash_bf16, flash_f32};
 use model::{model_decode, model_decode_qwen2, model_training};
 use ops::{
     kv_cache_bf16, kv_cache_f32, logprob_f32, rmsnorm_bf16, rmsnorm_f32, rope_bf16, rope_f32,
+    sample_f32,
 };
 use paged::{paged_bf16, paged_f32};
 
@@ -42,6 +43,7 @@ pub fn groups() -> Vec<Group> {
         ("rmsnorm f32", rmsnorm_f32),
         ("rope f32", rope_f32),
         ("logprob f32", logprob_f32),
+        ("sample f32", sample_f32),
     ]
 }
 

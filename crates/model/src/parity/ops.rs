@@ -1,5 +1,5 @@
-//! Parity of the fused ops one at a time: RMSNorm, RoPE, the log-prob epilogue and the KV
-//! cache's write and decode attention, in f32 and in bf16.
+//! Parity of the fused ops one at a time: RMSNorm, RoPE, the log-prob epilogue, the KV
+//! cache's write and decode attention (in f32 and in bf16), and the sampler.
 
 use super::common::{bf16_round, bf16_tolerance, grad, on_dev, rnd, row, Row};
 use crate::kernels as fused;
@@ -153,4 +153,82 @@ pub(super) fn rope_bf16(dev: &Device) -> Result<Vec<Row>> {
             2.0 * bf16_tolerance(&x_back)?,
         )?,
     ])
+}
+
+/// The device sampler (16 rows, V 151936) against the CPU sampler on the same logits and
+/// uniforms, per warper setting: the drawn token's logit (equal logits are a tie, not a
+/// difference), and both log-probs and the entropy.
+pub(super) fn sample_f32(dev: &Device) -> Result<Vec<Row>> {
+    use crate::kernels::sample::{sample_rows, Warpers};
+    let (n, v) = (16, 151_936);
+    let logits = (rnd(&[n, v], 7)? * 12.0)?;
+    let host = logits.to_vec2::<f32>()?;
+    let us: Vec<f64> = (0..n).map(|i| (i as f64 * 0.618_034) % 1.0).collect();
+    let settings = [
+        (
+            "greedy",
+            Warpers {
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+            },
+        ),
+        (
+            "t 1",
+            Warpers {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+            },
+        ),
+        (
+            "t 0.6 top-p 0.95",
+            Warpers {
+                temperature: 0.6,
+                top_k: 0,
+                top_p: 0.95,
+                min_p: 0.0,
+            },
+        ),
+        (
+            "top-k 50 min-p 0.05",
+            Warpers {
+                temperature: 1.0,
+                top_k: 50,
+                top_p: 1.0,
+                min_p: 0.05,
+            },
+        ),
+    ];
+    let mut rows = vec![];
+    for (name, w) in settings {
+        let (g, c) = (
+            sample_rows(&logits.to_device(dev)?, &us, &w)?,
+            sample_rows(&logits, &us, &w)?,
+        );
+        let mut d = 0f64;
+        for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+            let logit = |t: u32| f64::from(host[i][t as usize]);
+            for (x, y) in [
+                (logit(a.token), logit(b.token)),
+                (f64::from(a.logp_sampled), f64::from(b.logp_sampled)),
+                (f64::from(a.logp_plain), f64::from(b.logp_plain)),
+                (f64::from(a.entropy), f64::from(b.entropy)),
+            ] {
+                d = if (x - y).is_nan() {
+                    f64::NAN
+                } else {
+                    d.max((x - y).abs())
+                };
+            }
+        }
+        rows.push(Row {
+            name: format!("sample {name}: drawn logit, log-probs, entropy"),
+            max_diff: d,
+            tolerance: 1e-4,
+        });
+    }
+    Ok(rows)
 }

@@ -19,6 +19,7 @@ pub(crate) const COVERED: &[&str] = &[
     "rope_bwd_bf16",
     "logprob_fwd_f32",
     "logprob_bwd_f32",
+    "sample_f32",
     "kv_write_f32",
     "kv_write_bf16",
     "decode_attention_f32",

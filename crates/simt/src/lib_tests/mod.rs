@@ -13,6 +13,7 @@ mod flash_fa2;
 mod flash_fa2_bwd;
 mod fragments;
 mod norm;
+mod sample;
 
 use crate::{run, Arg, Buf};
 use rand::{Rng, SeedableRng};
