@@ -52,6 +52,15 @@ impl Change {
     }
 }
 
+/// One line of config_changes.jsonl, its keys in this order.
+#[derive(serde::Serialize)]
+struct ChangeLine<'a> {
+    step: u64,
+    key: &'a str,
+    old: serde_json::Value,
+    new: serde_json::Value,
+}
+
 /// What a start writes about its config once everything is loaded and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Record {
@@ -78,6 +87,13 @@ pub(crate) fn check(dir: &Path, cfg: &RunConfig, allow: bool) -> Result<Record> 
     let (quiet, changed): (Vec<Change>, Vec<Change>) = diff(&old, &new)
         .into_iter()
         .partition(|c| NO_RESULT_KEYS.contains(&c.key.as_str()));
+    if !changed.is_empty() && !allow {
+        bail!(
+            "{}: this run was made with another config: {} (a run's config is fixed when it is created: start it with its own config, use another run.name, or pass --allow-config-change to record the change in {CHANGES})",
+            path.display(),
+            list(&changed)
+        );
+    }
     if !quiet.is_empty() {
         tracing::warn!(
             "{}: {} (keys that change no result: used as given, {CONFIG} kept)",
@@ -87,13 +103,6 @@ pub(crate) fn check(dir: &Path, cfg: &RunConfig, allow: bool) -> Result<Record> 
     }
     if changed.is_empty() {
         return Ok(Record::Same);
-    }
-    if !allow {
-        bail!(
-            "{}: this run was made with another config: {} (a run's config is fixed when it is created: start it with its own config, use another run.name, or pass --allow-config-change to record the change in {CHANGES})",
-            path.display(),
-            list(&changed)
-        );
     }
     Ok(Record::Changed(changed))
 }
@@ -116,10 +125,14 @@ pub(crate) fn write(dir: &Path, record: &Record, step: u64) -> Result<()> {
                         serde_json::to_value(v).context("a config value as JSON")
                     })
                 };
-                let line = serde_json::json!({
-                    "step": step, "key": c.key, "old": json(&c.old)?, "new": json(&c.new)?,
-                });
-                lines.push_str(&format!("{line}\n"));
+                let line = ChangeLine {
+                    step,
+                    key: &c.key,
+                    old: json(&c.old)?,
+                    new: json(&c.new)?,
+                };
+                lines.push_str(&serde_json::to_string(&line)?);
+                lines.push('\n');
             }
             let mut f = std::fs::OpenOptions::new()
                 .create(true)

@@ -84,8 +84,12 @@ fn an_allowed_change_is_recorded_and_becomes_the_runs_config() {
     };
     assert_eq!(changes.len(), 3, "{changes:?}");
     write(&dir, &r, 4).expect("write");
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.join(CHANGES))
-        .expect("changes")
+    let text = std::fs::read_to_string(dir.join(CHANGES)).expect("changes");
+    assert!(
+        text.contains("{\"step\":4,\"key\":\"run.seed\",\"old\":0,\"new\":7}"),
+        "{text}"
+    );
+    let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).expect("json"))
         .collect();
