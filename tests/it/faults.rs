@@ -120,8 +120,12 @@ fn item9_and_10_failed_resumes_lose_nothing_and_resumes_equal_not_stopping() {
     );
     let mut longer = run_as("corrupt");
     longer.grpo.steps = 6;
-    let e = err(terse_train::train(&longer));
+    let e = err(crate::train::resume_changed(&longer));
     assert!(e.contains("optimizer.safetensors"), "{e}");
+    assert!(
+        !c.join("config_changes.jsonl").exists(),
+        "a failed resume recorded its config change"
+    );
     let after = (
         std::fs::read(c.join("metrics.jsonl")).expect("m"),
         std::fs::read(c.join("config.toml")).expect("c"),

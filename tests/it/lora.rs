@@ -171,11 +171,11 @@ fn a_lora_run_checkpoints_adapters_only_and_resumes_on_any_world_size() {
     for (name, world) in [("resumed", 1), ("resumed-2", 2)] {
         terse_train::train(&lora_cfg(&root, name, 2)).expect("first half");
         let dir = if world == 1 {
-            terse_train::train(&lora_cfg(&root, name, 4))
+            crate::train::resume_changed(&lora_cfg(&root, name, 4))
                 .expect("second half")
                 .dir
         } else {
-            crate::ranks::ranked(lora_cfg(&root, name, 4), world).dir
+            crate::ranks::ranked_as(lora_cfg(&root, name, 4), world, true).dir
         };
         let (a, b) = (&steps, crate::ranks::steps_of(&dir));
         for (x, y) in a.iter().zip(&b) {

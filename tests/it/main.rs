@@ -21,6 +21,7 @@ mod plugins;
 mod public_surface;
 mod ranks;
 mod rollout;
+mod run_config;
 mod run_faults;
 mod run_lock;
 mod step_exit;

@@ -38,8 +38,18 @@ pub(crate) fn max_diff(a: &Path, b: &Path) -> f32 {
 
 /// Runs `cfg` on `world` ranks (threads); rank 0's summary.
 pub(crate) fn ranked(cfg: RunConfig, world: usize) -> terse_train::RunSummary {
+    ranked_as(cfg, world, false)
+}
+
+/// `ranked`, resuming with a config other than the run's when `allow_config_change`.
+pub(crate) fn ranked_as(
+    cfg: RunConfig,
+    world: usize,
+    allow_config_change: bool,
+) -> terse_train::RunSummary {
     let results = TcpGroup::on_threads(world, Duration::from_secs(300), move |g| {
         terse_train::GrpoTrainer::builder(cfg.clone())
+            .allow_config_change(allow_config_change)
             .collective(Box::new(g))
             .run()
     });

@@ -117,7 +117,7 @@ fn item2_non_finite_weights_are_never_checkpointed() {
     assert_eq!(Path::new(named), ckpts[0], "{e}");
     // The run goes on from there with a sane learning rate.
     let sane = absurd_lr_config(&root, "absurd", "1e-5");
-    terse_train::train(&sane).expect("resume after the stop");
+    crate::train::resume_changed(&sane).expect("resume after the stop");
 
     // A checkpoint of inf weights, as 2b0d1bf wrote them, is skipped on resume.
     let newest = checkpoints_newest_first(&dir).expect("list")[0].clone();
@@ -134,7 +134,7 @@ fn item2_non_finite_weights_are_never_checkpointed() {
     );
     let mut longer = absurd_lr_config(&root, "absurd", "1e-5");
     longer.grpo.steps = 5;
-    terse_train::train(&longer).expect("resume skips the inf checkpoint");
+    crate::train::resume_changed(&longer).expect("resume skips the inf checkpoint");
     let steps: Vec<u64> = terse_train::report::read_steps(&dir.join("metrics.jsonl"))
         .expect("steps")
         .iter()

@@ -165,6 +165,15 @@ pub(crate) fn small_config(dir: &Path, name: &str, steps: u64) -> RunConfig {
     c
 }
 
+/// Resumes the run of `cfg`, whose config differs from the run's (a longer run, another
+/// learning rate), recording the change in config_changes.jsonl (`--allow-config-change`).
+pub(crate) fn resume_changed(cfg: &RunConfig) -> anyhow::Result<terse_train::RunSummary> {
+    terse_train::GrpoTrainer::builder(cfg.clone())
+        .allow_config_change(true)
+        .run()
+        .map(|s| s.expect("one process has a summary"))
+}
+
 /// metrics.jsonl without the wall-clock "time" objects.
 pub(crate) fn deterministic_metrics(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -192,7 +201,7 @@ fn resuming_equals_not_stopping_and_partial_checkpoints_are_ignored() {
         b"partial",
     )
     .expect("partial");
-    let resumed = terse_train::train(&small_config(&root, "resumed", 4)).expect("second half");
+    let resumed = resume_changed(&small_config(&root, "resumed", 4)).expect("second half");
     let (a, b) = (
         deterministic_metrics(&straight.dir),
         deterministic_metrics(&resumed.dir),

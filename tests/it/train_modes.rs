@@ -66,7 +66,7 @@ fn dynamic_sampling_drops_all_equal_groups_and_resumes_exactly() {
     };
     let straight = terse_train::train(&cfg("straight", 4)).expect("straight");
     terse_train::train(&cfg("resumed", 2)).expect("first half");
-    let resumed = terse_train::train(&cfg("resumed", 4)).expect("second half");
+    let resumed = crate::train::resume_changed(&cfg("resumed", 4)).expect("second half");
     let (a, b) = (grpo_lines(&straight.dir), grpo_lines(&resumed.dir));
     let strip = |v: &[terse_train::StepReport]| -> Vec<terse_train::StepReport> {
         v.iter()

@@ -47,6 +47,15 @@ pub struct RankArgs {
     /// refuse naming the holder (default: run.lock_wait_s, 30).
     #[arg(long)]
     pub lock_wait: Option<f64>,
+    /// Resume a run with a config other than its own (its config.toml): each differing key is
+    /// appended to <run>/config_changes.jsonl as {step, key, old, new}. Without it such a
+    /// start refuses, naming each key with both values.
+    #[arg(long)]
+    pub allow_config_change: bool,
+    /// A finished run: evaluate it again, appending that evaluation to metrics.jsonl marked
+    /// "again": true. Without it a finished run is left as it is.
+    #[arg(long)]
+    pub eval_again: bool,
     #[arg(long, hide = true)]
     pub rank: Option<usize>,
     #[arg(long, hide = true)]
@@ -182,6 +191,8 @@ pub fn launch(config: &str, a: &RankArgs, topo: &Topology) -> Result<ExitCode> {
                     &a.timeout.to_string(),
                 ])
                 .args(a.lock_wait.map(|w| format!("--lock-wait={w}")))
+                .args(a.allow_config_change.then_some("--allow-config-change"))
+                .args(a.eval_again.then_some("--eval-again"))
                 .env("RAYON_NUM_THREADS", threads.to_string())
                 .spawn()
                 .with_context(|| format!("starting rank {r}"))
@@ -261,10 +272,19 @@ pub fn rank(config: &str, a: &RankArgs) -> Result<Option<terse_train::RunSummary
     } else {
         terse_dist::TcpGroup::join(addr, rank, world, timeout)?
     };
-    terse_train::GrpoTrainer::builder(cfg.clone())
+    a.restart(terse_train::GrpoTrainer::builder(cfg.clone()))
         .collective(on_device(group, &cfg.run.device, timeout)?)
         .run()
         .with_context(|| format!("rank {rank} of {world}"))
+}
+
+impl RankArgs {
+    /// The builder told what a start of an existing run may do (`--allow-config-change`,
+    /// `--eval-again`).
+    pub fn restart(&self, b: terse_train::TrainerBuilder) -> terse_train::TrainerBuilder {
+        b.allow_config_change(self.allow_config_change)
+            .eval_again(self.eval_again)
+    }
 }
 
 /// The run config at `path` with the command line's overrides (`--lock-wait`), validated.

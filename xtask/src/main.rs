@@ -191,7 +191,13 @@ enum Cmd {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        // Warnings show unless RUST_LOG says otherwise (a config difference noted, a context
+        // overflow allowed, ...).
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::builder()
+                .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+                .from_env_lossy(),
+        )
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().cmd {
@@ -287,7 +293,7 @@ fn plan(
 fn train(config: &str, ranks: &launch::RankArgs) -> anyhow::Result<ExitCode> {
     if ranks.rank.is_some() {
         return match launch::rank(config, ranks)? {
-            Some(s) => print_summary(&s),
+            Some(s) => print_summary(&s, ranks.eval_again),
             None => Ok(ExitCode::SUCCESS),
         };
     }
@@ -296,11 +302,27 @@ fn train(config: &str, ranks: &launch::RankArgs) -> anyhow::Result<ExitCode> {
         return launch::launch(config, ranks, &topo);
     }
     let cfg = launch::load_config(config, ranks)?;
-    print_summary(&terse_train::train(&cfg)?)
+    let summary = ranks
+        .restart(terse_train::GrpoTrainer::builder(cfg))
+        .run()?
+        .ok_or_else(|| anyhow::anyhow!("a run without a collective is rank 0 and has a summary"))?;
+    print_summary(&summary, ranks.eval_again)
 }
 
-/// The table `train` prints: pass@1, tokens and re-checks by level, before and after.
-fn print_summary(s: &terse_train::RunSummary) -> anyhow::Result<ExitCode> {
+/// The table `train` prints: pass@1, tokens and re-checks by level, before and after; first,
+/// for a run that had finished, a line saying so (`again`: `--eval-again` evaluated it).
+fn print_summary(s: &terse_train::RunSummary, again: bool) -> anyhow::Result<ExitCode> {
+    if s.already_finished && again {
+        println!(
+            "run {} is finished: evaluated again, its line appended to metrics.jsonl marked \"again\"",
+            s.dir.display()
+        );
+    } else if s.already_finished {
+        println!(
+            "run {} is finished: nothing changed; the summary is its metrics.jsonl's (--eval-again evaluates it again)",
+            s.dir.display()
+        );
+    }
     println!("\nrun: {}", s.dir.display());
     println!(
         "| level | pass@1 before | pass@1 after | tokens before | tokens after | re-checks before | re-checks after |"

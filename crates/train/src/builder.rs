@@ -31,6 +31,11 @@ pub struct TrainerBuilder {
     loss: Option<Box<dyn PolicyLoss>>,
     pub(crate) observers: Vec<Box<dyn Observer>>,
     pub(crate) collective: Option<Box<dyn Collective>>,
+    /// `.run()` on an existing run: whether a config other than the run's is accepted (each
+    /// change recorded in config_changes.jsonl), and whether a finished run is evaluated
+    /// again (run/config_record.rs, run_loop.rs).
+    pub(crate) allow_config_change: bool,
+    pub(crate) eval_again: bool,
 }
 
 /// What a trainer starts from besides the builder's parts: loaded by `build` (step 0 from
@@ -60,6 +65,8 @@ impl GrpoTrainer {
             loss: None,
             observers: vec![],
             collective: None,
+            allow_config_change: false,
+            eval_again: false,
         }
     }
 }
@@ -112,6 +119,23 @@ impl TrainerBuilder {
     /// A data-parallel group this trainer is one rank of.
     pub fn collective(mut self, c: Box<dyn Collective>) -> Self {
         self.collective = Some(c);
+        self
+    }
+
+    /// `.run()` on an existing run with a config other than the run's (its config.toml and
+    /// config_changes.jsonl): accepted, each differing key appended to
+    /// `<run>/config_changes.jsonl` as `{step, key, old, new}` (`xtask train
+    /// --allow-config-change`). Without it such a start refuses, naming each key.
+    pub fn allow_config_change(mut self, allow: bool) -> Self {
+        self.allow_config_change = allow;
+        self
+    }
+
+    /// `.run()` on a finished run: evaluate it again and append that evaluation to
+    /// metrics.jsonl marked `"again": true` (`xtask train --eval-again`). Without it a
+    /// finished run is left as it is and its summary read from metrics.jsonl.
+    pub fn eval_again(mut self, again: bool) -> Self {
+        self.eval_again = again;
         self
     }
 

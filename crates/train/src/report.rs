@@ -131,6 +131,10 @@ impl StepReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalLine {
     pub step: u64,
+    /// A finished run evaluated again (`xtask train --eval-again`), after its final
+    /// evaluation; written only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub again: bool,
     #[serde(flatten)]
     pub report: EvalReport,
 }

@@ -24,6 +24,15 @@ pub struct Item {
     pub row: Option<usize>,
 }
 
+/// The longest dataset prompt of a task (`Task::check_context_longest`): where it is (file and
+/// row), its tokens, and how many rows' prompts plus the generation limit pass the context.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LongestPrompt {
+    pub at: String,
+    pub tokens: usize,
+    pub over: usize,
+}
+
 /// How a task's completion ends with its answer, which decides the text that forces one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -365,6 +374,21 @@ impl Task {
         count_tokens: impl Fn(&str) -> Result<usize>,
         max_pos: usize,
     ) -> Result<usize> {
+        self.check_context_longest(data, count_tokens, max_pos, 0)
+            .map(|(dropped, _)| dropped)
+    }
+
+    /// `check_context`, also returning the longest prompt kept, with the number of kept rows
+    /// whose prompt plus `max_new` tokens pass `max_pos` (start.rs: `data.context_overflow`).
+    pub(crate) fn check_context_longest(
+        &mut self,
+        data: &DataSection,
+        count_tokens: impl Fn(&str) -> Result<usize>,
+        max_pos: usize,
+        max_new: usize,
+    ) -> Result<(usize, Option<LongestPrompt>)> {
+        let mut longest: Option<LongestPrompt> = None;
+        let mut over = 0;
         let mut dropped = 0;
         for (items, file) in [(&mut self.train, &data.train), (&mut self.eval, &data.eval)] {
             let file = file
@@ -372,9 +396,20 @@ impl Task {
                 .map_or("dataset".into(), |p| p.display().to_string());
             let mut keep = Vec::with_capacity(items.len());
             let before = dropped;
-            for it in items.drain(..) {
+            for (i, it) in items.drain(..).enumerate() {
                 let n = count_tokens(&it.prompt)?;
                 if n < max_pos {
+                    over += usize::from(n + max_new > max_pos);
+                    if longest.as_ref().is_none_or(|l| n > l.tokens) {
+                        longest = Some(LongestPrompt {
+                            at: match it.row {
+                                Some(r) => format!("{file} row {r}"),
+                                None => format!("{file} item {}", i + 1),
+                            },
+                            tokens: n,
+                            over: 0,
+                        });
+                    }
                     keep.push(it);
                     continue;
                 }
@@ -396,7 +431,7 @@ impl Task {
                 "skipped {dropped} prompts longer than the model's max_position_embeddings ({max_pos})"
             );
         }
-        Ok(dropped)
+        Ok((dropped, longest.map(|l| LongestPrompt { over, ..l })))
     }
 
     /// How this task's completions end with an answer, for forcing one at a token budget

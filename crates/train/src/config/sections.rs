@@ -250,6 +250,19 @@ pub enum Toggle {
     Off,
 }
 
+/// `data.context_overflow`: what a prompt plus `grpo.max_new_tokens` beyond the model's
+/// context does at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextOverflow {
+    /// An error naming the longest row.
+    Error,
+    /// A warning; each row's generation is capped at the context (`context_cut` counts it).
+    TruncateGeneration,
+    /// A warning that the overflow is allowed.
+    Allow,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
@@ -301,6 +314,11 @@ pub struct DataSection {
     pub layout: Option<terse_tasks::bench::Layout>,
     /// Skip malformed rows (reported) instead of failing with the file and line.
     pub skip_bad_rows: bool,
+    /// A dataset prompt plus `grpo.max_new_tokens` beyond the model's
+    /// `max_position_embeddings`: "error" (at start, naming the longest row), "truncate_generation"
+    /// (a warning; each row's generation stops at the context, counted per step as
+    /// `context_cut`) or "allow" (a warning that it is allowed; generation still stops there).
+    pub context_overflow: ContextOverflow,
     /// How a question becomes the prompt: "chat" (the model's chat template), a preset
     /// ("logic_rl_base", "logic_rl_qwen_instruct") or a text with a `{prompt}` placeholder.
     pub template: String,
@@ -356,6 +374,7 @@ impl Default for DataSection {
             level_column: None,
             layout: None,
             skip_bad_rows: false,
+            context_overflow: ContextOverflow::Error,
             template: "{prompt}".into(),
             user_template: "{prompt}".into(),
             math_scorer: MathScorer::ShortRl,

@@ -25,6 +25,8 @@ pub enum Start {
         steps: u64,
         eval_every: u64,
     },
+    /// A finished run evaluated again: every line stays, the evaluation is appended.
+    Finished,
 }
 
 /// Whether a line written before a stop is kept when the run resumes at `start`: exactly the
@@ -53,6 +55,9 @@ impl MetricsWriter {
     /// Opens for appending after keeping the lines a resumed run does not write again (see
     /// [`kept`]); returns the steps of the evaluation lines kept.
     pub fn open(path: &Path, start: Start) -> Result<(Self, Vec<u64>)> {
+        if start == Start::Finished {
+            return Ok((Self::append(path)?, vec![]));
+        }
         let keep: Vec<(String, Value)> = match start {
             Start::Resumed {
                 start,
@@ -73,19 +78,21 @@ impl MetricsWriter {
             .collect();
         let text: String = keep.iter().map(|(l, _)| format!("{l}\n")).collect();
         terse_model::checkpoint::atomic_write(path, text.as_bytes())?;
+        Ok((Self::append(path)?, evals))
+    }
+
+    /// The file as it is, opened for appending.
+    fn append(path: &Path) -> Result<Self> {
         let file = std::fs::OpenOptions::new()
             .append(true)
             .open(path)
             .with_context(|| format!("opening {}", path.display()))?;
         file.sync_all()
             .with_context(|| format!("syncing {}", path.display()))?;
-        Ok((
-            Self {
-                path: path.to_path_buf(),
-                file,
-            },
-            evals,
-        ))
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+        })
     }
 
     /// Appends one line in one write call and syncs it: a line is on disk or absent, never cut.

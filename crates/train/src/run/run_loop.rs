@@ -7,7 +7,7 @@ use crate::config::RunConfig;
 use crate::eval::{evaluate, EvalReport};
 use crate::records::metrics::mid_run_eval;
 use crate::records::observe::{Observer, Plots, Progress};
-use crate::report::{read_steps, EvalLine, MetricsLine};
+use crate::report::{read_evals, read_steps, EvalLine, MetricsLine};
 use crate::run::checkpoint::{prune, save_checkpoint, TrainState};
 use crate::run::start::{start, Started};
 use crate::step::trainer::GrpoTrainer;
@@ -26,6 +26,9 @@ pub struct RunSummary {
     pub len_avg_by_steps: f64,
     pub reward_first: f64,
     pub reward_last: f64,
+    /// The run had finished before this start: nothing was trained, and `after` is its final
+    /// evaluation as metrics.jsonl holds it (or the evaluation of `eval_again`).
+    pub already_finished: bool,
 }
 
 /// Runs (or resumes) the whole configured run with its configured parts: the one-line form
@@ -42,6 +45,7 @@ pub fn train(cfg: &RunConfig) -> Result<RunSummary> {
 pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     let mut collective = b.collective.take();
     let extra = std::mem::take(&mut b.observers);
+    let again = b.eval_again;
     // Validate, lock, load, check; SFT and step 0's checkpoint for a fresh run. `_lock` is
     // bound (not `..`-dropped) so LOCK stays held to the end of the loop.
     let Started {
@@ -50,6 +54,7 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
         dir,
         mut observers,
         kept_evals,
+        finished,
         lock: _lock,
     } = start(&mut b, extra, terse_dist::lend(&mut collective))?;
     if let Some(c) = collective.as_deref_mut() {
@@ -59,6 +64,23 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     b.collective = collective;
     let mut trainer = b.assemble(task, loaded)?;
     let (start_step, steps) = (trainer.step, trainer.cfg.grpo.steps);
+    // A finished run: nothing to train (the other ranks' loop ends at once); evaluated again
+    // only when asked, that evaluation marked as such.
+    if finished {
+        let evaluated = if again {
+            let e = eval_of(&trainer)?;
+            let mut line = eval_line(steps, &e);
+            if let MetricsLine::Eval(l) = &mut line {
+                l.again = true;
+            }
+            observers.record(&line)?;
+            Some(e)
+        } else {
+            None
+        };
+        observers.finish(&dir)?;
+        return summary(dir, None, evaluated, true);
+    }
     observers.push(Box::new(Progress::new(steps, start_step)));
     observers.push(Box::new(Plots));
     let before = if start_step == 0 {
@@ -86,8 +108,34 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     observers.record(&eval_line(steps, &after))?;
     observers.finish(&dir)?;
     crate::run::failure::clear(&dir)?;
-    // The summary reads the whole run's steps (a resumed run's earlier ones too).
-    let steps_read = read_steps(&dir.join("metrics.jsonl"))?;
+    summary(dir, before, Some(after), false)
+}
+
+/// The summary of the run in `dir`: the steps read from its metrics.jsonl (a resumed run's
+/// earlier ones too) and the evaluations given; for a run that had finished, the evaluation
+/// before the first step and (unless evaluated again) the final one are read from the file.
+fn summary(
+    dir: PathBuf,
+    before: Option<EvalReport>,
+    after: Option<EvalReport>,
+    already_finished: bool,
+) -> Result<RunSummary> {
+    let path = dir.join("metrics.jsonl");
+    let (before, after) = match after {
+        Some(a) if !already_finished => (before, a),
+        again => {
+            let evals = read_evals(&path)?;
+            let first = evals.iter().find(|e| e.step == 0 && !e.again);
+            let after = match again {
+                Some(a) => a,
+                None => evals.last().map(|e| e.report.clone()).with_context(|| {
+                    format!("{}: a finished run without an evaluation", path.display())
+                })?,
+            };
+            (first.map(|e| e.report.clone()), after)
+        }
+    };
+    let steps_read = read_steps(&path)?;
     let lens: Vec<f64> = steps_read.iter().filter_map(|s| s.len_mean).collect();
     let rewards: Vec<f64> = steps_read.iter().map(|s| s.reward).collect();
     Ok(RunSummary {
@@ -99,6 +147,7 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
         len_avg_by_steps: terse_reward::metrics::averaged_by_steps(&lens).0,
         reward_first: rewards.first().copied().unwrap_or(0.0),
         reward_last: rewards.last().copied().unwrap_or(0.0),
+        already_finished,
     })
 }
 
@@ -184,6 +233,7 @@ fn save(t: &mut GrpoTrainer, dir: &Path) -> Result<()> {
 fn eval_line(step: u64, e: &EvalReport) -> MetricsLine {
     MetricsLine::Eval(EvalLine {
         step,
+        again: false,
         report: e.clone(),
     })
 }

@@ -1,16 +1,21 @@
-//! How a run starts: validate the config, load the task, lock the run directory, load and
-//! check everything the run needs (tokenizer, prompts against the context, weights, optimizer
-//! and shaper state, KL reference), and only then write into the run directory. A refused or
-//! failed start loses nothing. Fresh runs get their SFT warm-up and step 0's checkpoint here.
+//! How a run starts: validate the config, load the task, lock the run directory, compare the
+//! config with the run's (config_record.rs) and the machine with the one it was created on
+//! (machine.rs), load and check everything the run needs
+//! (tokenizer, prompts against the context, weights, optimizer and shaper state, KL
+//! reference), and only then write into the run directory. A refused or failed start loses
+//! nothing, and so does a start of a finished run (unless it evaluates it again). Fresh runs
+//! get their SFT warm-up and step 0's checkpoint here.
 
 use crate::builder::{Loaded, TrainerBuilder};
-use crate::config::{Resume, RunConfig};
+use crate::config::{ContextOverflow, Resume, RunConfig};
 use crate::records::metrics::{MetricsWriter, Start};
 use crate::records::observe::{Observer, Observers};
 use crate::records::tensorboard::TensorBoard;
 use crate::run::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
+use crate::run::config_record;
 use crate::run::load::{encode, init_model, load_tokenizer};
 use crate::run::lock::RunLock;
+use crate::run::machine::Machine;
 use crate::run::sft::sft;
 use crate::task::Task;
 use anyhow::{bail, Context, Result};
@@ -29,6 +34,9 @@ pub(crate) struct Started {
     pub observers: Observers,
     /// Steps of the evaluation lines kept from before a resume.
     pub kept_evals: Vec<u64>,
+    /// The run had finished before this start (its last checkpoint is its last step and its
+    /// final evaluation is written): nothing was written unless it is evaluated again.
+    pub finished: bool,
     /// The run directory's lock: whoever drives the run keeps it until the run ends.
     pub lock: RunLock,
 }
@@ -38,7 +46,8 @@ pub(crate) struct Started {
 /// configured one unless given) gets a resumed run's state. `extra` observers see every
 /// record from the SFT warm-up's first line on. With `dp` (rank 0 of a data-parallel run),
 /// the other ranks are told whether an SFT warm-up follows and, if so, take part in it
-/// (ranks.rs).
+/// (ranks.rs). A config other than the run's refuses before any weight is loaded, unless the
+/// builder allows it (config_record.rs).
 pub(crate) fn start(
     b: &mut TrainerBuilder,
     extra: Vec<Box<dyn Observer>>,
@@ -64,13 +73,37 @@ pub(crate) fn start(
         cfg.grpo.data_epochs = None;
     }
 
+    if cfg.run.resume == Resume::Never && dir.join("metrics.jsonl").exists() {
+        bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
+    }
+    let record = config_record::check(&dir, &cfg, b.allow_config_change)?;
+    // Where the run was created: a start on another machine type says so (machine.rs).
+    let machine = Machine::this(&cfg.run.device);
+    match machine.compare(&dir) {
+        Ok(None) => {}
+        Ok(Some(line)) => tracing::warn!("{line}"),
+        Err(e) => tracing::warn!("{e:#}"),
+    }
+
     let shaper = b.shaper_mut()?;
     let origin = origin(&cfg, &dir, &dev, dtype, shaper)?;
+    let finished = finished(&origin, &cfg, &dir)?;
 
-    // Loaded and checked: from here on the run directory is written.
-    let resolved = cfg.to_toml().context("serialising the resolved config")?;
-    terse_model::checkpoint::atomic_write(&dir.join("config.toml"), resolved.as_bytes())?;
-    let (mut observers, kept_evals) = open_observers(&cfg, &dir, &origin, extra)?;
+    // Loaded and checked: from here on the run directory is written (a finished run's only
+    // when it is evaluated again).
+    let (mut observers, kept_evals) = if finished && !b.eval_again {
+        (Observers(extra), vec![])
+    } else {
+        let step = match &origin {
+            Origin::Resumed { step, .. } => *step,
+            Origin::Fresh(_) => 0,
+        };
+        config_record::write(&dir, &record, step)?;
+        if matches!(record, config_record::Record::Create(_)) {
+            machine.write(&dir)?;
+        }
+        open_observers(&cfg, &dir, &origin, finished, extra)?
+    };
     let (policy, step, cursor, opt, reference) = begin(
         origin,
         &cfg,
@@ -97,12 +130,13 @@ pub(crate) fn start(
         dir,
         observers,
         kept_evals,
+        finished,
         lock,
     })
 }
 
-/// The prompts fit the model's context (a warning when a completion could be cut), and on a
-/// GPU the memory plan fits before any weight is loaded.
+/// The prompts fit the model's context, with room for `grpo.max_new_tokens` as
+/// `data.context_overflow` says, and on a GPU the memory plan fits before any weight is loaded.
 fn check_fits(
     cfg: &RunConfig,
     task: &mut Task,
@@ -111,23 +145,30 @@ fn check_fits(
 ) -> Result<()> {
     let max_pos = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?
         .max_position_embeddings;
-    let longest = std::cell::Cell::new(0);
-    let count = |p: &str| -> Result<usize> {
-        let n = encode(tok, p)?.len();
-        longest.set(longest.get().max(n));
-        Ok(n)
-    };
-    task.check_context(&cfg.data, count, max_pos)?;
-    if longest.get() + cfg.grpo.max_new_tokens > max_pos {
-        tracing::warn!(
-            "the longest prompt ({} tokens) + grpo.max_new_tokens ({}) exceeds the model's max_position_embeddings ({max_pos}): completions that reach it are cut (counted per step as context_cut)",
-            longest.get(),
-            cfg.grpo.max_new_tokens
+    let count = |p: &str| -> Result<usize> { Ok(encode(tok, p)?.len()) };
+    let new = cfg.grpo.max_new_tokens;
+    let (_, longest) = task.check_context_longest(&cfg.data, count, max_pos, new)?;
+    if let Some(l) = longest.as_ref().filter(|l| l.tokens + new > max_pos) {
+        let what = format!(
+            "{}: a prompt of {} tokens + grpo.max_new_tokens ({new}) exceeds the model's max_position_embeddings ({max_pos}) (the longest of {} such prompts)",
+            l.at, l.tokens, l.over
         );
+        match cfg.data.context_overflow {
+            ContextOverflow::Error => bail!(
+                "{what}; shorten the prompts or grpo.max_new_tokens, or set data.context_overflow = \"truncate_generation\" (or \"allow\")"
+            ),
+            ContextOverflow::TruncateGeneration => tracing::warn!(
+                "{what}: data.context_overflow = \"truncate_generation\": each row's generation stops at the context (counted per step as context_cut)"
+            ),
+            ContextOverflow::Allow => tracing::warn!(
+                "{what}: allowed by data.context_overflow = \"allow\" (generation stops at the context, counted per step as context_cut)"
+            ),
+        }
     }
     // On a GPU, the memory plan before any weight is loaded: a run that cannot fit stops here.
     if let Some((free, total)) = terse_model::device::memory(dev) {
-        crate::plan::memory::check_device(cfg, longest.get(), free, total)?;
+        let longest = longest.map_or(0, |l| l.tokens);
+        crate::plan::memory::check_device(cfg, longest, free, total)?;
     }
     Ok(())
 }
@@ -147,9 +188,6 @@ fn origin(
         Resume::Auto => resume_point(cfg, dir, dev, dtype)?,
         Resume::Never => None,
     };
-    if resume.is_none() && cfg.run.resume == Resume::Never && dir.join("metrics.jsonl").exists() {
-        bail!("run directory {} already has metrics.jsonl; use run.resume = \"auto\" or another run.name", dir.display());
-    }
     Ok(match resume {
         Some((ckpt, state, m)) => {
             tracing::info!("resuming from {}", ckpt.display());
@@ -194,17 +232,37 @@ fn origin(
     })
 }
 
-/// The observers: the metrics file (opened fresh, or cut back to the resumed step), the event
-/// files with `log.tensorboard`, then the caller's; and the evaluation steps kept.
+/// Whether the run had finished: resumed at its last step, with the final evaluation written.
+fn finished(origin: &Origin, cfg: &RunConfig, dir: &Path) -> Result<bool> {
+    let Origin::Resumed { step, .. } = origin else {
+        return Ok(false);
+    };
+    let path = dir.join("metrics.jsonl");
+    if *step != cfg.grpo.steps || !path.is_file() {
+        return Ok(false);
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text.lines().any(|l| {
+        serde_json::from_str::<serde_json::Value>(l)
+            .is_ok_and(|v| v["phase"] == "eval" && v["step"].as_u64() == Some(*step))
+    }))
+}
+
+/// The observers: the metrics file (opened fresh, cut back to the resumed step, or kept whole
+/// for a finished run evaluated again), the event files with `log.tensorboard`, then the
+/// caller's; and the evaluation steps kept.
 fn open_observers(
     cfg: &RunConfig,
     dir: &Path,
     origin: &Origin,
+    finished: bool,
     extra: Vec<Box<dyn Observer>>,
 ) -> Result<(Observers, Vec<u64>)> {
     let (metrics, kept_evals) = MetricsWriter::open(
         &dir.join("metrics.jsonl"),
         match origin {
+            _ if finished => Start::Finished,
             Origin::Resumed { step, .. } => Start::Resumed {
                 start: *step,
                 steps: cfg.grpo.steps,
