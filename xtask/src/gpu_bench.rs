@@ -77,7 +77,57 @@ pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
         );
         rows.push(json!({"batch": b, "tokens_per_s": tps, "roofline_tokens_per_s": roofline, "roofline_frac": tps / roofline}));
     }
+    rows.push(sampler_share(dev, model, &gen)?);
     Ok(Value::Array(rows))
+}
+
+/// The device sampler against the host one (`TERSE_HOST_SAMPLER=1`, every logit copied to the
+/// host) in the same run: batch 64, 16 new tokens each way; the step time each takes, the share
+/// of the host path's step the device sampler removes, and the samples whose tokens differ
+/// (ties only, kernels/sample.cu).
+fn sampler_share(dev: &Device, model: &Qwen3, gen: &terse_rollout::GenParams) -> Result<Value> {
+    use terse_rollout::{generate, GenParams, Prompt};
+    let (b, new) = (64usize, 16usize);
+    let v = model.config.vocab_size;
+    let prompts: Vec<Prompt> = (0..b)
+        .map(|i| Prompt {
+            id: i as u64,
+            tokens: (0..32)
+                .map(|j| ((i * 17 + j * 5) % (v - 1) + 1) as u32)
+                .collect(),
+        })
+        .collect();
+    let gen = GenParams {
+        max_new_tokens: new,
+        ..gen.clone()
+    };
+    let none = |_: &[u32]| String::new();
+    let mut run = |host: bool| -> Result<(f64, Vec<Vec<u32>>)> {
+        // Read when the scheduler starts (crates/rollout/src/draw.rs).
+        std::env::set_var("TERSE_HOST_SAMPLER", if host { "1" } else { "0" });
+        sync(dev)?;
+        let t0 = Instant::now();
+        let s = generate(model, &prompts, 1, &gen, 0, &none);
+        sync(dev)?;
+        std::env::remove_var("TERSE_HOST_SAMPLER");
+        let s = s?;
+        Ok((
+            t0.elapsed().as_secs_f64() * 1e3 / new as f64,
+            s.into_iter().map(|x| x.tokens).collect(),
+        ))
+    };
+    run(false)?; // warm-up: the kernel's module loads
+    let (device_ms, dt) = run(false)?;
+    let (host_ms, ht) = run(true)?;
+    let differ = dt.iter().zip(&ht).filter(|(a, b)| a != b).count();
+    println!(
+        "decode batch {b}, {new} tokens: {device_ms:.2} ms/step with the device sampler, {host_ms:.2} with the host's (x{:.1}; the sampler was {:.0} % of the host path's step); {differ} of {b} samples differ",
+        host_ms / device_ms,
+        100.0 * (1.0 - device_ms / host_ms)
+    );
+    Ok(
+        json!({"sampler": {"batch": b, "new_tokens": new, "device_ms_per_step": device_ms, "host_ms_per_step": host_ms, "speedup": host_ms / device_ms, "host_sampler_share": 1.0 - device_ms / host_ms, "samples_differing": differ}}),
+    )
 }
 
 /// HF `generate` on the same shape and device, through the machine's torch; null with the
