@@ -67,7 +67,7 @@ struct Prefix {
 
 // What every pass over a row needs.
 struct Row {
-    const float* x;
+    const float* lg;
     int v;
     double t, log_z;
     __device__ double q(float logit) const { return exp((double)logit / t - log_z); }
@@ -127,7 +127,7 @@ __device__ __forceinline__ void bins_sum(Scratch& s, const double* mine) {
 __device__ double mass_of(Scratch& s, const Row& r, Prefix p) {
     double m = 0;
     for (int i = threadIdx.x; i < r.v; i += BLOCK) {
-        if (key_of(r.x[i]) > p.key) m += r.q(r.x[i]);
+        if (key_of(r.lg[i]) > p.key) m += r.q(r.lg[i]);
     }
     return block_sum(s, m) + (double)p.j * r.q(logit_of(p.key));
 }
@@ -156,14 +156,14 @@ __device__ int nth_id(Scratch& s, const Row& r, uint32_t key, uint32_t j) {
     int chunk = (r.v + BLOCK - 1) / BLOCK;
     int lo = threadIdx.x * chunk, hi = min(lo + chunk, r.v);
     double c = 0;
-    for (int i = lo; i < hi; i++) c += key_of(r.x[i]) == key ? 1.0 : 0.0;
+    for (int i = lo; i < hi; i++) c += key_of(r.lg[i]) == key ? 1.0 : 0.0;
     double before = chunk_before(s, c);
     if (threadIdx.x == 0) s.out[0] = (double)(r.v - 1);
     __syncthreads();
     if (before < (double)j && (double)j <= before + c) {
         double seen = before;
         for (int i = lo; i < hi; i++) {
-            if (key_of(r.x[i]) == key && ++seen == (double)j) {
+            if (key_of(r.lg[i]) == key && ++seen == (double)j) {
                 s.out[0] = (double)i;
                 break;
             }
@@ -191,10 +191,10 @@ __device__ Prefix descend(Scratch& s, const Row& r, Prefix bound, double target,
 #pragma unroll
         for (int b = 0; b < BINS; b++) mass[b] = count[b] = 0;
         for (int i = threadIdx.x; i < r.v; i += BLOCK) {
-            uint32_t k = key_of(r.x[i]);
+            uint32_t k = key_of(r.lg[i]);
             if (k <= bound.key || (level > 0 && (k >> (shift + 4)) != (hi >> (shift + 4)))) continue;
             uint32_t d = (k >> shift) & (BINS - 1);
-            double q = by_count ? 0.0 : r.q(r.x[i]);
+            double q = by_count ? 0.0 : r.q(r.lg[i]);
 #pragma unroll
             for (int b = 0; b < BINS; b++) {
                 mass[b] += d == (uint32_t)b ? q : 0.0;
