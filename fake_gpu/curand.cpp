@@ -96,6 +96,7 @@ curandStatus_t normal(const char* function, curandGenerator_t g, T* out, size_t 
     fake_gpu::Stream stream;
     Draw d = take(g, num, &stream);
     double mu = double(mean), sigma = double(stddev);
+    fake_gpu::count(fake_gpu::kLibraryLaunches);
     fake_gpu::enqueue(stream, [d, out, mu, sigma, log_normal]() {
         const double two_pi = 6.283185307179586476925286766559;
         for (size_t i = 0; i < d.num; i += 2) {
@@ -120,6 +121,7 @@ curandStatus_t normal(const char* function, curandGenerator_t g, T* out, size_t 
 extern "C" {
 
 curandStatus_t curandCreateGenerator(curandGenerator_t* generator, curandRngType_t rng_type) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("curandCreateGenerator");
     if (generator == nullptr) return CURAND_STATUS_NOT_INITIALIZED;
     switch (rng_type) {
@@ -149,6 +151,7 @@ curandStatus_t curandCreateGenerator(curandGenerator_t* generator, curandRngType
 
 // Work already queued captured what it needs by value, so the generator can go at once.
 curandStatus_t curandDestroyGenerator(curandGenerator_t generator) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (!generator_ok(generator, "curandDestroyGenerator")) return CURAND_STATUS_NOT_INITIALIZED;
     {
         std::lock_guard<std::mutex> lock(generators_mutex);
@@ -159,12 +162,14 @@ curandStatus_t curandDestroyGenerator(curandGenerator_t generator) {
 }
 
 curandStatus_t curandGetVersion(int* version) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (version == nullptr) return CURAND_STATUS_OUT_OF_RANGE;
     *version = CURAND_VERSION;
     return CURAND_STATUS_SUCCESS;
 }
 
 curandStatus_t curandSetStream(curandGenerator_t generator, cudaStream_t stream) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (!generator_ok(generator, "curandSetStream")) return CURAND_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(generators_mutex);
     generator->stream = static_cast<fake_gpu::Stream>(stream);
@@ -174,6 +179,7 @@ curandStatus_t curandSetStream(curandGenerator_t generator, cudaStream_t stream)
 // A new seed restarts the sequence (at the generator's offset).
 curandStatus_t curandSetPseudoRandomGeneratorSeed(curandGenerator_t generator,
                                                   unsigned long long seed) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (!generator_ok(generator, "curandSetPseudoRandomGeneratorSeed"))
         return CURAND_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(generators_mutex);
@@ -184,6 +190,7 @@ curandStatus_t curandSetPseudoRandomGeneratorSeed(curandGenerator_t generator,
 
 // The offset is absolute: the next number handed out is number `offset` of the sequence.
 curandStatus_t curandSetGeneratorOffset(curandGenerator_t generator, unsigned long long offset) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (!generator_ok(generator, "curandSetGeneratorOffset")) return CURAND_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(generators_mutex);
     generator->offset = offset;
@@ -192,12 +199,14 @@ curandStatus_t curandSetGeneratorOffset(curandGenerator_t generator, unsigned lo
 }
 
 curandStatus_t curandGenerate(curandGenerator_t generator, unsigned int* outputPtr, size_t num) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (!generator_ok(generator, "curandGenerate")) return CURAND_STATUS_NOT_INITIALIZED;
     if (num == 0) return CURAND_STATUS_SUCCESS;
     fake_gpu::check_range(uint64_t(uintptr_t(outputPtr)), num * sizeof(unsigned int),
                           "curandGenerate");
     fake_gpu::Stream stream;
     Draw d = take(generator, num, &stream);
+    fake_gpu::count(fake_gpu::kLibraryLaunches);
     fake_gpu::enqueue(stream, [d, outputPtr]() {
         for (size_t i = 0; i < d.num; ++i)
             outputPtr[i] = unsigned(bits_at(d.key, d.start + i) >> 32);
@@ -206,12 +215,14 @@ curandStatus_t curandGenerate(curandGenerator_t generator, unsigned int* outputP
 }
 
 curandStatus_t curandGenerateUniform(curandGenerator_t generator, float* outputPtr, size_t num) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (!generator_ok(generator, "curandGenerateUniform")) return CURAND_STATUS_NOT_INITIALIZED;
     if (num == 0) return CURAND_STATUS_SUCCESS;
     fake_gpu::check_range(uint64_t(uintptr_t(outputPtr)), num * sizeof(float),
                           "curandGenerateUniform");
     fake_gpu::Stream stream;
     Draw d = take(generator, num, &stream);
+    fake_gpu::count(fake_gpu::kLibraryLaunches);
     fake_gpu::enqueue(stream, [d, outputPtr]() {
         for (size_t i = 0; i < d.num; ++i) outputPtr[i] = uniform_f32(bits_at(d.key, d.start + i));
     });
@@ -220,6 +231,7 @@ curandStatus_t curandGenerateUniform(curandGenerator_t generator, float* outputP
 
 curandStatus_t curandGenerateUniformDouble(curandGenerator_t generator, double* outputPtr,
                                            size_t num) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     if (!generator_ok(generator, "curandGenerateUniformDouble"))
         return CURAND_STATUS_NOT_INITIALIZED;
     if (num == 0) return CURAND_STATUS_SUCCESS;
@@ -227,6 +239,7 @@ curandStatus_t curandGenerateUniformDouble(curandGenerator_t generator, double* 
                           "curandGenerateUniformDouble");
     fake_gpu::Stream stream;
     Draw d = take(generator, num, &stream);
+    fake_gpu::count(fake_gpu::kLibraryLaunches);
     fake_gpu::enqueue(stream, [d, outputPtr]() {
         for (size_t i = 0; i < d.num; ++i) outputPtr[i] = uniform_f64(bits_at(d.key, d.start + i));
     });
@@ -235,22 +248,26 @@ curandStatus_t curandGenerateUniformDouble(curandGenerator_t generator, double* 
 
 curandStatus_t curandGenerateNormal(curandGenerator_t generator, float* outputPtr, size_t n,
                                     float mean, float stddev) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return normal<float>("curandGenerateNormal", generator, outputPtr, n, mean, stddev, false);
 }
 
 curandStatus_t curandGenerateNormalDouble(curandGenerator_t generator, double* outputPtr,
                                           size_t n, double mean, double stddev) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return normal<double>("curandGenerateNormalDouble", generator, outputPtr, n, mean, stddev,
                           false);
 }
 
 curandStatus_t curandGenerateLogNormal(curandGenerator_t generator, float* outputPtr, size_t n,
                                        float mean, float stddev) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return normal<float>("curandGenerateLogNormal", generator, outputPtr, n, mean, stddev, true);
 }
 
 curandStatus_t curandGenerateLogNormalDouble(curandGenerator_t generator, double* outputPtr,
                                              size_t n, double mean, double stddev) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return normal<double>("curandGenerateLogNormalDouble", generator, outputPtr, n, mean, stddev,
                           true);
 }

@@ -1,6 +1,17 @@
-// The emulated device's settings (read once from TERSE_FAKE_GPU_* variables) and its one way to
-// fail: a line on stderr naming what went wrong, then exit, as a sticky CUDA error would end
-// the run on a real device.
+// The emulated device's settings (read once from TERSE_FAKE_GPU_* variables), its one way to
+// fail (a line on stderr naming what went wrong, then exit, as a sticky CUDA error would end
+// the run on a real device), and its counters (fake_gpu.h, `Counter`): per process, what the
+// binary asked of the device (launches, driver calls, synchronisations, allocations, bytes each
+// way) and the wall time its threads spent inside the emulated libraries, so that `cargo xtask
+// fake-gpu -- bench decode` reports a decode step's dispatch cost and host time without a GPU.
+//
+// Time inside: each thread's outermost API call (an ApiScope at depth 0) adds the time between
+// its entry and its exit; the calls it makes (cuMemAllocAsync -> cuMemAlloc_v2, ncclBcast ->
+// the collective) and the kernels or GEMMs that run inside it belong to that one interval, so
+// nothing is counted twice. Calls on several threads at once add up (the sum can then exceed
+// the wall time; a rollout calls the device from one thread).
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,3 +48,37 @@ const Settings& settings() {
     return s;
 }
 }  // namespace fake_gpu
+
+namespace fake_gpu {
+namespace {
+std::atomic<uint64_t> counters[kCounterCount];
+thread_local int depth = 0;
+
+uint64_t now_ns() {
+    using namespace std::chrono;
+    return (uint64_t)duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void count(Counter c, uint64_t n) { counters[c].fetch_add(n, std::memory_order_relaxed); }
+
+ApiScope::ApiScope(Api api) : outer_(depth == 0), start_ns_(0) {
+    depth++;
+    if (outer_) {
+        count(api == Api::Driver ? kDriverCalls : kLibraryCalls);
+        start_ns_ = now_ns();
+    }
+}
+
+ApiScope::~ApiScope() {
+    depth--;
+    if (outer_) count(kInsideNs, now_ns() - start_ns_);
+}
+}  // namespace fake_gpu
+
+extern "C" size_t terse_fake_gpu_counters(uint64_t* out, size_t n) {
+    using namespace fake_gpu;
+    for (size_t i = 0; i < n && i < kCounterCount; i++)
+        out[i] = counters[i].load(std::memory_order_relaxed);
+    return kCounterCount;
+}

@@ -2,6 +2,8 @@
 // attributes (device_attributes.h), whose memory (memory.cpp), streams and events (streams.cpp)
 // and modules (modules.cpp) live on the host. What the `cuda` binary calls and the emulation
 // does not model ends the run naming the function (driver_rest.cpp), never a silent success.
+// Each entry point counts itself (ENTER) and what it does (launches, syncs, allocations, bytes
+// each way: fake_gpu.h's `Counter`, read through terse_fake_gpu_counters).
 #include <cuda.h>
 
 #include <cstdio>
@@ -45,8 +47,11 @@ CUresult trace(const char* f) {
     return CUDA_SUCCESS;
 }
 
-#define ENTER(name) \
-    trace(name);    \
+// Every driver entry point: counted and timed (fake_gpu.h, ApiScope), traced, and refused before
+// cuInit.
+#define ENTER(name)                                 \
+    ApiScope api_scope_(Api::Driver);               \
+    trace(name);                                    \
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED
 
 size_t total_memory() {
@@ -68,6 +73,7 @@ int device_attribute(int a) { return attribute(static_cast<CUdevice_attribute>(a
 extern "C" {
 
 CUresult cuInit(unsigned int flags) {
+    ApiScope api_scope_(Api::Driver);
     trace("cuInit");
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     initialised = true;
@@ -75,6 +81,7 @@ CUresult cuInit(unsigned int flags) {
 }
 
 CUresult cuDriverGetVersion(int* v) {
+    ApiScope api_scope_(Api::Driver);
     trace("cuDriverGetVersion");
     *v = 13000;
     return CUDA_SUCCESS;
@@ -156,6 +163,7 @@ CUresult cuCtxGetDevice(CUdevice* d) {
 }
 CUresult cuCtxSynchronize() {
     ENTER("cuCtxSynchronize");
+    count(kSyncs);
     sync_all();
     return CUDA_SUCCESS;
 }
@@ -176,7 +184,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     if (used_bytes() + bytes > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
     *p = alloc(bytes);
-    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (!*p) return CUDA_ERROR_OUT_OF_MEMORY;
+    count(kAllocs);
+    return CUDA_SUCCESS;
 }
 CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
     ENTER("cuMemAllocAsync");
@@ -185,12 +195,18 @@ CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
 CUresult cuMemFree_v2(CUdeviceptr p) {
     ENTER("cuMemFree_v2");
     sync_all();  // cuMemFree waits for the device's work
-    if (p) release(p, "cuMemFree_v2");
+    if (p) {
+        release(p, "cuMemFree_v2");
+        count(kFrees);
+    }
     return CUDA_SUCCESS;
 }
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     ENTER("cuMemFreeAsync");
-    if (p) enqueue(s, [p] { release(p, "cuMemFreeAsync"); });
+    if (p) {
+        enqueue(s, [p] { release(p, "cuMemFreeAsync"); });
+        count(kFrees);
+    }
     return CUDA_SUCCESS;
 }
 CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
@@ -205,6 +221,7 @@ CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned int) {
     *p = std::malloc(bytes ? bytes : 1);
     std::lock_guard<std::mutex> g(pinned_mu);
     pinned()[reinterpret_cast<uint64_t>(*p)] = bytes ? bytes : 1;
+    count(kAllocs);
     return CUDA_SUCCESS;
 }
 CUresult cuMemFreeHost(void* p) {
@@ -214,6 +231,7 @@ CUresult cuMemFreeHost(void* p) {
         std::lock_guard<std::mutex> g(pinned_mu);
         pinned().erase(reinterpret_cast<uint64_t>(p));
     }
+    if (p) count(kFrees);
     std::free(p);
     return CUDA_SUCCESS;
 }
@@ -224,6 +242,7 @@ CUresult cuMemFreeHost(void* p) {
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
     ENTER("cuMemcpyHtoDAsync_v2");
     copy_check(dst, n, "cuMemcpyHtoDAsync_v2");
+    count(kH2DBytes, n);
     if (is_pinned(src)) {
         enqueue(s, [dst, src, n] { std::memcpy(reinterpret_cast<void*>(dst), src, n); });
     } else {
@@ -235,6 +254,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstre
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
     ENTER("cuMemcpyDtoHAsync_v2");
     copy_check(src, n, "cuMemcpyDtoHAsync_v2");
+    count(kD2HBytes, n);
     enqueue(s, [dst, src, n] { std::memcpy(dst, reinterpret_cast<const void*>(src), n); });
     if (!is_pinned(dst)) sync_stream(s);
     return CUDA_SUCCESS;
@@ -252,6 +272,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
     ENTER("cuMemcpyHtoD_v2");
     sync_blocking();
     copy_check(dst, n, "cuMemcpyHtoD_v2");
+    count(kH2DBytes, n);
     std::memcpy(reinterpret_cast<void*>(dst), src, n);
     return CUDA_SUCCESS;
 }
@@ -259,6 +280,7 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
     ENTER("cuMemcpyDtoH_v2");
     sync_blocking();
     copy_check(src, n, "cuMemcpyDtoH_v2");
+    count(kD2HBytes, n);
     std::memcpy(dst, reinterpret_cast<const void*>(src), n);
     return CUDA_SUCCESS;
 }
@@ -316,6 +338,7 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 }
 CUresult cuStreamSynchronize(CUstream s) {
     ENTER("cuStreamSynchronize");
+    count(kSyncs);
     sync_stream(s);
     return CUDA_SUCCESS;
 }
@@ -345,6 +368,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
 }
 CUresult cuEventSynchronize(CUevent e) {
     ENTER("cuEventSynchronize");
+    count(kSyncs);
     sync_event(e);
     return CUDA_SUCCESS;
 }
@@ -433,6 +457,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     if ((unsigned long long)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
     if (gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
     unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    count(kLaunches);
     launch(reinterpret_cast<Function*>(f), grid, block, shared, s, params);
     return CUDA_SUCCESS;
 }

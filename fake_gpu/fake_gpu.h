@@ -70,7 +70,46 @@ bool query_event(Event e);
 // Host milliseconds between the completions of two events' work (not a device time).
 float elapsed_ms(Event start, Event end);
 
+// ---- Counters (diagnostics.cpp): what the process asked of the device, per process, read through
+// `terse_fake_gpu_counters` below in this order (`cargo xtask bench decode` divides them by
+// the rollout's steps).
+enum Counter : size_t {
+    kLaunches = 0,     // kernel launches: cuLaunchKernel
+    kGraphLaunches,    // cuGraphLaunch: graphs are not emulated, so 0
+    kDriverCalls,      // driver API calls the binary makes (not those the emulation makes itself)
+    kSyncs,            // cuCtx/cuStream/cuEventSynchronize, cudaStreamSynchronize
+    kAllocs,           // cuMemAlloc(Async), cuMemHostAlloc, cudaMalloc(Async): successful ones
+    kH2DBytes,         // bytes copied host -> device (every cuMemcpyHtoD variant)
+    kD2HBytes,         // bytes copied device -> host (every cuMemcpyDtoH variant)
+    kInsideNs,         // ns between entering and leaving the outermost API call of a thread
+    kLibraryCalls,     // cudart, cuBLAS, cuRAND calls and NCCL collectives the binary makes
+    kLibraryLaunches,  // work that is a kernel on a GPU: GEMMs, cuRAND generations, collectives
+    kFrees,            // cuMemFree(Async), cuMemFreeHost, cudaFree(Async)
+    kCounterCount
+};
+void count(Counter c, uint64_t n = 1);
+// Which API a call belongs to: a driver call counts in kDriverCalls, another in kLibraryCalls.
+enum class Api { Driver, Library };
+// Marks one API call for its lifetime: counted, and timed, when it is the thread's outermost
+// (a call made inside another, such as cuMemAllocAsync's cuMemAlloc, is neither counted nor
+// timed twice; kernels that run inside a call count as time inside).
+class ApiScope {
+   public:
+    explicit ApiScope(Api api);
+    ~ApiScope();
+    ApiScope(const ApiScope&) = delete;
+    ApiScope& operator=(const ApiScope&) = delete;
+
+   private:
+    bool outer_;
+    uint64_t start_ns_;
+};
+
 }  // namespace fake_gpu
+
+// The counters in `Counter` order: writes min(n, kCounterCount) of them into `out` and returns
+// kCounterCount (exported by libcuda.so.1; absent from a real driver).
+extern "C" size_t terse_fake_gpu_counters(uint64_t* out, size_t n);
 
 // ---- Kernels' CPU builds (xtask/src/fake_gpu/kernels/ writes them; modules.cpp loads them).
 // Each module's shared library (libterse_fake_<module>.so in TERSE_FAKE_GPU_KERNELS) exports

@@ -3,7 +3,8 @@
 // initialisers at start-up, so registration must work) and the runtime calls around them.
 // Memory and streams are the driver's (fake_gpu.h); launching a statically linked kernel ends
 // the run naming it: those kernels (quantized matmuls, MoE) have no CPU build, and terse does
-// not call them.
+// not call them. The calls that do work count and time themselves (fake_gpu.h, ApiScope); the
+// runtime has no copies.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -143,27 +144,43 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 // ---- Memory and streams (the driver's)
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+    ApiScope scope(Api::Library);
     uint64_t d = alloc(bytes);
     if (!d) return fail(cudaErrorMemoryAllocation);
+    count(kAllocs);
     *p = reinterpret_cast<void*>(d);
     return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
+    ApiScope scope(Api::Library);
     sync_all();
-    if (p) release(reinterpret_cast<uint64_t>(p), "cudaFree");
+    if (p) {
+        release(reinterpret_cast<uint64_t>(p), "cudaFree");
+        count(kFrees);
+    }
     return cudaSuccess;
 }
-cudaError_t cudaMallocAsync_ptsz(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaMallocAsync_ptsz(void** p, size_t bytes, cudaStream_t) {
+    ApiScope scope(Api::Library);
+    return cudaMalloc(p, bytes);
+}
 cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s) {
-    if (p) enqueue(s, [p] { release(reinterpret_cast<uint64_t>(p), "cudaFreeAsync"); });
+    ApiScope scope(Api::Library);
+    if (p) {
+        enqueue(s, [p] { release(reinterpret_cast<uint64_t>(p), "cudaFreeAsync"); });
+        count(kFrees);
+    }
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync_ptsz(void* p, int v, size_t n, cudaStream_t s) {
+    ApiScope scope(Api::Library);
     if (n) check_range(reinterpret_cast<uint64_t>(p), n, "cudaMemsetAsync");
     enqueue(s, [p, v, n] { std::memset(p, v, n); });
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) {
+    ApiScope scope(Api::Library);
+    count(kSyncs);
     sync_stream(s);
     return cudaSuccess;
 }

@@ -168,6 +168,7 @@ cublasStatus_t gemm(const char* function, cublasHandle_t handle, cublasOperation
                          "B");
         }
         check_matrix(C, type_size(ct), m, n, ldc, stride_c, batch, function, "C");
+        fake_gpu::count(fake_gpu::kLibraryLaunches);
         fake_gpu::enqueue(stream, [job]() { run_gemm(job); });
     };
     switch (compute) {
@@ -225,6 +226,7 @@ extern "C" {
 
 // ---- Handles
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasCreate_v2");
     if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     auto* h = new cublasContext();
@@ -238,6 +240,7 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
 
 // cuBLAS documents that destroying a handle synchronises the device.
 cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasDestroy_v2");
     if (!handle_ok(handle, "cublasDestroy_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     fake_gpu::sync_all();
@@ -250,6 +253,7 @@ cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
 }
 
 cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int* version) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasGetVersion_v2");
     if (!handle_ok(handle, "cublasGetVersion_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (version == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -258,6 +262,7 @@ cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int* version) {
 }
 
 cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasSetStream_v2");
     if (!handle_ok(handle, "cublasSetStream_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(handles_mutex);
@@ -266,6 +271,7 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
 }
 
 cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasGetStream_v2");
     if (!handle_ok(handle, "cublasGetStream_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (stream == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -276,6 +282,7 @@ cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
 
 // Device pointer mode may be set (cudarc can); a GEMM under it dies, as it is not emulated.
 cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasSetPointerMode_v2");
     if (!handle_ok(handle, "cublasSetPointerMode_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
@@ -286,6 +293,7 @@ cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_
 }
 
 cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t* mode) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasGetPointerMode_v2");
     if (!handle_ok(handle, "cublasGetPointerMode_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -296,6 +304,7 @@ cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_
 
 // The math mode only permits faster, less precise paths; the emulation keeps full precision.
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasSetMathMode");
     if (!handle_ok(handle, "cublasSetMathMode")) return CUBLAS_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(handles_mutex);
@@ -304,6 +313,7 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
 }
 
 cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasGetMathMode");
     if (!handle_ok(handle, "cublasGetMathMode")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -314,6 +324,7 @@ cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
 
 // The emulation needs no device workspace; the buffer is accepted and unused.
 cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void*, size_t) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     trace("cublasSetWorkspace_v2");
     if (!handle_ok(handle, "cublasSetWorkspace_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     return CUBLAS_STATUS_SUCCESS;
@@ -324,6 +335,7 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
                               cublasOperation_t transb, int m, int n, int k, const float* alpha,
                               const float* A, int lda, const float* B, int ldb, const float* beta,
                               float* C, int ldc) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return gemm("cublasSgemm_v2", handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B,
                 CUDA_R_32F, ldb, 0, beta, C, CUDA_R_32F, ldc, 0, 1, Compute::F32);
 }
@@ -332,6 +344,7 @@ cublasStatus_t cublasDgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
                               cublasOperation_t transb, int m, int n, int k, const double* alpha,
                               const double* A, int lda, const double* B, int ldb,
                               const double* beta, double* C, int ldc) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return gemm("cublasDgemm_v2", handle, transa, transb, m, n, k, alpha, A, CUDA_R_64F, lda, 0, B,
                 CUDA_R_64F, ldb, 0, beta, C, CUDA_R_64F, ldc, 0, 1, Compute::F64);
 }
@@ -342,6 +355,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long int strideA, const float* B, int ldb,
                                          long long int strideB, const float* beta, float* C,
                                          int ldc, long long int strideC, int batchCount) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F,
                 lda, strideA, B, CUDA_R_32F, ldb, strideB, beta, C, CUDA_R_32F, ldc, strideC,
                 batchCount, Compute::F32);
@@ -353,6 +367,7 @@ cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long int strideA, const double* B, int ldb,
                                          long long int strideB, const double* beta, double* C,
                                          int ldc, long long int strideC, int batchCount) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     return gemm("cublasDgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, CUDA_R_64F,
                 lda, strideA, B, CUDA_R_64F, ldb, strideB, beta, C, CUDA_R_64F, ldc, strideC,
                 batchCount, Compute::F64);
@@ -364,6 +379,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Btype, int ldb, const void* beta, void* C,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     Compute compute;
     if (!handle_ok(handle, "cublasGemmEx")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!compute_of(computeType, &compute) || !algo_ok(algo)) {
@@ -382,6 +398,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           const void* beta, void* C, cudaDataType Ctype, int ldc,
                                           long long int strideC, int batchCount,
                                           cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
     Compute compute;
     if (!handle_ok(handle, "cublasGemmStridedBatchedEx")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!compute_of(computeType, &compute) || !algo_ok(algo)) {

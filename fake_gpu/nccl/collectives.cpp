@@ -128,6 +128,7 @@ size_t recv_bytes_of(const Coll& c, const State& st) {
 }  // namespace
 
 ncclResult_t launch(const char* fn, ncclComm_t comm, cudaStream_t stream, Coll c) {
+    fake_gpu::ApiScope scope(fake_gpu::Api::Library);  // counted once, whichever entry point
     if (!comm) return usage(fn, "a null communicator", ncclInvalidArgument);
     size_t esz = elt_size(c.dtype);
     if (esz == 0) return usage(fn, "an unknown data type", ncclInvalidArgument);
@@ -154,6 +155,7 @@ ncclResult_t launch(const char* fn, ncclComm_t comm, cudaStream_t stream, Coll c
         if (recv_bytes) fake_gpu::check_range((uint64_t)c.recv, recv_bytes, fn);
     }
     std::shared_ptr<State> sp = comm->st;
+    fake_gpu::count(fake_gpu::kLibraryLaunches);
     fake_gpu::enqueue((fake_gpu::Stream)stream, [sp, c, recv_bytes = recv_bytes_of(c, st)]() {
         if (sp->aborting.load() || sp->async.load() != ncclSuccess) return;
         // An error is recorded for ncclCommGetAsyncError; the receive buffer then reads as

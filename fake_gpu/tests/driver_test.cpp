@@ -1,16 +1,22 @@
 // The emulated driver's own checks (`cargo xtask fake-gpu --self-test`): fresh memory reads as
 // NaN, a copy past a block's end and a use after free end the process naming them, and in the
 // late mode a device-to-host copy into pinned memory is stale until the stream is synchronised
-// (the same copy into pageable memory completes before it returns, as CUDA documents).
+// (the same copy into pageable memory completes before it returns, as CUDA documents); and the
+// counters (fake_gpu.h, `Counter`) count each call once, with its bytes, syncs, allocations and
+// launches, and time inside the library within the wall time around the calls.
 #include <cuda.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
+
+#include "fake_gpu.h"
 
 static int failures = 0;
 #define CHECK(c)                                                           \
@@ -33,8 +39,101 @@ static bool dies(const std::function<void()>& f) {
     return WIFEXITED(status) && WEXITSTATUS(status) == 86;
 }
 
-int main() {
+// A PTX module with one entry of fake_gpu/tests/test_kernels.cu (its CPU build is in the test
+// modules' directory): out[t] = t ^ 1 over a warp.
+static const char kPtx[] = R"(.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry t_partial_warp_shuffle(
+    .param .u64 t_partial_warp_shuffle_param_0
+)
+{
+    ret;
+}
+)";
+
+// Every call below is counted once (cuMemAllocAsync's own cuMemAlloc_v2 and
+// cuStreamCreateWithPriority's cuStreamCreate are not second ones), the copies' bytes by
+// direction (device-to-device ones in neither), each explicit sync, allocation, free and launch.
+static void counters(bool with_module) {
+    using namespace fake_gpu;
+    uint64_t a[kCounterCount], b[kCounterCount];
+    CHECK(terse_fake_gpu_counters(a, kCounterCount) == kCounterCount);
+    // A short buffer gets only what fits.
+    uint64_t two[3] = {0, 0, 12345};
+    CHECK(terse_fake_gpu_counters(two, 2) == kCounterCount && two[2] == 12345);
+    auto t0 = std::chrono::steady_clock::now();
+    uint64_t calls = 0;
+    auto call = [&](CUresult r, const char* what) {
+        calls++;
+        if (r != CUDA_SUCCESS) {
+            std::printf("FAIL %s:%d: %s returned %d\n", __FILE__, __LINE__, what, (int)r);
+            failures++;
+        }
+    };
+    CUstream s;
+    call(cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0), "cuStreamCreateWithPriority");
+    CUdeviceptr d;
+    call(cuMemAllocAsync(&d, 4096, s), "cuMemAllocAsync");
+    unsigned char host[4096];
+    std::memset(host, 7, sizeof host);
+    call(cuMemcpyHtoDAsync(d, host, 4096, s), "cuMemcpyHtoDAsync");
+    call(cuMemcpyHtoD(d, host, 100), "cuMemcpyHtoD");
+    call(cuMemcpyDtoHAsync(host, d, 1000, s), "cuMemcpyDtoHAsync");
+    call(cuMemcpyDtoH(host, d, 10), "cuMemcpyDtoH");
+    call(cuMemcpyDtoDAsync(d + 2048, d, 1024, s), "cuMemcpyDtoDAsync");
+    CUevent e;
+    call(cuEventCreate(&e, 0), "cuEventCreate");
+    call(cuEventRecord(e, s), "cuEventRecord");
+    call(cuEventSynchronize(e), "cuEventSynchronize");
+    call(cuStreamSynchronize(s), "cuStreamSynchronize");
+    call(cuCtxSynchronize(), "cuCtxSynchronize");
+    call(cuEventDestroy(e), "cuEventDestroy");
+    void* pinned;
+    call(cuMemHostAlloc(&pinned, 256, 0), "cuMemHostAlloc");
+    call(cuMemFreeHost(pinned), "cuMemFreeHost");
+    uint64_t launches = 0, syncs = 3;
+    if (with_module) {
+        CUmodule m;
+        CUfunction f;
+        call(cuModuleLoadData(&m, kPtx), "cuModuleLoadData");
+        call(cuModuleGetFunction(&f, m, "t_partial_warp_shuffle"), "cuModuleGetFunction");
+        void* params[] = {&d};
+        call(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr), "cuLaunchKernel");
+        call(cuStreamSynchronize(s), "cuStreamSynchronize");
+        float out[32];
+        call(cuMemcpyDtoH(out, d, sizeof out), "cuMemcpyDtoH");
+        CHECK(out[0] == 1.f && out[1] == 0.f && out[31] == 30.f);
+        launches = 1;
+        syncs = 4;
+    }
+    call(cuMemFreeAsync(d, s), "cuMemFreeAsync");
+    call(cuStreamDestroy(s), "cuStreamDestroy");
+    auto wall = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+    CHECK(terse_fake_gpu_counters(b, kCounterCount) == kCounterCount);
+    auto delta = [&](Counter c) { return b[c] - a[c]; };
+    CHECK(delta(kDriverCalls) == calls);
+    CHECK(delta(kLaunches) == launches);
+    CHECK(delta(kGraphLaunches) == 0);
+    CHECK(delta(kSyncs) == syncs);
+    CHECK(delta(kAllocs) == 2);
+    CHECK(delta(kFrees) == 2);
+    CHECK(delta(kH2DBytes) == 4096 + 100);
+    CHECK(delta(kD2HBytes) == 1000 + 10 + (with_module ? 128 : 0));
+    CHECK(delta(kInsideNs) > 0 && delta(kInsideNs) <= wall);
+    CHECK(delta(kLibraryCalls) == 0 && delta(kLibraryLaunches) == 0);
+    std::printf("counters: %llu calls, %llu of %llu ns inside the driver\n",
+                (unsigned long long)calls, (unsigned long long)delta(kInsideNs),
+                (unsigned long long)wall);
+}
+
+int main(int argc, char** argv) {
     setenv("TERSE_FAKE_GPU_LATE", "1", 1);  // read once, at the first call
+    // The test modules (`--self-test` passes the modules' directory; they are in its test/).
+    std::string test_modules = argc > 1 ? std::string(argv[1]) + "/test" : std::string();
+    if (argc > 1) setenv("TERSE_FAKE_GPU_KERNELS", test_modules.c_str(), 1);
     CHECK(cuInit(0) == CUDA_SUCCESS);
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
@@ -70,6 +169,8 @@ int main() {
     CHECK(cuMemcpyDtoHAsync(pinned, d, sizeof host, t) == CUDA_SUCCESS);
     CHECK(cuStreamSynchronize(t) == CUDA_SUCCESS);
     CHECK(static_cast<unsigned char*>(pinned)[0] == 0x41);
+
+    counters(argc > 1);
 
     // Bounds and lifetime.
     CHECK(dies([&] { cuMemcpyDtoH(host, d + 8, sizeof host); }));

@@ -3,7 +3,8 @@
 //! path against the naive full-vocabulary log-softmax, measured in the same run; `bench optim`:
 //! the AdamW step against a plain SGD update; `bench rollout`: decode with and without the KV
 //! cache; `bench collective` (bench_collective.rs): the CPU data-parallel exchange; `bench
-//! verify` (bench_verify.rs): the math verifier on its adversarial corpus.
+//! verify` (bench_verify.rs): the math verifier on its adversarial corpus; `bench decode`
+//! (bench_decode.rs): a decode step's launches, syncs, bytes and host time on the emulated device.
 
 use crate::mem;
 use anyhow::Result;
@@ -80,6 +81,32 @@ pub enum What {
         #[arg(long, default_value_t = 64)]
         mib: usize,
     },
+    /// What a rollout decode step asks of the device (launches, driver calls, syncs,
+    /// allocations, bytes each way; host time = wall - time inside the libraries) on the
+    /// emulated device's counters (`cargo xtask fake-gpu -- bench decode --skeleton`), for the
+    /// device sampler and, in the same run, the host sampler (`TERSE_HOST_SAMPLER=1`) as the
+    /// baseline; elsewhere wall time only.
+    Decode {
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Qwen3-0.6B's layers, heads and vocabulary with hidden size 64 (default: the whole
+        /// Qwen3-0.6B shape).
+        #[arg(long)]
+        skeleton: bool,
+        /// Batch sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+        batches: Vec<usize>,
+        /// New tokens per sample (the decode steps are all but the first).
+        #[arg(long, default_value_t = 4)]
+        new_tokens: usize,
+        /// Prompt tokens per sample.
+        #[arg(long, default_value_t = 8)]
+        prompt_tokens: usize,
+        /// Also write the JSON object (pretty) to this file.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// The math verifier on its adversarial corpus: worst time per completion and per 1k
     /// characters against a normal answer (target: ≤ 10 ms for 40k characters; fails above).
     Verify {
@@ -95,6 +122,21 @@ pub fn run(w: &What) -> Result<ExitCode> {
         What::Optim { json } => optim(*json),
         What::Collective { json, mib } => crate::bench_collective::collective(*json, *mib),
         What::Verify { json } => crate::bench_verify::verify(*json),
+        What::Decode {
+            json,
+            skeleton,
+            batches,
+            new_tokens,
+            prompt_tokens,
+            out,
+        } => crate::bench_decode::decode(
+            *json,
+            *skeleton,
+            batches,
+            *new_tokens,
+            *prompt_tokens,
+            out.as_deref(),
+        ),
         What::GrpoStep {
             json,
             python,

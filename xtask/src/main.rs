@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_collective;
+mod bench_decode;
 mod bench_memory;
 mod bench_rollout;
 mod bench_step;

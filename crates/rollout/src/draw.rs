@@ -35,7 +35,8 @@ impl RowLogits {
     /// long-lived prefix holds one row, not its whole step's logits.
     pub(crate) fn own(&self) -> Result<RowLogits> {
         Ok(RowLogits {
-            src: Rc::new(self.src.narrow(0, self.row, 1)?.copy()?), // (1, V)
+            // force_contiguous: `copy` would clone the whole (B, V) storage behind the view.
+            src: Rc::new(self.src.narrow(0, self.row, 1)?.force_contiguous()?), // (1, V)
             row: 0,
         })
     }
