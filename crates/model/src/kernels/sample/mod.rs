@@ -76,7 +76,7 @@ impl Kernel<2> for Sample {
 
 /// Checks run before every launch, on every device.
 pub(crate) mod check {
-    use super::Warpers;
+    use crate::kernels::sample::Warpers;
     use candle_core::Result;
 
     /// Logits (B, V) with 0 < V < 2^31, one uniform in [0, 1) per row, valid warpers.
@@ -112,9 +112,9 @@ pub(crate) mod check {
 /// The launch description (kernel name, grid, block, arguments in order): the CUDA launch below
 /// pushes exactly these, and crates/simt runs them on the CPU.
 pub mod launch {
-    use super::Warpers;
     use crate::kernels::describe::{bufs, per_row, Arg, Launch};
     use crate::kernels::geometry::SAMPLE_BLOCK;
+    use crate::kernels::sample::Warpers;
 
     /// Buffers: logits (n, v) f32, uniforms (n, 2) u32 (each row's f64 as low, high bits), out
     /// (n, 4) u32. Scalars: v, top-k (capped at v: k >= v keeps every token), then temperature,
@@ -137,8 +137,8 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // a kernel launch and an uninitialised device buffer the kernel fills
 mod cuda {
-    use super::{launch, Warpers};
     use crate::kernels::launching::{func, view, Described};
+    use crate::kernels::sample::{launch, Warpers};
     use candle_core::backend::BackendStorage;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
