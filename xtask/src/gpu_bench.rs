@@ -102,7 +102,7 @@ fn sampler_share(dev: &Device, model: &Qwen3, gen: &terse_rollout::GenParams) ->
         ..gen.clone()
     };
     let none = |_: &[u32]| String::new();
-    let mut run = |host: bool| -> Result<(f64, Vec<Vec<u32>>)> {
+    let run = |host: bool| -> Result<(f64, Vec<Vec<u32>>)> {
         // Read when the scheduler starts (crates/rollout/src/draw.rs).
         std::env::set_var("TERSE_HOST_SAMPLER", if host { "1" } else { "0" });
         sync(dev)?;
