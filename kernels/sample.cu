@@ -78,6 +78,7 @@ struct Scratch {
     double part[BINS][BLOCK];
     double part2[BINS][BLOCK / BINS];
     double out[BINS];
+    double total;
 };
 
 // Sums `v` over the block in a fixed order; every thread gets the same bits.
@@ -133,8 +134,9 @@ __device__ double mass_of(Scratch& s, const Row& r, Prefix p) {
 }
 
 // The sum of the values of the threads before this one (each thread's value is over its
-// contiguous chunk of ids), in thread order by one thread: a fixed order.
-__device__ double chunk_before(Scratch& s, double c) {
+// contiguous chunk of ids), in thread order by one thread: a fixed order; `total` gets the sum
+// over every thread.
+__device__ double chunk_before(Scratch& s, double c, double* total) {
     __syncthreads();
     s.part[0][threadIdx.x] = c;
     __syncthreads();
@@ -145,8 +147,10 @@ __device__ double chunk_before(Scratch& s, double c) {
             s.part[1][i] = before;
             before += ci;
         }
+        s.total = before;
     }
     __syncthreads();
+    *total = s.total;
     return s.part[1][threadIdx.x];
 }
 
@@ -157,7 +161,8 @@ __device__ int nth_id(Scratch& s, const Row& r, uint32_t key, uint32_t j) {
     int lo = threadIdx.x * chunk, hi = min(lo + chunk, r.v);
     double c = 0;
     for (int i = lo; i < hi; i++) c += key_of(r.lg[i]) == key ? 1.0 : 0.0;
-    double before = chunk_before(s, c);
+    double all;
+    double before = chunk_before(s, c, &all);
     if (threadIdx.x == 0) s.out[0] = (double)(r.v - 1);
     __syncthreads();
     if (before < (double)j && (double)j <= before + c) {
@@ -306,16 +311,15 @@ extern "C" __global__ void sample_f32(const float* logits, const uint32_t* unifo
         token = nth_id(s, r, (uint32_t)kmax, 1);
         logp = 0.0;
     } else if (!truncating) {
-        // Inverse CDF over the ids in order: a chunk per thread, the chunks' masses scanned.
-        double total = 0;
-        for (int i = threadIdx.x; i < v; i += BLOCK) total += r.q(x[i]);
-        total = block_sum(s, total);
-        double target = u * total;
+        // Inverse CDF over the ids in order: a chunk per thread, the chunks' masses scanned
+        // (their sum in order is the total).
         int chunk = (v + BLOCK - 1) / BLOCK;
         int lo = threadIdx.x * chunk, hi = min(lo + chunk, v);
         double c = 0;
         for (int i = lo; i < hi; i++) c += r.q(x[i]);
-        double cum = chunk_before(s, c);
+        double total;
+        double cum = chunk_before(s, c, &total);
+        double target = u * total;
         double first = (double)v;
         for (int i = lo; i < hi; i++) {
             cum += r.q(x[i]);

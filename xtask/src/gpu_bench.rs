@@ -20,7 +20,7 @@ fn sync(dev: &Device) -> Result<()> {
 /// Decode tokens/s (prompt 32, 128 new) and the roofline: each decode step must read every
 /// weight once plus the KV cache so far, so tokens/s ≤ B · bandwidth / bytes per step.
 pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
-    use terse_rollout::{generate, GenParams, Prompt, SamplingParams};
+    use terse_rollout::{generate, GenParams, SamplingParams};
     let cfg = &model.config;
     let (layers, kv, hd) = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
     let v = cfg.vocab_size;
@@ -41,14 +41,7 @@ pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
     };
     let mut rows = vec![];
     for b in [1usize, 64, 256] {
-        let prompts: Vec<Prompt> = (0..b)
-            .map(|i| Prompt {
-                id: i as u64,
-                tokens: (0..32)
-                    .map(|j| ((i * 31 + j * 7) % (v - 1) + 1) as u32)
-                    .collect(),
-            })
-            .collect();
+        let prompts = crate::bench_rollout::prompts(b, 32, v);
         let none = |_: &[u32]| String::new();
         generate(
             model,
@@ -86,17 +79,10 @@ pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
 /// of the host path's step the device sampler removes, and the samples whose tokens differ
 /// (ties only, kernels/sample.cu).
 fn sampler_share(dev: &Device, model: &Qwen3, gen: &terse_rollout::GenParams) -> Result<Value> {
-    use terse_rollout::{generate, GenParams, Prompt};
+    use terse_rollout::{generate, GenParams};
     let (b, new) = (64usize, 16usize);
     let v = model.config.vocab_size;
-    let prompts: Vec<Prompt> = (0..b)
-        .map(|i| Prompt {
-            id: i as u64,
-            tokens: (0..32)
-                .map(|j| ((i * 17 + j * 5) % (v - 1) + 1) as u32)
-                .collect(),
-        })
-        .collect();
+    let prompts = crate::bench_rollout::prompts(b, 32, v);
     let gen = GenParams {
         max_new_tokens: new,
         ..gen.clone()

@@ -1,5 +1,6 @@
 //! Device selection from a user string ("cpu", "cuda", "cuda:1"): the one place that decides
-//! where tensors live and which dtype the forward computes in.
+//! where tensors live and which dtype the forward computes in; what a device offers (memory,
+//! the CPU kernels' SIMD level).
 
 use candle_core::{DType, Device, Result};
 
@@ -48,6 +49,19 @@ pub fn memory(device: &Device) -> Option<(u64, u64)> {
     }
     let _ = device;
     None
+}
+
+/// The SIMD level the CPU kernels dispatch to: "avx512", "avx2" or "portable" (their own
+/// detection, capped by `TERSE_CPU_ISA`). Results are bitwise reproducible per level.
+pub fn simd_level() -> &'static str {
+    let f = crate::decode::features();
+    if f.avx512 {
+        "avx512"
+    } else if f.avx2_fma {
+        "avx2"
+    } else {
+        "portable"
+    }
 }
 
 #[cfg(test)]

@@ -50,16 +50,7 @@ impl Machine {
                     .map(|(_, v)| v.trim().to_string())
             })
             .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-        let has = cpu_features();
-        let all = |fs: &[&str]| fs.iter().all(|f| has.contains(&f.to_string()));
-        let cap = std::env::var("TERSE_CPU_ISA").unwrap_or_default();
-        let simd = if cap != "avx2" && cap != "portable" && all(&["avx512f", "avx512dq"]) {
-            "avx512"
-        } else if cap != "portable" && all(&["avx2", "fma", "f16c"]) {
-            "avx2"
-        } else {
-            "portable"
-        };
+        let simd = terse_model::device::simd_level();
         let gpu = device.starts_with("cuda").then(|| {
             let ordinal = device.strip_prefix("cuda:").unwrap_or("0");
             gpu(ordinal)
@@ -67,7 +58,7 @@ impl Machine {
         Self {
             cpu,
             simd: simd.into(),
-            cpu_features: has,
+            cpu_features: cpu_features(),
             gpu,
             commit: COMMIT.into(),
         }

@@ -51,27 +51,23 @@ fn distribution_with_entropy(logits: &[f32], p: &Warpers) -> (Vec<(u32, f64)>, f
     let m = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let z: f64 = scaled.iter().map(|x| (x - m).exp()).sum();
     let log_z = m + z.ln();
+    // H = Σ p (log Z − x); terms with p = 0 contribute nothing (also a masked logit's, -inf).
+    let term = |x: f64, q: f64| if q > 0.0 { q * (log_z - x) } else { 0.0 };
+    if p.temperature == 0.0 {
+        // First maximal index, as argmax does; no distribution to build.
+        let best = scaled.iter().position(|&x| x == m).unwrap_or(0);
+        let entropy = scaled.iter().map(|&x| term(x, (x - log_z).exp())).sum();
+        return (vec![(best as u32, 1.0)], log_z, entropy);
+    }
     let mut probs: Vec<(u32, f64)> = scaled
         .iter()
         .enumerate()
         .map(|(i, x)| (i as u32, (x - log_z).exp()))
         .collect();
-    // H = Σ p (log Z − x); terms with p = 0 contribute nothing (also a masked logit's, -inf).
     let entropy = probs
         .iter()
-        .map(|&(i, q)| {
-            if q > 0.0 {
-                q * (log_z - scaled[i as usize])
-            } else {
-                0.0
-            }
-        })
+        .map(|&(i, q)| term(scaled[i as usize], q))
         .sum();
-    if p.temperature == 0.0 {
-        // First maximal index, as argmax does.
-        let best = scaled.iter().position(|&x| x == m).unwrap_or(0);
-        return (vec![(best as u32, 1.0)], log_z, entropy);
-    }
     if p.truncating(probs.len()) {
         // Descending probability, ties by token id (deterministic).
         probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
