@@ -18,10 +18,8 @@ fn main() -> std::process::ExitCode {
     if input.read_line(&mut go).is_err() {
         return std::process::ExitCode::FAILURE;
     }
-    let lock = terse_train::records::RunLock::acquire(
-        std::path::Path::new(dir),
-        Duration::from_millis(wait),
-    );
+    let lock =
+        terse_train::RunLock::acquire(std::path::Path::new(dir), Duration::from_millis(wait));
     let line = match &lock {
         Ok(_) => "won".to_string(),
         Err(e) => format!("lost {e:#}"),

@@ -49,8 +49,7 @@ fn item7_a_second_process_stops_at_once_naming_the_holder() {
     c.run.lock_wait_s = 0.0;
     let dir = root.join("busy");
     std::fs::create_dir_all(&dir).expect("dir");
-    let held =
-        terse_train::records::RunLock::acquire(&dir, std::time::Duration::ZERO).expect("lock");
+    let held = terse_train::RunLock::acquire(&dir, std::time::Duration::ZERO).expect("lock");
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into());
@@ -303,7 +302,7 @@ fn item15_non_finite_weights_are_refused_and_the_stop_names_the_checkpoint() {
     assert!(!root.join("nan/step_000000").exists());
     // The stop message names the newest complete checkpoint, not the run directory.
     let ok = terse_train::train(&small_config(&root, "ok", 2)).expect("run");
-    let msg = terse_train::records::last_good(Some(&ok.dir));
+    let msg = terse_train::last_good(Some(&ok.dir));
     assert!(msg.ends_with("step_000002"), "{msg}");
 }
 

@@ -46,12 +46,9 @@ fn a_peft_adapter_matches_transformers_and_peft() {
     // `xtask export`: the merged HF checkpoint and the PEFT directory, both still the adapted
     // model (scripts/transformers_loads.py and scripts/peft_loads.py load them in Python).
     let out = crate::scratch("lora-export");
-    let (merged, adapter) = terse_train::records::export_lora(
-        &fixture("qwen3-tiny-lora"),
-        &fixture("qwen3-tiny"),
-        &out,
-    )
-    .expect("export");
+    let (merged, adapter) =
+        terse_train::export_lora(&fixture("qwen3-tiny-lora"), &fixture("qwen3-tiny"), &out)
+            .expect("export");
     passes(
         &Qwen3::load(&merged, &Device::Cpu, DType::F32).expect("merged"),
         "exported merged",

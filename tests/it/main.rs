@@ -12,6 +12,7 @@ mod golden;
 mod gpu;
 mod gradients;
 mod kv_cache;
+mod layers;
 mod lora;
 mod losses;
 mod optim;

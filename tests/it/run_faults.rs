@@ -6,7 +6,7 @@
 
 use crate::train::small_config;
 use std::path::Path;
-use terse_train::records::{checkpoints_newest_first, first_non_finite_weight};
+use terse_train::{checkpoints_newest_first, first_non_finite_weight};
 
 /// Watches a run and, at every record after the SFT warm-up, plays a second process: its
 /// attempt to take the run's lock must be refused, naming this (the holding) process.
@@ -22,7 +22,7 @@ impl terse_train::Observer for SecondProcess {
             terse_train::MetricsLine::Eval(e) => format!("eval at {}", e.step),
             _ => return Ok(()),
         };
-        let e = terse_train::records::RunLock::acquire(&self.dir, std::time::Duration::ZERO)
+        let e = terse_train::RunLock::acquire(&self.dir, std::time::Duration::ZERO)
             .map(|_| ())
             .expect_err("a second process took the lock mid-run");
         let e = format!("{e:#}");
@@ -69,7 +69,7 @@ fn item1_the_lock_is_held_for_the_whole_run() {
     );
     // Released at the end: the next start takes it at once.
     drop(
-        terse_train::records::RunLock::acquire(&dir, std::time::Duration::ZERO)
+        terse_train::RunLock::acquire(&dir, std::time::Duration::ZERO)
             .expect("LOCK still held after the run"),
     );
 }

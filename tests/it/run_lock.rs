@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
-use terse_train::records::RunLock;
+use terse_train::RunLock;
 
 fn holder(dir: &std::path::Path, wait_ms: u64) -> (Child, BufReader<ChildStdout>) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_lock-holder"))

@@ -209,7 +209,7 @@ fn main() -> ExitCode {
             checkpoint,
             base,
             out,
-        } => terse_train::records::export_lora(&checkpoint, &base, &out).map(|(m, a)| {
+        } => terse_train::export_lora(&checkpoint, &base, &out).map(|(m, a)| {
             println!("merged: {}\nadapter: {}", m.display(), a.display());
             ExitCode::SUCCESS
         }),

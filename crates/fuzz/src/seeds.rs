@@ -98,7 +98,7 @@ pub fn write_seeds(out: &Path) -> Result<()> {
     terse_train::train(&run_config(&model, &runs, "full", false)?)?;
     terse_train::train(&run_config(&model, &runs, "lora", true)?)?;
 
-    let step = runs.join("full").join(terse_train::records::step_name(2));
+    let step = runs.join("full").join(terse_train::step_name(2));
     let ckpt = out.join("checkpoint");
     for f in [
         "config.json",
@@ -120,7 +120,7 @@ pub fn write_seeds(out: &Path) -> Result<()> {
         &ckpt.join("model.safetensors.index.json"),
         serde_json::to_string_pretty(&index)? + "\n",
     )?;
-    let lora = runs.join("lora").join(terse_train::records::step_name(2));
+    let lora = runs.join("lora").join(terse_train::step_name(2));
     for f in [
         "adapter_model.safetensors",
         "optimizer.safetensors",

@@ -147,15 +147,15 @@ impl TrainerBuilder {
         let (dev, dtype) = cfg.run.device_and_dtype()?;
         let path = cfg.model.path.clone();
         let mut policy = Qwen3::load(&path, &dev, dtype)?;
-        crate::run::load::add_configured_lora(cfg, &mut policy)?;
-        let reference = if crate::run::load::needs_reference(cfg) {
+        crate::load::add_configured_lora(cfg, &mut policy)?;
+        let reference = if crate::load::needs_reference(cfg) {
             Some(Qwen3::load(&path, &dev, dtype)?)
         } else {
             None
         };
         let opt = AdamW::new(cfg.optim.clone(), policy.vars())?;
         let task = self.take_task()?;
-        let tok = crate::run::load::load_tokenizer(&path)?;
+        let tok = crate::load::load_tokenizer(&path)?;
         let loaded = Loaded {
             tok,
             policy,

@@ -38,18 +38,27 @@ pub mod task;
 // Everything else is the crate's own; what research code and the tools need is re-exported
 // below.
 pub(crate) mod builder;
+pub(crate) mod checkpoint;
 pub(crate) mod data;
 pub(crate) mod eval;
+pub(crate) mod failure;
+pub(crate) mod load;
 pub(crate) mod plan;
 pub(crate) mod run;
 
 // The builder and what it takes and gives.
 pub use builder::TrainerBuilder;
+// What a run leaves on disk, for the tools that read it: checkpoints and the run lock.
+pub use checkpoint::{
+    checkpoints_newest_first, export_lora, first_non_finite_weight, last_good, read_state,
+    step_name,
+};
 pub use config::RunConfig;
+pub use failure::SampleFault;
 pub use records::observe::Observer;
 pub use registry::{register_estimator, register_loss, register_shaper};
 pub use report::{MetricsLine, StepReport, Timing};
-pub use run::failure::SampleFault;
+pub use run::lock::RunLock;
 pub use run::run_loop::{train, RunSummary};
 pub use run::sft::sft_only;
 pub use step::collect::Collected;
@@ -62,7 +71,7 @@ pub mod evals {
     pub use crate::eval::metrics::AesWeights;
     pub use crate::eval::protocol::{run, EvalOptions, Protocol};
     pub use crate::eval::table::{json, markdown};
-    pub use crate::eval::EvalReport;
+    pub use crate::report::EvalReport;
 }
 
 /// The memory plan and the step-time model (`xtask plan`, `bench-step`).

@@ -1,14 +1,39 @@
 //! The typed records of a run: one [`MetricsLine`] per line of metrics.jsonl (an SFT step, a
-//! GRPO step's [`StepReport`], an evaluation), written by the trainer and read back by the
-//! plots, the repro summary and research code through the same types, so a misspelt metric is
-//! a compile error, not an empty curve. The JSON keys are the field names; a shaper's
+//! GRPO step's [`StepReport`], an evaluation's [`EvalReport`] by level), written by the
+//! trainer and read back by the plots, the repro summary and research code through the same
+//! types, so a misspelt metric is a compile error, not an empty curve. The JSON keys are the field names; a shaper's
 //! diagnostics (`gamma_l`, `acc`, ...) sit beside them, flattened.
 
-use crate::eval::EvalReport;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
+
+/// One evaluation level's results (eval/: `evaluate` and the protocol evaluation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelReport {
+    pub level: usize,
+    pub pass1: f64,
+    pub pass_k: f64,
+    pub len_mean: f64,
+    /// Mean reflections per completion: the run's trigger words (`grpo.step_triggers`, by
+    /// default "Wait" and "Alternatively") before `</think>`; on the testbed, the `Wait`
+    /// re-checks.
+    #[serde(default)]
+    pub reflections_mean: f64,
+    /// The first completion of the first few items, and whether it was correct (for a look at
+    /// what the model writes; not saved in metrics).
+    #[serde(skip)]
+    pub examples: Vec<(String, bool)>,
+}
+
+/// An evaluation's results: overall, and by level.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    pub accuracy: f64,
+    pub len_mean: f64,
+    pub by_level: Vec<LevelReport>,
+}
 
 /// One line of metrics.jsonl, tagged by `"phase"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

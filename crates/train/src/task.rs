@@ -4,7 +4,7 @@
 
 use crate::config::{DataSection, MathScorer, TaskKind};
 use crate::data;
-use crate::step::score_fault::quiet_catch;
+use crate::task::score_fault::quiet_catch;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -325,7 +325,7 @@ impl Task {
                     correct,
                     base_reward: r,
                     format_ok: r > -3.0,
-                    fault: why.map(crate::step::score_fault::of_unverifiable),
+                    fault: why.map(crate::task::score_fault::of_unverifiable),
                     ..Default::default()
                 }
             }
@@ -342,7 +342,7 @@ impl Task {
                     correct: acc > 0.0,
                     base_reward: overall,
                     format_ok: format > 0.0,
-                    fault: why.map(crate::step::score_fault::of_unverifiable),
+                    fault: why.map(crate::task::score_fault::of_unverifiable),
                     ..Default::default()
                 }
             }
@@ -358,7 +358,7 @@ impl Task {
                     format_ok: boxed.is_some(),
                     fault: verdict
                         .and_then(math::Verdict::unverifiable)
-                        .map(crate::step::score_fault::of_unverifiable),
+                        .map(crate::task::score_fault::of_unverifiable),
                     ..Default::default()
                 }
             }
@@ -452,6 +452,7 @@ impl Task {
 }
 
 mod rows;
+pub(crate) mod score_fault;
 #[cfg(test)]
 #[path = "task_tests.rs"]
 mod tests;

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use terse_optim::{AdamW, AdamWConfig};
-use terse_train::records::{checkpoints_newest_first, first_non_finite_weight, last_good};
-use terse_train::records::{read_state, step_name};
 use terse_train::step::{encode, load_checkpoint_model, load_tokenizer};
 use terse_train::RunConfig;
+use terse_train::{checkpoints_newest_first, first_non_finite_weight, last_good};
+use terse_train::{read_state, step_name};
 
 /// The committed full checkpoint: its config.json and weights are the safetensors target's
 /// model, and the base of the LoRA checkpoint.

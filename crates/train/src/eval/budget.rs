@@ -5,7 +5,7 @@
 //! -> eval_protocol.rs's accuracy-against-budget points (docs/methods.md, Evaluation metrics).
 
 use crate::eval::LevelSamples;
-use crate::run::load::encode;
+use crate::load::encode;
 use crate::task::AnswerForm;
 use crate::task::Task;
 use anyhow::Result;

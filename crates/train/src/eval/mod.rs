@@ -10,39 +10,15 @@ pub(crate) mod table;
 
 use crate::config::RunConfig;
 use crate::data;
-use crate::run::load::encode;
+use crate::load::encode;
+use crate::report::{EvalReport, LevelReport};
 use crate::step::collect::gen_params;
 use crate::task::{Item, Task};
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
 use terse_model::Qwen3;
 use terse_reward::metrics::pass_at_k;
 use terse_reward::step_grpo::{count_steps, StepScope};
 use terse_rollout::{generate, GenParams, Prompt, Sample};
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LevelReport {
-    pub level: usize,
-    pub pass1: f64,
-    pub pass_k: f64,
-    pub len_mean: f64,
-    /// Mean reflections per completion: the run's trigger words (`grpo.step_triggers`, by
-    /// default "Wait" and "Alternatively") before `</think>`; on the testbed, the `Wait`
-    /// re-checks.
-    #[serde(default)]
-    pub reflections_mean: f64,
-    /// The first completion of the first few items, and whether it was correct (for a look at
-    /// what the model writes; not saved in metrics).
-    #[serde(skip)]
-    pub examples: Vec<(String, bool)>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EvalReport {
-    pub accuracy: f64,
-    pub len_mean: f64,
-    pub by_level: Vec<LevelReport>,
-}
 
 /// One level's items with their prompts and completions (`n` per item, item-major), as
 /// [`evaluate`] samples them; the protocol evaluation (eval_protocol.rs) reads the same.

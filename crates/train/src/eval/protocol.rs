@@ -1,15 +1,16 @@
 //! `cargo xtask eval`'s library path: the evaluation protocol efficient-reasoning papers report.
-//! A sampling preset (`--protocol r1`), accuracy at token budgets (eval_budget.rs), the
-//! efficiency metrics (eval_metrics.rs) and, against a baseline checkpoint, AES and pass@k
-//! retention; the PNG curves. Data flow: a run config + checkpoint directories -> eval.rs's
-//! sampling and verdicts -> here -> eval_table.rs's markdown and JSON.
+//! A sampling preset (`--protocol r1`), accuracy at token budgets (budget.rs), the
+//! efficiency metrics (metrics.rs) and, against a baseline checkpoint, AES and pass@k
+//! retention; the PNG curves. Data flow: a run config + checkpoint directories -> mod.rs's
+//! sampling and verdicts -> here -> table.rs's markdown and JSON.
 
 use crate::config::{Init, RunConfig};
 use crate::eval::budget::{finished_within, AtBudget, Forcing};
 use crate::eval::metrics::{
     aes, efficiency, pass_k_retention, Aes, AesWeights, Efficiency, SampleOutcome,
 };
-use crate::eval::{level_report, sample_levels, summarize, verdicts, EvalReport};
+use crate::eval::{level_report, sample_levels, summarize, verdicts};
+use crate::report::EvalReport;
 use crate::step::collect::gen_params;
 use crate::task::Task;
 use anyhow::{bail, Context, Result};
@@ -244,7 +245,7 @@ fn evaluate_dir(cfg: &RunConfig, dir: &Path, budgets: &[usize]) -> Result<ModelE
     let (dev, dtype) = cfg.run.device_and_dtype()?;
     let model = Qwen3::load(dir, &dev, dtype)
         .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
-    let tok = crate::run::load::load_tokenizer(dir)?;
+    let tok = crate::load::load_tokenizer(dir)?;
     evaluate_model(&cfg, &task, &model, &tok, budgets)
 }
 
@@ -293,7 +294,7 @@ fn plots(dir: &Path, m: &ModelEval, b: Option<&ModelEval>) -> Result<Vec<PathBuf
         .collect();
     let reports: Vec<(String, &EvalReport)> =
         runs.iter().map(|(n, r)| (n.clone(), &r.report)).collect();
-    let mut out = crate::records::plot::plot_eval(dir, &reports)?;
+    let mut out = plot_eval(dir, &reports)?;
     if !m.budgets.is_empty() {
         let curves: Vec<(String, crate::records::plot::Series)> = runs
             .iter()
@@ -314,6 +315,37 @@ fn plots(dir: &Path, m: &ModelEval, b: Option<&ModelEval>) -> Result<Vec<PathBuf
             "accuracy",
             &curves,
         )?;
+        out.push(path);
+    }
+    Ok(out)
+}
+
+/// eval_accuracy.png and eval_tokens.png: pass@1 and mean tokens by level for each named report.
+fn plot_eval(out_dir: &Path, reports: &[(String, &EvalReport)]) -> Result<Vec<PathBuf>> {
+    let mut out = vec![];
+    for (file, title, y, pick) in [
+        ("eval_accuracy.png", "pass@1 by level", "pass@1", 0),
+        (
+            "eval_tokens.png",
+            "Mean completion tokens by level",
+            "tokens",
+            1,
+        ),
+    ] {
+        let series: Vec<(String, crate::records::plot::Series)> = reports
+            .iter()
+            .map(|(name, r)| {
+                let pts = r
+                    .by_level
+                    .iter()
+                    .map(|l| (l.level as f64, if pick == 0 { l.pass1 } else { l.len_mean }))
+                    .collect();
+                (name.clone(), pts)
+            })
+            .collect();
+        let path = out_dir.join(file);
+        crate::records::plot::line_chart(&path, title, "level", y, &series)
+            .with_context(|| format!("writing {}", path.display()))?;
         out.push(path);
     }
     Ok(out)

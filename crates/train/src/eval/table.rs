@@ -228,7 +228,7 @@ mod tests {
     use super::*;
     use crate::eval::metrics::{efficiency, AesWeights, SampleOutcome};
     use crate::eval::protocol::{versus, BudgetPoint, Protocol, Setup};
-    use crate::eval::{EvalReport, LevelReport};
+    use crate::report::{EvalReport, LevelReport};
 
     fn run(len: usize, correct: bool) -> ModelEval {
         let s = SampleOutcome {

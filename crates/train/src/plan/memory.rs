@@ -186,7 +186,7 @@ fn weights(
         shard(trained.saturating_mul(4)).saturating_add(trained.saturating_mul(4)),
         format!("accumulated{sharded}, and one micro-batch's in flight"),
     );
-    if crate::run::load::needs_reference(cfg) {
+    if crate::load::needs_reference(cfg) {
         add(
             "KL reference model",
             params * 4,

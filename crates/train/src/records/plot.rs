@@ -222,37 +222,3 @@ pub fn plot_run(metrics: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
     }
     Ok(out)
 }
-
-/// eval_accuracy.png and eval_tokens.png: pass@1 and mean tokens by level for each named report.
-pub fn plot_eval(
-    out_dir: &Path,
-    reports: &[(String, &crate::eval::EvalReport)],
-) -> Result<Vec<PathBuf>> {
-    let mut out = vec![];
-    for (file, title, y, pick) in [
-        ("eval_accuracy.png", "pass@1 by level", "pass@1", 0),
-        (
-            "eval_tokens.png",
-            "Mean completion tokens by level",
-            "tokens",
-            1,
-        ),
-    ] {
-        let series: Vec<(String, Series)> = reports
-            .iter()
-            .map(|(name, r)| {
-                let pts = r
-                    .by_level
-                    .iter()
-                    .map(|l| (l.level as f64, if pick == 0 { l.pass1 } else { l.len_mean }))
-                    .collect();
-                (name.clone(), pts)
-            })
-            .collect();
-        let path = out_dir.join(file);
-        line_chart(&path, title, "level", y, &series)
-            .with_context(|| format!("writing {}", path.display()))?;
-        out.push(path);
-    }
-    Ok(out)
-}

@@ -14,8 +14,8 @@
 
 use crate::builder::{Loaded, TrainerBuilder};
 use crate::config::RunConfig;
+use crate::load::{init_model, load_tokenizer};
 use crate::run::handoff::{receive_header, receive_weights};
-use crate::run::load::{init_model, load_tokenizer};
 use crate::run::run_loop::RunSummary;
 use anyhow::{Context, Result};
 use terse_optim::AdamW;

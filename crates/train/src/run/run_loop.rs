@@ -3,12 +3,13 @@
 //! (metrics.jsonl, progress bar, TensorBoard, plots), checkpoints and evaluations around it.
 
 use crate::builder::TrainerBuilder;
+use crate::checkpoint::{prune, save_checkpoint, TrainState};
 use crate::config::RunConfig;
-use crate::eval::{evaluate, EvalReport};
+use crate::eval::evaluate;
 use crate::records::metrics::mid_run_eval;
 use crate::records::observe::{Observer, Plots, Progress};
+use crate::report::EvalReport;
 use crate::report::{read_evals, read_steps, EvalLine, MetricsLine};
-use crate::run::checkpoint::{prune, save_checkpoint, TrainState};
 use crate::run::start::{start, Started};
 use crate::step::trainer::GrpoTrainer;
 use anyhow::{Context, Result};
@@ -102,12 +103,12 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     };
     if let Err(e) = drive(&mut trainer, &mut leader) {
         // A failure that repeats on resume is named, with the sample that causes it.
-        return Err(crate::run::failure::record(&dir, trainer.step, e));
+        return Err(crate::failure::record(&dir, trainer.step, e));
     }
     let after = eval_of(&trainer)?;
     observers.record(&eval_line(steps, &after))?;
     observers.finish(&dir)?;
-    crate::run::failure::clear(&dir)?;
+    crate::failure::clear(&dir)?;
     summary(dir, before, Some(after), false)
 }
 

@@ -3,13 +3,13 @@
 //! or alone (`cargo xtask sft`), leaving an HF-layout checkpoint a GRPO run can start from.
 //! On data-parallel ranks every rank takes part (its share of each batch, ZeRO-2 steps).
 
+use crate::checkpoint::save_model_dir;
 use crate::config::RunConfig;
 use crate::data;
+use crate::load::{encode, init_model, load_tokenizer};
 use crate::records::metrics::MetricsWriter;
 use crate::records::observe::{progress_bar, Observer};
 use crate::report::{MetricsLine, SftReport};
-use crate::run::checkpoint::save_model_dir;
-use crate::run::load::{encode, init_model, load_tokenizer};
 use crate::step::batches::{gradients, MicroBatching, Objective, Seq};
 use crate::step::loss::agg_weights;
 use anyhow::{bail, Result};

@@ -7,13 +7,13 @@
 //! get their SFT warm-up and step 0's checkpoint here.
 
 use crate::builder::{Loaded, TrainerBuilder};
+use crate::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
 use crate::config::{ContextOverflow, Resume, RunConfig};
+use crate::load::{encode, init_model, load_tokenizer};
 use crate::records::metrics::{MetricsWriter, Start};
 use crate::records::observe::{Observer, Observers};
 use crate::records::tensorboard::TensorBoard;
-use crate::run::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
 use crate::run::config_record;
-use crate::run::load::{encode, init_model, load_tokenizer};
 use crate::run::lock::RunLock;
 use crate::run::machine::Machine;
 use crate::run::sft::sft;
@@ -336,7 +336,7 @@ fn resume_point(
 ) -> Result<Option<(PathBuf, TrainState, Qwen3)>> {
     for ckpt in checkpoints_newest_first(dir)? {
         let state = read_state(&ckpt)?;
-        let m = crate::run::load::load_checkpoint_model(cfg, &ckpt, dev, dtype)?;
+        let m = crate::load::load_checkpoint_model(cfg, &ckpt, dev, dtype)?;
         match m.first_non_finite()? {
             None => return Ok(Some((ckpt, state, m))),
             Some(name) => tracing::warn!(
@@ -370,10 +370,10 @@ fn load_reference(
     dev: &candle_core::Device,
     dtype: candle_core::DType,
 ) -> Result<Option<Qwen3>> {
-    if !crate::run::load::needs_reference(cfg) {
+    if !crate::load::needs_reference(cfg) {
         return Ok(None);
     }
-    let path = dir.join(crate::run::checkpoint::step_name(0));
+    let path = dir.join(crate::checkpoint::step_name(0));
     let m = Qwen3::load(&path, dev, dtype)
         .with_context(|| format!("loading the KL reference {}", path.display()))?;
     Ok(Some(m))

@@ -10,7 +10,7 @@
 //! sampling's refill decide alike everywhere) and holds the tokens of its own groups only.
 
 use crate::config::RunConfig;
-use crate::run::load::encode;
+use crate::load::encode;
 use crate::task::{Item, Task};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};

@@ -9,7 +9,6 @@ pub(crate) mod dp;
 pub(crate) mod gspo;
 pub(crate) mod length_control;
 pub(crate) mod loss;
-pub(crate) mod score_fault;
 pub(crate) mod trainer;
 pub(crate) mod update;
 pub(crate) mod zero;
@@ -17,7 +16,7 @@ pub(crate) mod zero;
 // The pieces of one step, for research code that calls them alone: micro-batches and
 // log-probs, the policy losses, the data-parallel gradient sum, tokenizing.
 pub use crate::data::sft_example;
-pub use crate::run::load::{encode, load_checkpoint_model, load_tokenizer};
+pub use crate::load::{encode, load_checkpoint_model, load_tokenizer};
 pub use crate::step::batches::{gradients, logprobs, micro_batches, MicroBatching, Objective, Seq};
 pub use crate::step::dp::all_reduce_grads;
 pub use crate::step::loss::{agg_weights, LossInputs, LossStats, PolicyLoss, PpoParams};

@@ -5,8 +5,8 @@
 //! checkpoints and metrics around it).
 
 use crate::config::RunConfig;
+use crate::failure::SampleFault;
 use crate::report::{StepReport, Timing};
-use crate::run::failure::SampleFault;
 use crate::step::collect::{collect, Collected};
 use crate::step::loss::PolicyLoss;
 use crate::step::update::{policy_update, sequences, Learner, UpdateBatch, UpdateStats};
@@ -211,7 +211,7 @@ impl GrpoTrainer {
     }
 
     fn last_good(&self) -> String {
-        crate::run::checkpoint::last_good(self.run_dir.as_deref())
+        crate::checkpoint::last_good(self.run_dir.as_deref())
     }
 
     /// One whole GRPO step; advances the step and the data cursor.

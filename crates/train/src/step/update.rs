@@ -217,7 +217,7 @@ impl Stepping<'_> {
                 "step {step}: non-finite {} (loss {}, grad norm {grad_norm}); stopped before updating; {}",
                 if st.loss.is_finite() { "gradient" } else { "loss" },
                 st.loss,
-                crate::run::checkpoint::last_good(self.run_dir)
+                crate::checkpoint::last_good(self.run_dir)
             );
         }
         if local {
@@ -228,7 +228,7 @@ impl Stepping<'_> {
         if let Some(name) = model.first_non_finite()? {
             bail!(
                 "step {step}: the update made the weights non-finite (first: {name}; learning rate {lr:e}); stopped before writing anything; {}",
-                crate::run::checkpoint::last_good(self.run_dir)
+                crate::checkpoint::last_good(self.run_dir)
             );
         }
         Ok((st, grad_norm))

@@ -1,7 +1,7 @@
 //! A run's last failure, remembered across resumes so that a deterministic failure is named,
 //! not looped. Sampling is deterministic by design (a sample's tokens depend only on the seed,
 //! the prompt id, the sample index and the model), so a step that failed on its input fails
-//! again on every resume. run.rs records each failure of the step loop in
+//! again on every resume. run/run_loop.rs records each failure of the step loop in
 //! `<run>/last_failure.json`; a failure at the same step with the same error as the recorded
 //! one says so, and names the completion when the error carries one (`SampleFault`). A run
 //! that finishes removes the record.
