@@ -382,7 +382,7 @@ fn teacher_premise(
     seed: Option<u64>,
     seeds: u64,
 ) -> anyhow::Result<ExitCode> {
-    use terse_train::study::teacher_premise as tp;
+    use terse_study::teacher_premise as tp;
     let cfg = terse_train::RunConfig::from_file(std::path::Path::new(config))?;
     if cfg.data.task != terse_train::config::TaskKind::Testbed {
         anyhow::bail!("{config}: data.task must be \"testbed\" for a teacher read");

@@ -364,7 +364,7 @@ mod tests {
             .collect();
         assert_eq!(care, ["standard", "care", "standard_g16", "care_g16"]);
         // Every v4 run names a claim's method or comparison, so none is run for nothing.
-        use terse_train::study::confirmatory::CLAIMS;
+        use terse_study::confirmatory::CLAIMS;
         for name in v4.iter().chain(&new).chain(&care) {
             assert!(
                 CLAIMS

@@ -18,10 +18,10 @@ use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use terse_train::study::confirmatory::{self, Scope, CLAIMS};
-use terse_train::study::seeds::{self, SeedRow};
-use terse_train::study::trajectory::{self, TrajRow};
-use terse_train::study::{effect, premise, robust};
+use terse_study::confirmatory::{self, Scope, CLAIMS};
+use terse_study::seeds::{self, SeedRow};
+use terse_study::trajectory::{self, TrajRow};
+use terse_study::{effect, premise, robust};
 
 /// The seeds per method the plan fixes (section 6).
 const PLANNED_SEEDS: u64 = 9;

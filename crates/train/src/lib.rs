@@ -26,13 +26,12 @@
 //! ```
 
 // The façade's own modules: the run config, the records a run writes, the task, the
-// registry of plug-ins, the study of finished runs.
+// registry of plug-ins. (The study of finished runs is its own crate, terse-study.)
 pub mod config;
 pub mod records;
 pub mod registry;
 pub mod report;
 pub mod step;
-pub mod study;
 pub mod task;
 
 // Everything else is the crate's own; what research code and the tools need is re-exported

@@ -13,6 +13,10 @@ use terse_reward::{CompletionReward, Outcome, RewardFn, SampleStat, ScoreFault};
 use terse_tasks::template::ChatTemplate;
 use terse_tasks::{kk, math, testbed};
 
+// The seeded draws behind a run's items, for tools that re-derive a run's prompts (the
+// teacher premise of terse-study).
+pub use crate::data::{mix, problem, TRAIN};
+
 /// One prompt with its reference answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Item {

@@ -3,7 +3,7 @@
 //! against the CSVs it wrote; and the committed v4 reports against their committed CSVs.
 
 use super::*;
-use terse_train::study::recompute::check_report;
+use terse_study::recompute::check_report;
 
 /// A finished fake run: one GRPO step line per step and evaluations at 0 and `steps`.
 fn fake_run(root: &Path, name: &str, acc: f64, tokens: f64, steps: u64, exit: f64) {

@@ -4,8 +4,8 @@
 use super::runs::{MethodRuns, RunResult};
 use anyhow::Result;
 use std::path::Path;
+use terse_study::claims;
 use terse_train::records::{band_chart, line_chart, Band, Series};
-use terse_train::study::claims;
 
 /// Per-step mean over seeds, then a trailing moving average over 5 steps.
 fn curve(runs: &[RunResult], pick: impl Fn(&RunResult) -> &Vec<f64>) -> Series {

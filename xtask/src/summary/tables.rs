@@ -4,7 +4,7 @@
 use super::runs::{MethodRuns, RunResult};
 use anyhow::Result;
 use std::fmt::Write as _;
-use terse_train::study::{claims, overthink, RunStats};
+use terse_study::{claims, overthink, RunStats};
 
 /// "mean ± sd" over seeds (sd with ddof 1; just the mean for one seed).
 pub(crate) fn cell(xs: &[f64], digits: usize) -> String {

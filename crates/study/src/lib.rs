@@ -1,16 +1,17 @@
-//! The reproduction study's statistics as a library: per-seed paired differences, t intervals,
+//! terse-study: the reproduction study's statistics as a library, read from finished terse-train
+//! runs (it depends on terse-train, never the reverse): per-seed paired differences, t intervals,
 //! sign-flip tests and Holm's correction (`stats`); v3's claims (`claims`, its report's α kept);
 //! v4's confirmatory claims as planned in docs/v4/plan.md (`confirmatory`), decided from the
 //! per-seed table docs/v4/seeds.csv (`seeds`), with each run's trajectory (`trajectory`) for
 //! CARE's premise checks (`premise`) and the effect sizes against the papers' (`effect`), the
 //! robustness cells side by side (`robust`), CARE's premise read from the testbed teacher
 //! before a condition's runs (`teacher_premise`); and whether outcome-only GRPO overthinks
-//! (`overthink`). Typed inputs, markdown out; `cargo xtask repro` reads the runs and writes the reports with them, and research code can compute the
-//! same verdicts on its own runs.
+//! (`overthink`). Typed inputs, markdown out; `cargo xtask repro` reads the runs and writes
+//! the reports with them, and research code can compute the same verdicts on its own runs.
 
 pub mod claims;
 pub mod confirmatory;
-pub(crate) mod csv;
+mod csv;
 pub mod effect;
 pub mod overthink;
 pub mod premise;

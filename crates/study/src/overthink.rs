@@ -4,8 +4,8 @@
 //! grew by the goal factor while accuracy rose, and where the re-checks went, level by level.
 
 use super::claims::{paired, Interval};
-use crate::report::EvalReport;
 use std::fmt::Write as _;
+use terse_train::report::EvalReport;
 
 /// The growth the testbed is built to show (issue #19: last step ≥ 1.2 × the first).
 pub const GOAL: f64 = 1.2;
@@ -157,7 +157,7 @@ pub fn section(method: &str, runs: &[Run], compare: &[(&str, Vec<Run>)]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::LevelReport;
+    use terse_train::report::LevelReport;
 
     fn report(acc: f64, len: f64, refl: [f64; 2]) -> EvalReport {
         EvalReport {

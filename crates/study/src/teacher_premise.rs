@@ -5,13 +5,13 @@
 //! Data flow: a run config's [data] and [grpo] -> [`teacher_premise`] -> [`render`] ->
 //! `cargo xtask teacher-premise`.
 
-use crate::config::RunConfig;
-use crate::data;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::fmt::Write as _;
 use terse_reward::care::direction;
 use terse_tasks::testbed::{verify, Problem, Teacher};
+use terse_train::config::RunConfig;
+use terse_train::task as data;
 
 /// A stream tag no training or SFT draw uses, so the teacher's samples here are their own.
 const STREAM: u64 = 900;
@@ -121,7 +121,7 @@ fn drawn(levels: &[usize], teacher: &Teacher, seed: u64, index: u64) -> Problem 
 }
 
 /// Draws `steps` steps of the training prompts a run of `cfg` with GRPO seed `seed` draws (its
-/// levels round-robin; the prompts of [`crate::task::Task::train_item`]), each with `group`
+/// levels round-robin; the prompts of [`terse_train::task::Task::train_item`]), each with `group`
 /// teacher traces, and reads CARE's direction per group (tie key: sample index).
 pub fn teacher_premise(cfg: &RunConfig, group: usize, steps: usize, seed: u64) -> TeacherPremise {
     let teacher = cfg.data.teacher();
@@ -257,7 +257,7 @@ mod tests {
     fn the_read_draws_the_training_prompts_of_its_seed() {
         let cfg = config("");
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
-        let task = crate::task::Task::new(&cfg.data, &root, 7).expect("task");
+        let task = terse_train::task::Task::new(&cfg.data, &root, 7).expect("task");
         let teacher = cfg.data.teacher();
         for index in [0u64, 5, 13, 719] {
             let p = drawn(&cfg.data.levels, &teacher, 7, index);

@@ -36,7 +36,7 @@ fn mean(xs: &[f64]) -> f64 {
 }
 
 /// A shaper diagnostic averaged over the steps that report it.
-fn step_mean(steps: &[crate::report::StepReport], key: &str) -> Option<f64> {
+fn step_mean(steps: &[terse_train::report::StepReport], key: &str) -> Option<f64> {
     let v: Vec<f64> = steps.iter().filter_map(|l| l.diagnostic(key)).collect();
     (!v.is_empty()).then(|| mean(&v))
 }
@@ -44,8 +44,8 @@ fn step_mean(steps: &[crate::report::StepReport], key: &str) -> Option<f64> {
 /// Reads one finished run's trajectory from its metrics.jsonl; a run without an evaluation at
 /// step 0 is an error naming the file.
 pub fn from_run(method: &str, seed: u64, metrics: &Path) -> Result<TrajRow> {
-    let steps = crate::report::read_steps(metrics)?;
-    let evals = crate::report::read_evals(metrics)?;
+    let steps = terse_train::report::read_steps(metrics)?;
+    let evals = terse_train::report::read_evals(metrics)?;
     let start = evals
         .iter()
         .find(|e| e.step == 0)

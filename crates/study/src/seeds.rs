@@ -49,8 +49,8 @@ impl SeedRow {
 
 /// Reads one finished run's row from its metrics.jsonl.
 pub fn from_run(method: &str, seed: u64, metrics: &Path) -> Result<SeedRow> {
-    let steps = crate::report::read_steps(metrics)?;
-    let evals = crate::report::read_evals(metrics)?;
+    let steps = terse_train::report::read_steps(metrics)?;
+    let evals = terse_train::report::read_evals(metrics)?;
     let last = evals
         .last()
         .with_context(|| format!("{} has no evaluation", metrics.display()))?;

@@ -348,7 +348,7 @@ mod tests {
     /// The plan's primary table and this one name the same claims, methods and comparisons.
     #[test]
     fn the_table_matches_the_plan() {
-        let plan = include_str!("../../../../docs/v4/plan.md");
+        let plan = include_str!("../../../docs/v4/plan.md");
         for c in CLAIMS.iter().filter(|c| c.family == Family::Primary) {
             let row = format!("| {} |", c.id);
             let line = plan
