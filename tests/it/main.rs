@@ -19,6 +19,7 @@ mod optim;
 mod paged_rollout;
 mod paper_configs;
 mod plugins;
+mod public_items;
 mod public_surface;
 mod ranks;
 mod rollout;
