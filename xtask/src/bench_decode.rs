@@ -1,6 +1,6 @@
 //! `cargo xtask bench decode`: what one rollout decode step asks of the device and how much host
-//! time it costs, for the device sampler and, in the same run, the old path (`TERSE_HOST_SAMPLER=1`:
-//! the logits copied to the host and sampled there), per batch size. Meant for the emulated
+//! time it costs, for the new path and, in the same run, the old one (`OLD_PATH`: the logits
+//! copied to the host and sampled there, every master weight cast at each use), per batch size. Meant for the emulated
 //! device (`cargo xtask fake-gpu -- bench decode --skeleton --json`), whose libcuda counts
 //! launches, driver calls, syncs, allocations and bytes each way and the time spent inside the
 //! emulated libraries (fake_gpu/fake_gpu.h, `Counter`); elsewhere (a real GPU, the CPU) it says
@@ -226,16 +226,26 @@ fn run(m: &Qwen3, b: usize, new: usize, setup: &Setup) -> Result<Run> {
     })
 }
 
-/// Per batch: the device sampler's decode step, then the old path's (`TERSE_HOST_SAMPLER=1`;
-/// `TERSE_CUDA_GRAPHS=0` too, for when graphs exist) as "baseline", and baseline/new ratios.
+/// The switches that turn the new decode path into the old one, with the old path's values:
+/// the host sampler, every master weight cast at each use, no CUDA graphs (for when they exist).
+const OLD_PATH: [(&str, &str); 3] = [
+    ("TERSE_HOST_SAMPLER", "1"),
+    ("TERSE_DECODE_CASTS", "1"),
+    ("TERSE_CUDA_GRAPHS", "0"),
+];
+
+/// Per batch: the new decode step, then the old path's (`OLD_PATH`) as "baseline", and
+/// baseline/new ratios.
 pub fn measure(m: &Qwen3, batches: &[usize], setup: &Setup) -> Result<Value> {
     let path = |host: bool, b: usize, new: usize| -> Result<Run> {
-        let value = host.then_some("1");
-        let old_sampler = set_env("TERSE_HOST_SAMPLER", value);
-        let old_graphs = set_env("TERSE_CUDA_GRAPHS", host.then_some("0"));
+        let saved: Vec<_> = OLD_PATH
+            .iter()
+            .map(|&(k, v)| (k, set_env(k, host.then_some(v))))
+            .collect();
         let r = run(m, b, new, setup);
-        set_env("TERSE_HOST_SAMPLER", old_sampler.as_deref());
-        set_env("TERSE_CUDA_GRAPHS", old_graphs.as_deref());
+        for (k, old) in saved {
+            set_env(k, old.as_deref());
+        }
         r
     };
     // Module loads, handles and first allocations happen here, outside the figures.

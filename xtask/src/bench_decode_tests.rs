@@ -149,7 +149,8 @@ fn a_cpu_measurement_has_every_key_and_wall_time_only() {
         new_tokens: 4,
         counters: None,
     };
-    let sampler = std::env::var("TERSE_HOST_SAMPLER").ok();
+    let switches = || OLD_PATH.map(|(k, _)| std::env::var(k).ok());
+    let before = switches();
     let rows = measure(&m, &[1, 3], &setup).expect("measure");
     for b in ["1", "3"] {
         let row = &rows[b];
@@ -174,6 +175,6 @@ fn a_cpu_measurement_has_every_key_and_wall_time_only() {
         assert!(row["baseline_over_new"]["d2h_bytes"].is_null(), "{row}");
         assert!(row["baseline_over_new"]["launches"].is_null(), "{row}");
     }
-    // The switch is restored after the baseline.
-    assert_eq!(std::env::var("TERSE_HOST_SAMPLER").ok(), sampler);
+    // The switches are restored after the baseline.
+    assert_eq!(switches(), before);
 }

@@ -74,7 +74,8 @@ impl Qwen3 {
     }
 
     /// A model without adapters whose weights are the adapted ones (W + (α / r) B A), in the
-    /// compute dtype: what the rollout decodes (once per step) and what `export` saves.
+    /// compute dtype: what the rollout decodes (once per step) and what `export` saves. Without
+    /// adapters, the weights cast to the compute dtype (the same tensors where they are in it).
     pub fn merged(&self) -> Result<Qwen3> {
         let mut tensors = BTreeMap::new();
         for name in self.base_vars().keys() {
@@ -92,15 +93,25 @@ impl Qwen3 {
         Ok(m)
     }
 
-    /// Runs `f` on what decoding should use: with adapters the merged copy (made here, once per
-    /// call: the rollout makes one per GRPO step), else the model itself.
+    /// Runs `f` on what decoding should use: a copy of the weights in the compute dtype (with
+    /// adapters, merged), made here once per call, where reading the model itself would cast a
+    /// weight at every use: with adapters, or f32 masters under bf16 compute (CUDA). Else the
+    /// model itself. The rollout makes one per GRPO step (`generate` makes one per call for
+    /// callers that did not); `TERSE_DECODE_CASTS=1` keeps the old per-use casts of unadapted
+    /// masters (the baseline `bench decode` measures in the same run).
     pub fn with_decoding_weights<T, E: From<candle_core::Error>>(
         &self,
         f: impl FnOnce(&Qwen3) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
-        match &self.lora {
-            Some(_) => f(&self.merged()?),
-            None => f(self),
+        let casts_per_use = self
+            .base_vars()
+            .values()
+            .any(|v| v.dtype() != self.compute_dtype);
+        let old_path = std::env::var("TERSE_DECODE_CASTS").is_ok_and(|v| v == "1");
+        if self.lora.is_some() || (casts_per_use && !old_path) {
+            f(&self.merged()?)
+        } else {
+            f(self)
         }
     }
 

@@ -59,7 +59,9 @@ pub fn generate_with_stats(
     if let Some(p) = prompts.iter().find(|p| p.tokens.is_empty()) {
         return Err(msg(format!("prompt {} has no tokens", p.id)));
     }
-    crate::scheduler::run(model, prompts, g, params, seed, detok)
+    // The weights in the compute dtype once for the whole rollout, not cast at every use (a
+    // no-op where the caller decodes such a copy already, as the trainer does once a step).
+    model.with_decoding_weights(|m| crate::scheduler::run(m, prompts, g, params, seed, detok))
 }
 
 /// Greedy decoding of one prompt without sampling machinery: the reference path tests use.

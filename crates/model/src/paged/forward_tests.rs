@@ -298,3 +298,32 @@ fn kernels_step_matches_cpu_step(m: &Qwen3) {
         }
     }
 }
+
+#[test]
+fn decoding_a_compute_dtype_copy_equals_casting_each_weight_at_its_use() {
+    let cfg = Config::synthetic(48, 64, 96, 2, 4, 2, 16, true).expect("config");
+    // f32 masters under bf16 compute (CUDA's setting, here on the CPU).
+    let m = Qwen3::random(cfg, 7, &Device::Cpu, DType::BF16).expect("model");
+    let seq = tokens(40, 2);
+    let decode = |m: &Qwen3, path| {
+        let mut c = m.new_paged_cache(16, 8, DType::BF16).expect("cache");
+        feed(m, path, &mut c, &seq, 7).1
+    };
+    m.with_decoding_weights(|copy| -> candle_core::Result<()> {
+        // One copy, every weight already in bf16: decoding casts nothing.
+        assert!(copy.base_vars().values().all(|v| v.dtype() == DType::BF16));
+        // The same casts, made once instead of at each use: the same bits. (The kernels path's
+        // CPU loops are f32-only; the emulated device's bf16 runs compare it.)
+        let path = PagedPath::Composite;
+        assert_eq!(decode(&m, path), decode(copy, path));
+        Ok(())
+    })
+    .expect("decode");
+    // f32 compute: nothing to cast, and no copy.
+    let f = model(16);
+    f.with_decoding_weights(|d| -> candle_core::Result<()> {
+        assert!(std::ptr::eq(d, &f));
+        Ok(())
+    })
+    .expect("f32");
+}

@@ -109,7 +109,8 @@ pub fn activation_bytes(c: &Config, tokens: u64, value_bytes: u64, checkpointing
 }
 
 /// The weights, the optimizer state, the gradients and the KL reference: every weight trained,
-/// or with LoRA the adapters alone beside the frozen base and its merged rollout copy.
+/// or with LoRA the adapters alone beside the frozen base; and the rollout's copy in the compute
+/// dtype (merged with LoRA).
 fn weights(
     cfg: &RunConfig,
     c: &Config,
@@ -174,6 +175,11 @@ fn weights(
             "bf16 compute weights",
             params * 2,
             "the forward's copy, kept for the backward".into(),
+        );
+        add(
+            "bf16 rollout copy",
+            params * 2,
+            "the master weights cast once per step for the rollout".into(),
         );
     }
     add(
