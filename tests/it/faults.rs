@@ -7,7 +7,7 @@ use crate::train::{deterministic_metrics, repo, small_config};
 use candle_core::{DType, Device};
 use std::path::Path;
 use terse_model::Qwen3;
-use terse_rollout::{generate, Finish, GenParams, Prompt, SamplingParams};
+use terse_rollout::{generate, Finish, GenParams, Prompt};
 use terse_train::RunConfig;
 
 fn err(r: anyhow::Result<terse_train::RunSummary>) -> String {
@@ -174,16 +174,7 @@ fn item12_prompts_longer_than_the_context_are_errors_and_generation_stops_at_it(
     // The sampler: a prompt without room is an error; rows stop at the model's limit.
     let mut m = Qwen3::load(&crate::fixture("testbed-sft"), &Device::Cpu, DType::F32).expect("m");
     m.config.max_position_embeddings = 12;
-    let p = GenParams {
-        sampling: SamplingParams::default(),
-        max_new_tokens: 64,
-        eos_ids: vec![],
-        stop_strings: vec![],
-        pad_id: 0,
-        step_exit: None,
-        kv_cache: Default::default(),
-        paging: Default::default(),
-    };
+    let p = GenParams::new(64);
     let no_text = |_: &[u32]| String::new();
     let prompt = |n: usize| Prompt {
         id: 0,

@@ -56,26 +56,16 @@ fn samples_do_not_depend_on_budget_preemption_or_batch() {
         "some samples run long"
     );
     // A pool for little more than one sequence: running sequences get preempted and recomputed.
-    let tight = GenParams {
-        paging: KvPaging {
-            kv_budget: KvBudget::Blocks(9),
-            ..p.paging.clone()
-        },
-        ..p.clone()
-    };
+    let mut tight = p.clone();
+    tight.paging.kv_budget = KvBudget::Blocks(9);
     let (got, st) = generate_with_stats(&m, &ps, 4, &tight, 7, &no_text).expect("tight");
     assert!(st.preemptions > 0, "the tight budget must preempt: {st:?}");
     assert!(st.peak_blocks <= 9);
     same(&base, &got, "tight budget");
     // Few sequences at once, prompts prefilled in chunks of 16.
-    let narrow = GenParams {
-        paging: KvPaging {
-            max_num_seqs: 3,
-            prefill_chunk: 16,
-            ..p.paging.clone()
-        },
-        ..p.clone()
-    };
+    let mut narrow = p.clone();
+    narrow.paging.max_num_seqs = 3;
+    narrow.paging.prefill_chunk = 16;
     same(
         &base,
         &generate(&m, &ps, 4, &narrow, 7, &no_text).expect("narrow"),

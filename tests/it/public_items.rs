@@ -405,3 +405,27 @@ fn a_planted_public_item_is_seen_and_private_ones_are_not() {
         walk()
     );
 }
+
+/// The settings types that may grow are built as docs/library.md shows ("Types that can
+/// grow"): a constructor or `Default`, then fields; here from outside their crates, as research
+/// code builds them.
+#[test]
+fn growable_settings_build_from_constructors_and_fields() {
+    let mut gen = terse_rollout::GenParams::new(512);
+    gen.sampling.temperature = 0.6;
+    gen.paging.kv_budget = terse_rollout::KvBudget::Gib(4.0);
+    assert_eq!(gen.max_new_tokens, 512);
+    assert!(gen.eos_ids.is_empty() && gen.step_exit.is_none());
+    let mut ppo = terse_train::step::PpoParams::default();
+    ppo.clip_high = 0.28;
+    assert_eq!(ppo.clip_low, terse_train::config::GrpoSection::default().clip_low);
+    let mut adv = terse_reward::Advantage::grpo(true, 1, 1e-6);
+    assert_eq!(adv, terse_reward::Advantage::default());
+    if let terse_reward::Advantage::Grpo { norm, .. } = &mut adv {
+        *norm = terse_reward::Norm::Batch;
+    }
+    assert_ne!(adv, terse_reward::Advantage::default());
+    let mut fwd = terse_model::ForwardOptions::default();
+    fwd.checkpoint_layers = true;
+    assert!(fwd.flash && fwd.checkpoint_layers);
+}

@@ -110,53 +110,12 @@ fn sampler_matches_softmax_and_truncations_by_chi_square() {
     let all: Vec<usize> = (0..6).collect();
     // softmax(x / 0.8) = [.606, .174, .093, .050, .014, .001]; cumulative .606, .780, .873
     let cases = [
-        (
-            SamplingParams {
-                temperature: 1.0,
-                ..Default::default()
-            },
-            expected(&l64, 1.0, &all),
-        ),
-        (
-            SamplingParams {
-                temperature: 0.8,
-                ..Default::default()
-            },
-            expected(&l64, 0.8, &all),
-        ),
-        (
-            SamplingParams {
-                temperature: 0.8,
-                top_k: 3,
-                ..Default::default()
-            },
-            expected(&l64, 0.8, &[0, 1, 2]),
-        ),
-        (
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.85,
-                ..Default::default()
-            },
-            expected(&l64, 0.8, &[0, 1, 2]),
-        ),
-        (
-            SamplingParams {
-                temperature: 0.8,
-                min_p: 0.1,
-                ..Default::default()
-            },
-            expected(&l64, 0.8, &[0, 1, 2]),
-        ),
-        (
-            SamplingParams {
-                temperature: 1.0,
-                top_k: 4,
-                top_p: 0.9,
-                ..Default::default()
-            },
-            expected(&l64, 1.0, &[0, 1, 2]),
-        ),
+        (sampling(1.0, 0, 1.0, 0.0), expected(&l64, 1.0, &all)),
+        (sampling(0.8, 0, 1.0, 0.0), expected(&l64, 0.8, &all)),
+        (sampling(0.8, 3, 1.0, 0.0), expected(&l64, 0.8, &[0, 1, 2])),
+        (sampling(0.8, 0, 0.85, 0.0), expected(&l64, 0.8, &[0, 1, 2])),
+        (sampling(0.8, 0, 1.0, 0.1), expected(&l64, 0.8, &[0, 1, 2])),
+        (sampling(1.0, 4, 0.9, 0.0), expected(&l64, 1.0, &[0, 1, 2])),
     ];
     for (i, (p, probs)) in cases.iter().enumerate() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(i as u64);
@@ -198,16 +157,19 @@ fn sampler_matches_softmax_and_truncations_by_chi_square() {
 }
 
 pub(crate) fn params(max_new: usize) -> GenParams {
-    GenParams {
-        sampling: SamplingParams::default(),
-        max_new_tokens: max_new,
-        eos_ids: vec![2],
-        stop_strings: vec![],
-        pad_id: 0,
-        step_exit: None,
-        kv_cache: Default::default(),
-        paging: Default::default(),
-    }
+    let mut p = GenParams::new(max_new);
+    p.eos_ids = vec![2];
+    p
+}
+
+/// Sampling settings as a library user builds them: the defaults, then fields set.
+fn sampling(temperature: f64, top_k: usize, top_p: f64, min_p: f64) -> SamplingParams {
+    let mut s = SamplingParams::default();
+    s.temperature = temperature;
+    s.top_k = top_k;
+    s.top_p = top_p;
+    s.min_p = min_p;
+    s
 }
 
 #[test]

@@ -57,30 +57,24 @@ pub(crate) fn markov_model(p7: f64) -> Qwen3 {
 }
 
 pub(crate) fn step_params(delta: f64, include_trigger: bool) -> GenParams {
-    GenParams {
-        sampling: SamplingParams::default(),
-        max_new_tokens: 12,
-        eos_ids: vec![1],
-        stop_strings: vec![],
-        pad_id: 0,
-        step_exit: Some(StepExit {
-            triggers: vec!["Wait".into()],
-            induction: String::new(),
-            close: String::new(),
-            induction_ids: vec![4],
-            close_ids: vec![7],
-            answer_stops: vec!["}".into()],
-            max_ans_tokens: 5,
-            delta,
-            confidence: ConfidencePolicy::GeoMean,
-            skip_first_token: false,
-            max_judge_steps: 3,
-            include_trigger_on_exit: include_trigger,
-            probe_without_trigger: false,
-        }),
-        kv_cache: Default::default(),
-        paging: Default::default(),
-    }
+    let mut p = GenParams::new(12);
+    p.eos_ids = vec![1];
+    p.step_exit = Some(StepExit {
+        triggers: vec!["Wait".into()],
+        induction: String::new(),
+        close: String::new(),
+        induction_ids: vec![4],
+        close_ids: vec![7],
+        answer_stops: vec!["}".into()],
+        max_ans_tokens: 5,
+        delta,
+        confidence: ConfidencePolicy::GeoMean,
+        skip_first_token: false,
+        max_judge_steps: 3,
+        include_trigger_on_exit: include_trigger,
+        probe_without_trigger: false,
+    });
+    p
 }
 
 #[test]

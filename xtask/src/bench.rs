@@ -354,7 +354,7 @@ pub fn optim(as_json: bool) -> Result<ExitCode> {
 /// Qwen3-0.6B-shaped model (random weights); then `bench_rollout`'s paged-cache rows.
 pub fn rollout(as_json: bool, quick: bool, tiny_only: bool, python: &str) -> Result<ExitCode> {
     use crate::bench_rollout::prompts;
-    use terse_rollout::{generate, greedy_no_cache, GenParams, KvBudget, KvCacheDtype};
+    use terse_rollout::{generate, greedy_no_cache, KvBudget, KvCacheDtype};
     let dev = Device::Cpu;
     let none = |_: &[u32]| String::new();
     let params = |n: usize| crate::bench_rollout::params(n, KvBudget::Auto);
@@ -404,10 +404,8 @@ pub fn rollout(as_json: bool, quick: bool, tiny_only: bool, python: &str) -> Res
     )?;
     if !quick {
         let ps = prompts(64, 32, 64);
-        let p = GenParams {
-            kv_cache: KvCacheDtype::F16,
-            ..params(256)
-        };
+        let mut p = params(256);
+        p.kv_cache = KvCacheDtype::F16;
         let t0 = Instant::now();
         let s = generate(&m, &ps, 1, &p, 0, &none)?;
         let toks: usize = s.iter().map(|x| x.tokens.len()).sum();

@@ -58,30 +58,18 @@ pub fn train_memory(as_json: bool, max_t: usize) -> Result<ExitCode> {
     // One short step of each path first: thread pools, first-touch page faults and the
     // allocator's growth would otherwise land on whichever path runs first.
     for flash in [true, false] {
-        m.options = ForwardOptions {
-            flash_min_tokens: 0,
-            flash,
-            checkpoint_layers: flash,
-        };
+        m.options = options(flash, flash);
         step(&m, 256)?;
     }
     let mut t = 1024;
     while t <= max_t {
-        m.options = ForwardOptions {
-            flash_min_tokens: 0,
-            flash: true,
-            checkpoint_layers: true,
-        };
+        m.options = options(true, true);
         let (new_peak, new_s) = step(&m, t)?;
         // The composite attention keeps about eleven (heads, T, T) f32 tensors per layer
         // (measured: 7.2 GiB at 2k on this slice).
         let predicted_old = cfg.num_hidden_layers * 11 * cfg.num_attention_heads * t * t * 4;
         let old = if predicted_old < avail / 5 * 4 {
-            m.options = ForwardOptions {
-                flash_min_tokens: 0,
-                flash: false,
-                checkpoint_layers: false,
-            };
+            m.options = options(false, false);
             Some(step(&m, t)?)
         } else {
             None
@@ -155,15 +143,21 @@ pub fn train_memory(as_json: bool, max_t: usize) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Flash attention at every length (or the composite attention), with or without layer
+/// checkpointing.
+fn options(flash: bool, checkpoint_layers: bool) -> ForwardOptions {
+    let mut o = ForwardOptions::default();
+    o.flash = flash;
+    o.flash_min_tokens = 0;
+    o.checkpoint_layers = checkpoint_layers;
+    o
+}
+
 /// The LoRA row: the same step with rank-64 adapters on every projection (the base frozen),
 /// its peak and speed against full fine-tuning's measured here, and the per-step merge that
 /// gives the rollout its weights, against the step's time.
 fn lora_row(cfg: &Config, full: &mut Qwen3, t: usize) -> Result<Value> {
-    let options = ForwardOptions {
-        flash_min_tokens: 0,
-        flash: true,
-        checkpoint_layers: true,
-    };
+    let options = options(true, true);
     full.options = options;
     let mut m = Qwen3::random(cfg.clone(), 0, full.device(), DType::F32)?;
     m.options = options;

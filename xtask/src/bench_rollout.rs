@@ -12,23 +12,13 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::time::Instant;
 use terse_model::{BlockTable, Config, PagedSeq, Qwen3};
-use terse_rollout::{generate_with_stats, GenParams, KvBudget, KvPaging, Prompt, SamplingParams};
+use terse_rollout::{generate_with_stats, GenParams, KvBudget, Prompt};
 
 /// Sampling at temperature 1 without EOS: every sample runs to `new` tokens.
 pub fn params(new: usize, budget: KvBudget) -> GenParams {
-    GenParams {
-        sampling: SamplingParams::default(),
-        max_new_tokens: new,
-        eos_ids: vec![],
-        stop_strings: vec![],
-        pad_id: 0,
-        step_exit: None,
-        kv_cache: Default::default(),
-        paging: KvPaging {
-            kv_budget: budget,
-            ..KvPaging::default()
-        },
-    }
+    let mut p = GenParams::new(new);
+    p.paging.kv_budget = budget;
+    p
 }
 
 /// `b` prompts of `len` tokens over a vocabulary of `v`.

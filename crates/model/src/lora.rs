@@ -35,6 +35,7 @@ pub enum LoraInit {
 
 /// The adapters' shape.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LoraConfig {
     pub rank: usize,
     pub alpha: f64,

@@ -14,9 +14,12 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "estimator", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
 pub enum Advantage {
     /// (r − mean) / (std + ε); `std = false` skips the division. Singleton groups: mean 0 and
-    /// std 1 (verl), so r / (1 + ε), or r itself when `std = false`.
+    /// std 1 (verl), so r / (1 + ε), or r itself when `std = false`. Built with
+    /// [`Advantage::grpo`] (the variant may gain fields without breaking callers).
+    #[non_exhaustive]
     Grpo {
         std: bool,
         ddof: usize,
@@ -39,10 +42,19 @@ pub enum Advantage {
 
 impl Default for Advantage {
     fn default() -> Self {
+        Advantage::grpo(true, 1, 1e-6)
+    }
+}
+
+impl Advantage {
+    /// GRPO's estimator, divided by the group's std (`ddof` its degrees of freedom, `eps` added)
+    /// or not (`std = false`), without difficulty weights: how code outside this crate builds
+    /// the variant. Set the rest on the result: `if let Advantage::Grpo { norm, .. } = &mut a`.
+    pub fn grpo(std: bool, ddof: usize, eps: f64) -> Self {
         Advantage::Grpo {
-            std: true,
-            ddof: 1,
-            eps: 1e-6,
+            std,
+            ddof,
+            eps,
             norm: Norm::Group,
             difficulty: None,
         }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 /// How the rollout pages its KV cache.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct KvPaging {
     /// Tokens per block: a positive multiple of 16. 64 (the default) makes the CPU kernels sum
     /// exactly as over one contiguous run.

@@ -13,6 +13,7 @@ use terse_model::sample::{reference, Warpers};
 /// How tokens are drawn. `temperature = 0` means greedy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct SamplingParams {
     pub temperature: f64,
     /// Keep the k most likely tokens (0 = off).

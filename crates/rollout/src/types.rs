@@ -28,8 +28,11 @@ pub struct Prompt {
     pub tokens: Vec<u32>,
 }
 
+/// How a rollout generates. Built with [`GenParams::new`] and field assignment (the type may
+/// gain fields without breaking callers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct GenParams {
     #[serde(default)]
     pub sampling: SamplingParams,
@@ -50,6 +53,24 @@ pub struct GenParams {
     /// The paged cache's block size and memory budget, and how many sequences run at once.
     #[serde(default)]
     pub paging: KvPaging,
+}
+
+impl GenParams {
+    /// Up to `max_new_tokens` per completion with the default sampling (temperature 1), no stop
+    /// ids or strings, pad id 0, no Step-GRPO exit, the KV cache in the model's dtype and the
+    /// default paging.
+    pub fn new(max_new_tokens: usize) -> Self {
+        Self {
+            sampling: SamplingParams::default(),
+            max_new_tokens,
+            eos_ids: vec![],
+            stop_strings: vec![],
+            pad_id: 0,
+            step_exit: None,
+            kv_cache: KvCacheDtype::default(),
+            paging: KvPaging::default(),
+        }
+    }
 }
 
 /// What the KV cache stores during generation.

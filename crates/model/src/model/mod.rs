@@ -37,6 +37,7 @@ pub struct Qwen3 {
 /// How the full-sequence forward and the training backward run. Every choice computes the
 /// same function (to float rounding); they trade memory and speed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ForwardOptions {
     /// Flash attention (O(T) memory) where the device and dtype have it; else, and when false,
     /// the composite attention with its (B, H, T, T) scores.

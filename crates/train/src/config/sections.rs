@@ -198,18 +198,18 @@ impl ModelSection {
 
     /// The model's forward options on a CUDA device or the CPU.
     pub fn forward_options_for(&self, cuda: bool) -> terse_model::ForwardOptions {
-        terse_model::ForwardOptions {
-            flash: self.attention != AttentionKind::Composite,
-            flash_min_tokens: match self.attention {
-                AttentionKind::Auto if cuda => FLASH_AUTO_MIN_TOKENS,
-                _ => 0,
-            },
-            checkpoint_layers: match self.checkpoint_layers {
-                Toggle::Auto => cuda,
-                Toggle::On => true,
-                Toggle::Off => false,
-            },
-        }
+        let mut o = terse_model::ForwardOptions::default();
+        o.flash = self.attention != AttentionKind::Composite;
+        o.flash_min_tokens = match self.attention {
+            AttentionKind::Auto if cuda => FLASH_AUTO_MIN_TOKENS,
+            _ => 0,
+        };
+        o.checkpoint_layers = match self.checkpoint_layers {
+            Toggle::Auto => cuda,
+            Toggle::On => true,
+            Toggle::Off => false,
+        };
+        o
     }
 }
 

@@ -142,12 +142,10 @@ impl Forcing<'_> {
                 }
                 // One decode length for the budget: every form's answer fits its own bound, and
                 // the end token stops each answer where it ends.
-                let params = GenParams {
-                    sampling: SamplingParams::greedy(),
-                    max_new_tokens: heads.iter().map(|h| h.2).max().unwrap_or(1),
-                    step_exit: None,
-                    ..gen.clone()
-                };
+                let mut params = gen.clone();
+                params.sampling = SamplingParams::greedy();
+                params.max_new_tokens = heads.iter().map(|h| h.2).max().unwrap_or(1);
+                params.step_exit = None;
                 let answers = generate(model, &prompts, 1, &params, 0, &detok)?;
                 for ((i, mut head, _), a) in heads.into_iter().zip(answers) {
                     head.extend(&a.tokens);

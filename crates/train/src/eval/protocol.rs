@@ -42,11 +42,12 @@ impl Protocol {
     /// The protocol's sampling settings (top-k and min-p off).
     pub fn sampling(self) -> SamplingParams {
         match self {
-            Protocol::R1 => SamplingParams {
-                temperature: 0.6,
-                top_p: 0.95,
-                ..SamplingParams::default()
-            },
+            Protocol::R1 => {
+                let mut s = SamplingParams::default();
+                s.temperature = 0.6;
+                s.top_p = 0.95;
+                s
+            }
         }
     }
 }

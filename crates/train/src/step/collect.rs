@@ -121,16 +121,13 @@ struct Share {
 /// The sampling settings of the run's rollouts, training's and validation's alike (eval.rs
 /// and eval_protocol.rs call it): `[grpo]`'s sampling, token limit, KV cache and paging.
 pub fn gen_params(cfg: &RunConfig, model: &Qwen3) -> GenParams {
-    GenParams {
-        sampling: cfg.grpo.sampling.clone(),
-        max_new_tokens: cfg.grpo.max_new_tokens,
-        eos_ids: model.config.eos_token_ids.clone(),
-        stop_strings: vec![],
-        pad_id: model.config.pad_token_id.unwrap_or(0),
-        step_exit: None,
-        kv_cache: cfg.grpo.kv_cache,
-        paging: cfg.grpo.paging.clone(),
-    }
+    let mut p = GenParams::new(cfg.grpo.max_new_tokens);
+    p.sampling = cfg.grpo.sampling.clone();
+    p.eos_ids = model.config.eos_token_ids.clone();
+    p.pad_id = model.config.pad_token_id.unwrap_or(0);
+    p.kv_cache = cfg.grpo.kv_cache;
+    p.paging = cfg.grpo.paging.clone();
+    p
 }
 
 /// The sampling settings of training rollouts: [`gen_params`] plus Step-GRPO's early exit at

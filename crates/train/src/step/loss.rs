@@ -21,8 +21,9 @@ pub fn agg_weights(agg: LossAgg, lens: &[usize], norm_len: usize) -> Vec<f64> {
         .collect()
 }
 
-/// PPO-clip settings.
+/// PPO-clip settings; `PpoParams::default()` is the config's defaults, then set fields.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct PpoParams {
     pub clip_low: f64,
     pub clip_high: f64,
@@ -30,6 +31,12 @@ pub struct PpoParams {
     pub log_ratio_clamp: f64,
     pub kl_coef: f64,
     pub kl_estimator: KlEstimator,
+}
+
+impl Default for PpoParams {
+    fn default() -> Self {
+        Self::from(&GrpoSection::default())
+    }
 }
 
 impl From<&GrpoSection> for PpoParams {

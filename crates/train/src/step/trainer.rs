@@ -113,10 +113,11 @@ impl GrpoTrainer {
     pub fn rollout(&mut self) -> Result<Collected> {
         // ThinkPrune: this step's token limit, a function of the step (resuming samples alike).
         let gen = match self.cfg.grpo.think_prune {
-            Some(_) => std::borrow::Cow::Owned(GenParams {
-                max_new_tokens: self.cfg.grpo.step_limit(self.step),
-                ..self.gen.clone()
-            }),
+            Some(_) => {
+                let mut gen = self.gen.clone();
+                gen.max_new_tokens = self.cfg.grpo.step_limit(self.step);
+                std::borrow::Cow::Owned(gen)
+            }
             None => std::borrow::Cow::Borrowed(&self.gen),
         };
         // With LoRA the rollout decodes a merged copy, made once for the step.
