@@ -145,7 +145,7 @@ mod tests {
             }
             // A launch-geometry name (threads or warps per block) with a number of its own.
             for l in text.lines() {
-                let mut words = l.trim().split_whitespace();
+                let mut words = l.split_whitespace();
                 let (Some("#define"), Some(name), Some(value)) =
                     (words.next(), words.next(), words.next())
                 else {

@@ -115,7 +115,7 @@ mod tests {
         ] {
             assert!(SRC.contains(define), "fa2.cuh has no `{}`", define.trim());
         }
-        let m = Marks::parse(FILE, SRC).unwrap();
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
         assert_tags(
             &m,
             SRC,
@@ -139,10 +139,13 @@ mod tests {
 
     #[test]
     fn the_copy_loop_is_found_by_its_call_site() {
-        let m = Marks::parse(FILE, SRC).unwrap();
-        let fa2 = Fa2::new(SRC).unwrap();
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
+        let fa2 = Fa2::new(SRC).expect("the kernel sources' tags");
         let s = |f: &str, l: u32| (f.to_string(), l);
-        let (copy_loop, copy) = (m.line("copy-loop").unwrap(), m.line("copy").unwrap());
+        let (copy_loop, copy) = (
+            m.line("copy-loop").expect("the kernel sources' tags"),
+            m.line("copy").expect("the kernel sources' tags"),
+        );
         let kv = m.lines("kv-load");
         let back = [
             s(FILE, copy_loop),

@@ -88,7 +88,7 @@ mod tests {
     /// The tags sit on the loops and accesses they name.
     #[test]
     fn the_profiles_tags_match_flash_fa2_cu() {
-        let m = Marks::parse(FILE, SRC).unwrap();
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
         assert_tags(
             &m,
             SRC,
@@ -115,11 +115,11 @@ mod tests {
 
     #[test]
     fn copies_and_fragments_are_found_by_tag() {
-        let m = Marks::parse(FILE, SRC).unwrap();
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
         let fa2_src = include_str!("../../../../kernels/fa2.cuh");
         let (fm, fa2) = (
-            Marks::parse(fa2::FILE, fa2_src).unwrap(),
-            Fa2::new(fa2_src).unwrap(),
+            Marks::parse(fa2::FILE, fa2_src).expect("the kernel sources' tags"),
+            Fa2::new(fa2_src).expect("the kernel sources' tags"),
         );
         let s = |f: &str, l: u32| (f.to_string(), l);
         let p = Forward {
@@ -128,9 +128,15 @@ mod tests {
             marks: m.clone(),
             fa2,
         };
-        let (main, ready) = (m.line("main").unwrap(), m.line("kv-ready").unwrap());
+        let (main, ready) = (
+            m.line("main").expect("the kernel sources' tags"),
+            m.line("kv-ready").expect("the kernel sources' tags"),
+        );
         let back = [
-            s(fa2::FILE, fm.line("copy-loop").unwrap()),
+            s(
+                fa2::FILE,
+                fm.line("copy-loop").expect("the kernel sources' tags"),
+            ),
             s(fa2::FILE, fm.lines("kv-load")[1]),
             s(fa2::FILE, 66),
             s(FILE, ready),
@@ -140,7 +146,7 @@ mod tests {
         assert_eq!(p.trips(&[s(FILE, main), s(FILE, 167)]), None);
         let ldsm = [
             s("mma.cuh", 39),
-            s(FILE, m.line("k-frag").unwrap()),
+            s(FILE, m.line("k-frag").expect("the kernel sources' tags")),
             s(FILE, 167),
         ];
         assert_eq!(p.site(&ldsm, false, 16).len(), 1);

@@ -194,7 +194,7 @@ mod tests {
             let define = format!("#define FA2_BWD_QT_D{d} {}\n", queries(d));
             assert!(SRC.contains(&define), "{FILE} has no `{}`", define.trim());
         }
-        let m = Marks::parse(FILE, SRC).unwrap();
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
         let line = |n: u32| SRC.lines().nth(n as usize - 1).unwrap_or_default();
         assert_tags(
             &m,
@@ -240,22 +240,27 @@ mod tests {
         assert!(line(frags[0]).contains("ldmatrix_x4_trans(sa, dss + "));
         assert!(line(frags[2]).contains("ldmatrix_x4_trans(bk, kvs + "));
         assert_eq!(
-            m.line("atomic-if").unwrap() + 1,
-            *m.region("atomic").unwrap().start()
+            m.line("atomic-if").expect("the kernel sources' tags") + 1,
+            *m.region("atomic")
+                .expect("the kernel sources' tags")
+                .start()
         );
     }
 
     #[test]
     fn trips_follow_the_call_site_and_the_atomic_block_is_optional() {
-        let m = Marks::parse(FILE, SRC).unwrap();
-        let fm = Marks::parse(fa2::FILE, FA2_SRC).unwrap();
-        let p = kernels(&m, &Fa2::new(FA2_SRC).unwrap(), 4)
-            .unwrap()
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
+        let fm = Marks::parse(fa2::FILE, FA2_SRC).expect("the kernel sources' tags");
+        let p = kernels(&m, &Fa2::new(FA2_SRC).expect("the kernel sources' tags"), 4)
+            .expect("the kernel sources' tags")
             .remove(0)
             .profile;
         let at = |tag: &str| m.lines(tag)[0];
         let s = |f: &str, l: u32| (f.to_string(), l);
-        let copy = s(fa2::FILE, fm.line("copy-loop").unwrap());
+        let copy = s(
+            fa2::FILE,
+            fm.line("copy-loop").expect("the kernel sources' tags"),
+        );
         let rows = |call: u32| {
             p.trips(&[copy.clone(), s(FILE, call), s(FILE, 361)])
                 .map(|t| t.per_warp)

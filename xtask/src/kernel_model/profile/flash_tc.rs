@@ -174,7 +174,7 @@ mod tests {
     /// each), so a tag moved to the wrong line fails here.
     #[test]
     fn the_profiles_tags_match_flash_tc_cu() {
-        let m = Marks::parse("flash_tc.cu", SRC).unwrap();
+        let m = Marks::parse("flash_tc.cu", SRC).expect("the kernel sources' tags");
         let line = |n: u32| SRC.lines().nth(n as usize - 1).unwrap_or_default();
         assert_tags(
             &m,
@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn trips_follow_the_call_site() {
-        let m = Marks::parse("flash_tc.cu", SRC).unwrap();
+        let m = Marks::parse("flash_tc.cu", SRC).expect("the kernel sources' tags");
         let p = Profile::new(m.clone(), 128, 4, 32);
         let at = |tag: &str| m.lines(tag)[0];
         let (stage, entry) = (at("stage-loop"), 405);

@@ -115,14 +115,14 @@ mod tests {
     fn tags_regions_and_errors() {
         let src = "a\nfor (;;) {  // model: main, begin loop\nx = 1;  // model: store\n\
                    }  // model: end loop\ny = 2;  // model: store\n";
-        let m = Marks::parse("k.cu", src).unwrap();
-        assert_eq!(m.line("main").unwrap(), 2);
+        let m = Marks::parse("k.cu", src).expect("the fixture's tags");
+        assert_eq!(m.line("main").expect("the fixture's tags"), 2);
         assert_eq!(m.lines("store"), [3, 5]);
         assert!(m.line("store").is_err() && m.line("absent").is_err());
-        assert_eq!(m.region("loop").unwrap(), 2..=4);
+        assert_eq!(m.region("loop").expect("the fixture's tags"), 2..=4);
         assert_eq!((m.tag(2), m.tag(4), m.tag(1)), (Some("main"), None, None));
         assert!(m.is(2, "begin loop") && !m.is(3, "main"));
-        let bad = Marks::parse("k.cu", "x;  // model: two words\n").unwrap_err();
+        let bad = Marks::parse("k.cu", "x;  // model: two words\n").expect_err("an error");
         assert_eq!(
             bad.to_string(),
             "kernels/k.cu:1: `two words` is not a model tag"

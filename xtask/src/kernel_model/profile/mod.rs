@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn every_source_has_both_head_sizes() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
-        let s = sources(&dir, 4, 32).unwrap();
+        let s = sources(&dir, 4, 32).expect("the kernel sources' tags");
         let names: Vec<&str> = s.iter().map(|s| s.file).collect();
         assert_eq!(names, ["flash_tc.cu", "flash_fa2.cu", "flash_fa2_bwd.cu"]);
         for src in &s {
