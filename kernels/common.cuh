@@ -1,30 +1,11 @@
 // Shared by the kernels: f32 <-> storage-type conversions (float, bf16). Math is always f32.
 #pragma once
-// Launch geometry: passed by crates/model/build.rs from crates/model/src/kernels/geometry.rs, the
-// constants the Rust launches use too, so the two sides cannot disagree.
-#ifndef TERSE_RMSNORM_BLOCK
-#error "TERSE_RMSNORM_BLOCK is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_LOGPROB_BLOCK
-#error "TERSE_LOGPROB_BLOCK is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_SAMPLE_BLOCK
-#error "TERSE_SAMPLE_BLOCK is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_DECODE_WARPS
-#error "TERSE_DECODE_WARPS is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_DECODE_MAX_HEAD_DIM
-#error "TERSE_DECODE_MAX_HEAD_DIM is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_FLASH_WARPS
-#error "TERSE_FLASH_WARPS is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_FLASH_TC_WARPS
-#error "TERSE_FLASH_TC_WARPS is passed by crates/model/build.rs"
-#endif
-#ifndef TERSE_FLASH_TC_KEYS
-#error "TERSE_FLASH_TC_KEYS is passed by crates/model/build.rs"
+// Launch geometry: every constant of crates/model/src/kernels/geometry.rs as `-DTERSE_<NAME>`,
+// passed by crates/model/build.rs (and the shim's, the emulated device's and the scripts' builds,
+// all by the one rule of crates/model/build_geometry.rs), so the Rust launches and the kernels
+// cannot disagree. TERSE_GEOMETRY marks a compile that got them.
+#ifndef TERSE_GEOMETRY
+#error "TERSE_GEOMETRY and the TERSE_* launch geometry are passed by crates/model/build.rs"
 #endif
 #include <cuda_bf16.h>
 #include <math.h>

@@ -21,14 +21,14 @@ typedef __nv_bfloat16 bf16;
 // buffer's last valid row, so nothing is read past it): the kernels mask those rows, so what
 // they hold only ever meets a zero.
 template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int r0, int t) {
+__device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int r0, int t) {  // model: begin load-rows
     constexpr int CHUNKS = D / 8, LD = D + FA2_PAD;
-    for (int e = threadIdx.x; e < ROWS * CHUNKS; e += FA2_THREADS) {
+    for (int e = threadIdx.x; e < ROWS * CHUNKS; e += FA2_THREADS) {  // model: copy-loop
         int r = e / CHUNKS, c = e % CHUNKS;
         int row = min(r0 + r, t - 1);
-        cp_async16(dst + r * LD + c * 8, src + (size_t)row * D + c * 8);
+        cp_async16(dst + r * LD + c * 8, src + (size_t)row * D + c * 8);  // model: copy
     }
-}
+}  // model: end load-rows
 
 // The key tiles rows [r0, r0 + FA2_ROWS) can see: from the first row's start (starts never
 // decrease) to the last row, so no search is needed; `tiles` tiles of FA2_KEYS keys from
@@ -47,8 +47,8 @@ __device__ __forceinline__ Fa2Keys fa2_keys(const uint32_t* st, int r0, int t) {
 template <int D>
 __device__ __forceinline__ void fa2_kv_load(bf16* ks, bf16* vs, const bf16* kh, const bf16* vh,
                                             int k0, int t) {
-    load_rows<D, FA2_KEYS>(ks, kh, k0, t);
-    load_rows<D, FA2_KEYS>(vs, vh, k0, t);
+    load_rows<D, FA2_KEYS>(ks, kh, k0, t);  // model: kv-load
+    load_rows<D, FA2_KEYS>(vs, vh, k0, t);  // model: kv-load
     cp_async_commit();
 }
 

@@ -73,9 +73,9 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     // The key tiles the block's rows can see, through the 2-stage K/V pipeline (fa2.cuh).
     Fa2Keys keys = fa2_keys(st, r0, t);
     if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t);
-    for (int it = 0; it < keys.tiles; it++) {
+    for (int it = 0; it < keys.tiles; it++) {  // model: main
         int k0 = keys.first + it * FA2_KEYS, s = it & 1;
-        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t);
+        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t);  // model: kv-ready
         const bf16* kt = ks + s * TILE;
         const bf16* vt = vs + s * TILE;
         // S = Q K^T, 16 x 64 per warp. ldmatrix.x4 gives two n-tiles' B fragments: matrix i
@@ -87,7 +87,7 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
             for (int n = 0; n < NS; n += 2) {
                 int mi = lane / 8, r = lane % 8;
                 uint32_t bk[4];
-                ldmatrix_x4(bk, kt + (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1));
+                ldmatrix_x4(bk, kt + (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1));  // model: k-frag
                 mma_bf16_16816(sc[n], qf[f], bk, sc[n]);
                 mma_bf16_16816(sc[n + 1], qf[f], bk + 2, sc[n + 1]);
             }
@@ -130,8 +130,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
             for (int n = 0; n < NO; n += 2) {
                 int mi = lane / 8, r = lane % 8;
                 uint32_t bv[4];
-                ldmatrix_x4_trans(bv,
-                                  vt + (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1));
+                ldmatrix_x4_trans(bv,  // model: v-frag
+                                  vt + (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1));  // model: v-frag
                 mma_bf16_16816(o[n], pa, bv, o[n]);
                 mma_bf16_16816(o[n + 1], pa, bv + 2, o[n + 1]);
             }

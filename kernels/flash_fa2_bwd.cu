@@ -93,12 +93,12 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
     // The forward's key tiles and K/V pipeline (fa2.cuh).
     Fa2Keys keys = fa2_keys(st, r0, t);
     if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t);
-    for (int it = 0; it < keys.tiles; it++) {
+    for (int it = 0; it < keys.tiles; it++) {  // model: dq-main
         int k0 = keys.first + it * FA2_KEYS, s = it & 1;
         fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t);
         const bf16* kt = ks + s * TILE;
         const bf16* vt = vs + s * TILE;
-        for (int half = 0; half < FA2_KEYS / HK; half++) {
+        for (int half = 0; half < FA2_KEYS / HK; half++) {  // model: dq-halves
             int kb = half * HK;
             // S = Q K^T and dP = dO V^T over 32 keys: B fragments of K and V by ldmatrix.x4 of
             // their rows (matrix mi: keys kb + 8n + 8 (mi >> 1) + r, dims 16f + 8 (mi & 1)).
@@ -109,10 +109,10 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
                 for (int n = 0; n < NH; n += 2) {
                     int at = (kb + n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1);
                     uint32_t bk[4], bv[4];
-                    ldmatrix_x4(bk, kt + at);
+                    ldmatrix_x4(bk, kt + at);  // model: rows-frag
                     mma_bf16_16816(sc[n], qf[f], bk, sc[n]);
                     mma_bf16_16816(sc[n + 1], qf[f], bk + 2, sc[n + 1]);
-                    ldmatrix_x4(bv, vt + at);
+                    ldmatrix_x4(bv, vt + at);  // model: rows-frag
                     mma_bf16_16816(dp[n], gf[f], bv, dp[n]);
                     mma_bf16_16816(dp[n + 1], gf[f], bv + 2, dp[n + 1]);
                 }
@@ -133,8 +133,8 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
                 c_pair_as_a(sa, sc[2 * kk], sc[2 * kk + 1]);
                 for (int n = 0; n < NO; n += 2) {
                     uint32_t bk[4];
-                    ldmatrix_x4_trans(bk, kt + (kb + kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 +
-                                              8 * (mi >> 1));
+                    ldmatrix_x4_trans(bk, kt + (kb + kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 +  // model: cols-frag
+                                              8 * (mi >> 1));  // model: cols-frag
                     mma_bf16_16816(acc[n], sa, bk, acc[n]);
                     mma_bf16_16816(acc[n + 1], sa, bk + 2, acc[n + 1]);
                 }
@@ -160,14 +160,14 @@ __device__ __forceinline__ void load_queries(bf16* qs, bf16* gs, float* ls, floa
                                              const bf16* q, const bf16* dout, const float* lse,
                                              const float* delta, const uint32_t* st, int i0,
                                              int t) {
-    load_rows<D, QT>(qs, q, i0, t);
-    load_rows<D, QT>(gs, dout, i0, t);
-    for (int e = threadIdx.x; e < QT; e += FA2_THREADS) {
+    load_rows<D, QT>(qs, q, i0, t);  // model: query-rows
+    load_rows<D, QT>(gs, dout, i0, t);  // model: query-rows
+    for (int e = threadIdx.x; e < QT; e += FA2_THREADS) {  // model: queries-loop, begin queries
         int i = i0 + e;
-        ls[e] = i < t ? lse[i] : 0.f;
-        ds[e] = i < t ? delta[i] : 0.f;
-        ss[e] = i < t ? (int)st[i] : t + 1;
-    }
+        ls[e] = i < t ? lse[i] : 0.f;  // model: query-store
+        ds[e] = i < t ? delta[i] : 0.f;  // model: query-store
+        ss[e] = i < t ? (int)st[i] : t + 1;  // model: query-store
+    }  // model: end queries
 }
 
 // Grid (ceil(T / FA2_ROWS), B * Hkv); dk, dv (B, Hkv, T, D); dq (B, Hq, T, D), added to only
@@ -193,8 +193,8 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     int kb0 = blockIdx.x * FA2_ROWS, bg = blockIdx.y;
     int b = bg / hkv, rep = hq / hkv, h0 = (bg % hkv) * rep;
     const uint32_t* st = starts + (size_t)b * t;
-    load_rows<D, FA2_ROWS>(kvs, k + (size_t)bg * t * D, kb0, t);
-    load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v + (size_t)bg * t * D, kb0, t);
+    load_rows<D, FA2_ROWS>(kvs, k + (size_t)bg * t * D, kb0, t);  // model: block-rows
+    load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v + (size_t)bg * t * D, kb0, t);  // model: block-rows
     cp_async_commit();
     // The queries the block's keys can reach: [kb0, end), end the first query at or after kb0
     // whose start is past the block's last key (starts never decrease), by binary search.
@@ -225,14 +225,14 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     uint32_t kf[KF][4], vf[KF][4];
     for (int f = 0; f < KF; f++) {
         int at = (w * 16 + 8 * (mi & 1) + r) * LD + f * 16 + 8 * (mi >> 1);
-        ldmatrix_x4(kf[f], kvs + at);
-        ldmatrix_x4(vf[f], kvs + FA2_ROWS * LD + at);
+        ldmatrix_x4(kf[f], kvs + at);  // model: cols-frag
+        ldmatrix_x4(vf[f], kvs + FA2_ROWS * LD + at);  // model: cols-frag
     }
     float dkf[NO][4], dvf[NO][4];
     for (int n = 0; n < NO; n++)
         for (int i = 0; i < 4; i++) dkf[n][i] = dvf[n][i] = 0.f;
     int key[2] = {kb0 + w * 16 + gq, kb0 + w * 16 + gq + 8};
-    for (int s = 0; s < steps; s++) {
+    for (int s = 0; s < steps; s++) {  // model: dkdv-main
         int h = h0 + s / per, i0 = kb0 + (s % per) * QT, sb = s & 1;
         if (s + 1 < steps) {
             int hn = h0 + (s + 1) / per, in = kb0 + ((s + 1) % per) * QT, o = sb ^ 1;
@@ -260,10 +260,10 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
             for (int n = 0; n < NQ; n += 2) {
                 int at = (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1);
                 uint32_t bq[4], bo[4];
-                ldmatrix_x4(bq, qt + at);
+                ldmatrix_x4(bq, qt + at);  // model: rows-frag
                 mma_bf16_16816(sc[n], kf[f], bq, sc[n]);
                 mma_bf16_16816(sc[n + 1], kf[f], bq + 2, sc[n + 1]);
-                ldmatrix_x4(bo, gt + at);
+                ldmatrix_x4(bo, gt + at);  // model: rows-frag
                 mma_bf16_16816(dp[n], vf[f], bo, dp[n]);
                 mma_bf16_16816(dp[n + 1], vf[f], bo + 2, dp[n + 1]);
             }
@@ -272,9 +272,9 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
         for (int n = 0; n < NQ; n++)
             for (int i = 0; i < 4; i++) {
                 int c = n * 8 + 2 * tq + (i & 1), j = key[i >> 1];
-                float p = j >= sst[c] && j <= i0 + c ? __expf(sc[n][i] * scale - lt[c]) : 0.f;
+                float p = j >= sst[c] && j <= i0 + c ? __expf(sc[n][i] * scale - lt[c]) : 0.f;  // model: column-read
                 sc[n][i] = p;
-                dp[n][i] = p * (dp[n][i] - dt[c]) * scale;
+                dp[n][i] = p * (dp[n][i] - dt[c]) * scale;  // model: column-read
             }
         // dV += P^T dO and dK += dS^T Q: A fragments from the C fragments (queries 16kk..), B
         // fragments of dO and Q by ldmatrix.x4.trans (matrix mi: queries 16kk + 8 (mi & 1) + r,
@@ -287,21 +287,21 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
             for (int n = 0; n < NO; n += 2) {
                 int at = (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1);
                 uint32_t bo[4], bq[4];
-                ldmatrix_x4_trans(bo, gt + at);
+                ldmatrix_x4_trans(bo, gt + at);  // model: cols-frag
                 mma_bf16_16816(dvf[n], pa, bo, dvf[n]);
                 mma_bf16_16816(dvf[n + 1], pa, bo + 2, dvf[n + 1]);
-                ldmatrix_x4_trans(bq, qt + at);
+                ldmatrix_x4_trans(bq, qt + at);  // model: cols-frag
                 mma_bf16_16816(dkf[n], da, bq, dkf[n]);
                 mma_bf16_16816(dkf[n + 1], da, bq + 2, dkf[n + 1]);
             }
         }
-        if (dq_atomic) {
-            // dS^T into shared memory (this warp's 16 key rows), then dQ (QT x D) += dS
+        if (dq_atomic) {  // model: atomic-if
+            // dS^T into shared memory (this warp's 16 key rows), then dQ (QT x D) += dS  // model: begin atomic
             // (QT x 64 keys) K (64 keys x D), warp w taking columns [w D / 4, (w + 1) D / 4).
             for (int n = 0; n < NQ; n++)
                 for (int i = 0; i < 4; i++)
-                    dss[(w * 16 + gq + 8 * (i >> 1)) * LDS + n * 8 + 2 * tq + (i & 1)] =
-                        __float2bfloat16(dp[n][i]);
+                    dss[(w * 16 + gq + 8 * (i >> 1)) * LDS + n * 8 + 2 * tq + (i & 1)] =  // model: dss-store
+                        __float2bfloat16(dp[n][i]);  // model: dss-store
             __syncthreads();
             float* dqh = dq + ((size_t)b * hq + h) * t * D;
             for (int m = 0; m < QT / 16; m++) {
@@ -312,12 +312,12 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
                     // dS's A fragment from dS^T by ldmatrix.x4.trans (matrix mi: key rows
                     // 16kk + 8 (mi >> 1) + r, queries 16m + 8 (mi & 1)).
                     uint32_t sa[4];
-                    ldmatrix_x4_trans(sa, dss + (kk * 16 + 8 * (mi >> 1) + r) * LDS + m * 16 +
-                                              8 * (mi & 1));
+                    ldmatrix_x4_trans(sa, dss + (kk * 16 + 8 * (mi >> 1) + r) * LDS + m * 16 +  // model: atomic-frag
+                                              8 * (mi & 1));  // model: atomic-frag
                     for (int n = 0; n < NW; n += 2) {
                         uint32_t bk[4];
-                        ldmatrix_x4_trans(bk, kvs + (kk * 16 + 8 * (mi & 1) + r) * LD +
-                                                  w * (D / FA2_WARPS) + n * 8 + 8 * (mi >> 1));
+                        ldmatrix_x4_trans(bk, kvs + (kk * 16 + 8 * (mi & 1) + r) * LD +  // model: atomic-frag
+                                                  w * (D / FA2_WARPS) + n * 8 + 8 * (mi >> 1));  // model: atomic-frag
                         mma_bf16_16816(acc[n], sa, bk, acc[n]);
                         mma_bf16_16816(acc[n + 1], sa, bk + 2, acc[n + 1]);
                     }
@@ -328,9 +328,9 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
                         int col = w * (D / FA2_WARPS) + n * 8 + 2 * tq + (i & 1);
                         if (qi < t) atomicAdd(dqh + (size_t)qi * D + col, acc[n][i]);
                     }
-            }
+            }  // model: end atomic
         }
-        __syncthreads();  // stage sb (and dS^T) are free for the next step's writes
+        __syncthreads();  // stage sb (and dS^T) are free for the next step's writes  // model: after-atomic
     }
     for (int h = 0; h < 2; h++) {
         if (key[h] >= t) continue;

@@ -52,9 +52,9 @@ __device__ __forceinline__ bool allowed(const uint32_t* st, int i, int j, int t)
 // fragment loads of consecutive rows fall in different banks), zeros past T; bf16 or f32 source.
 template <int D, int LD, typename T>
 __device__ void stage(bf16* dst, const T* src, int r0, int n, int t) {
-    for (int e = threadIdx.x; e < n * D; e += TC_THREADS) {
+    for (int e = threadIdx.x; e < n * D; e += TC_THREADS) {  // model: stage-loop
         int r = r0 + e / D;
-        dst[(e / D) * LD + e % D] =
+        dst[(e / D) * LD + e % D] =  // model: stage-store
             r < t ? __float2bfloat16(to_f(src[(size_t)r * D + e % D])) : bf_zero();
     }
 }
@@ -67,25 +67,25 @@ __device__ void stage(bf16* dst, const T* src, int r0, int n, int t) {
 // in registers (the warp's 16 query rows), B as TC_KEYS staged key rows of stride LD.
 template <int NF, int LD>
 __device__ void scores(const FragA* af, const bf16* b, float* out) {
-    for (int n = 0; n < TC_KEYS / 16; n++) {
+    for (int n = 0; n < TC_KEYS / 16; n++) {  // model: key-tiles
         FragC sf;
         nvcuda::wmma::fill_fragment(sf, 0.f);
-        for (int f = 0; f < NF; f++) {
+        for (int f = 0; f < NF; f++) {  // model: dim-tiles
             FragBt bf;
-            nvcuda::wmma::load_matrix_sync(bf, b + (n * 16) * LD + f * 16, LD);
+            nvcuda::wmma::load_matrix_sync(bf, b + (n * 16) * LD + f * 16, LD);  // model: wmma-ld
             nvcuda::wmma::mma_sync(sf, af[f], bf, sf);
         }
-        nvcuda::wmma::store_matrix_sync(out + n * 16, sf, TC_KEYS, nvcuda::wmma::mem_row_major);
+        nvcuda::wmma::store_matrix_sync(out + n * 16, sf, TC_KEYS, nvcuda::wmma::mem_row_major);  // model: wmma-keys
     }
 }
 
 // A warp's 16 x 16 accumulator scaled row by row (`scale[r]`) through `buf` (16 x 16 f32).
 __device__ void scale_rows(FragC& f, float* buf, const float* scale, int lane) {
-    nvcuda::wmma::store_matrix_sync(buf, f, 16, nvcuda::wmma::mem_row_major);
+    nvcuda::wmma::store_matrix_sync(buf, f, 16, nvcuda::wmma::mem_row_major);  // model: wmma-16-st
     __syncwarp();
-    for (int e = lane; e < 256; e += 32) buf[e] *= scale[e / 16];
+    for (int e = lane; e < 256; e += 32) buf[e] *= scale[e / 16];  // model: buf-scale
     __syncwarp();
-    nvcuda::wmma::load_matrix_sync(f, buf, 16, nvcuda::wmma::mem_row_major);
+    nvcuda::wmma::load_matrix_sync(f, buf, 16, nvcuda::wmma::mem_row_major);  // model: wmma-16-ld
     __syncwarp();
 }
 
@@ -94,11 +94,11 @@ __device__ void scale_rows(FragC& f, float* buf, const float* scale, int lane) {
 template <int D>
 __device__ void write_rows(float* out, int row0, int col0, int t, FragC& f, float* buf,
                            const float* scale, int lane) {
-    nvcuda::wmma::store_matrix_sync(buf, f, 16, nvcuda::wmma::mem_row_major);
+    nvcuda::wmma::store_matrix_sync(buf, f, 16, nvcuda::wmma::mem_row_major);  // model: wmma-16-st
     __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
+    for (int e = lane; e < 256; e += 32) {  // model: buf-loop
         int r = row0 + e / 16;
-        if (r < t) out[(size_t)r * D + col0 + e % 16] = buf[e] * scale[e / 16];
+        if (r < t) out[(size_t)r * D + col0 + e % 16] = buf[e] * scale[e / 16];  // model: buf-write
     }
     __syncwarp();
 }
@@ -121,51 +121,51 @@ __device__ void tc_fwd(const bf16* q, const bf16* k, const bf16* v, const uint32
     const bf16* vh = v + (size_t)g * t * D;
     const uint32_t* st = starts + (size_t)b * t;
     bf16* qs = &kv[0][0][0];
-    stage<D, LD>(qs, q + (size_t)bh * t * D, r0, TC_ROWS, t);
+    stage<D, LD>(qs, q + (size_t)bh * t * D, r0, TC_ROWS, t);  // model: stage-rows
     __syncthreads();
     FragA qf[NF];
-    for (int f = 0; f < NF; f++)
-        nvcuda::wmma::load_matrix_sync(qf[f], qs + (w * 16) * LD + f * 16, LD);
+    for (int f = 0; f < NF; f++)  // model: dim-tiles
+        nvcuda::wmma::load_matrix_sync(qf[f], qs + (w * 16) * LD + f * 16, LD);  // model: wmma-ld
     FragC of[NF];
-    for (int f = 0; f < NF; f++) nvcuda::wmma::fill_fragment(of[f], 0.f);
+    for (int f = 0; f < NF; f++) nvcuda::wmma::fill_fragment(of[f], 0.f);  // model: dim-tiles
     int row = lane / 2, half = lane % 2, i = r0 + w * 16 + row;
     if (half == 0) {
-        m_s[w][row] = -INFINITY;
-        l_s[w][row] = 0.f;
+        m_s[w][row] = -INFINITY;  // model: row-state
+        l_s[w][row] = 0.f;  // model: row-state
     }
     // The keys the block's rows can see: from its first row's start (starts never decrease)
     // to its last row.
     int last = min(r0 + TC_ROWS, t) - 1;
     int lo = r0 < t ? min((int)st[r0], last + 1) : t;
     __syncthreads();  // every warp holds its Q fragments before the tiles overwrite them
-    for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last; k0 += TC_KEYS) {
-        stage<D, LD>(&kv[0][0][0], kh, k0, TC_KEYS, t);
-        stage<D, LD>(&kv[1][0][0], vh, k0, TC_KEYS, t);
+    for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last; k0 += TC_KEYS) {  // model: fwd-main
+        stage<D, LD>(&kv[0][0][0], kh, k0, TC_KEYS, t);  // model: stage-keys
+        stage<D, LD>(&kv[1][0][0], vh, k0, TC_KEYS, t);  // model: stage-keys
         __syncthreads();
         // S = Q K^T: this warp's 16 rows x TC_KEYS keys.
         scores<NF, LD>(qf, &kv[0][0][0], &sbuf[w][0][0]);
         __syncwarp();
         // Online softmax of row i over this tile: lanes 2r, 2r + 1 take half the keys each.
-        float sv[HALF], mx = -INFINITY, mold = m_s[w][row];
-        for (int c = 0; c < HALF; c++) {
+        float sv[HALF], mx = -INFINITY, mold = m_s[w][row];  // model: row-state
+        for (int c = 0; c < HALF; c++) {  // model: half-row
             int col = half * HALF + c;
-            float x = allowed(st, i, k0 + col, t) ? sbuf[w][row][col] * scale : -INFINITY;
+            float x = allowed(st, i, k0 + col, t) ? sbuf[w][row][col] * scale : -INFINITY;  // model: s-read
             sv[c] = x;
             mx = fmaxf(mx, x);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         float mnew = fmaxf(mold, mx);
         float corr = mnew == -INFINITY ? 1.f : __expf(mold - mnew), sum = 0.f;
-        for (int c = 0; c < HALF; c++) {
+        for (int c = 0; c < HALF; c++) {  // model: half-row
             float p = sv[c] == -INFINITY ? 0.f : __expf(sv[c] - mnew);
             sum += p;
-            pbuf[w][row][half * HALF + c] = __float2bfloat16(p);
+            pbuf[w][row][half * HALF + c] = __float2bfloat16(p);  // model: p-write
         }
         sum += __shfl_xor_sync(0xffffffff, sum, 1);
         if (half == 0) {
-            m_s[w][row] = mnew;
-            l_s[w][row] = l_s[w][row] * corr + sum;
-            c_s[w][row] = corr;
+            m_s[w][row] = mnew;  // model: row-state
+            l_s[w][row] = l_s[w][row] * corr + sum;  // model: row-state
+            c_s[w][row] = corr;  // model: row-state
         }
         // O = O * corr + P V; the rescale's round trip through shared memory is skipped when
         // no row of the warp has a new maximum (corr is exactly 1: the result is the same).
@@ -173,26 +173,26 @@ __device__ void tc_fwd(const bf16* q, const bf16* k, const bf16* v, const uint32
         for (int o = 16; o > 0; o >>= 1) rescale |= __shfl_xor_sync(0xffffffff, rescale, o);
         __syncwarp();
         if (rescale)
-            for (int f = 0; f < NF; f++) scale_rows(of[f], obuf[w], c_s[w], lane);
+            for (int f = 0; f < NF; f++) scale_rows(of[f], obuf[w], c_s[w], lane);  // model: rescale
         FragA pf[TC_KEYS / 16];
         for (int kk = 0; kk < TC_KEYS / 16; kk++)
-            nvcuda::wmma::load_matrix_sync(pf[kk], &pbuf[w][0][kk * 16], TC_KEYS);
+            nvcuda::wmma::load_matrix_sync(pf[kk], &pbuf[w][0][kk * 16], TC_KEYS);  // model: wmma-p-keys
         for (int f = 0; f < NF; f++)
             for (int kk = 0; kk < TC_KEYS / 16; kk++) {
                 FragB vf;
-                nvcuda::wmma::load_matrix_sync(vf, &kv[1][kk * 16][f * 16], LD);
+                nvcuda::wmma::load_matrix_sync(vf, &kv[1][kk * 16][f * 16], LD);  // model: wmma-ld
                 nvcuda::wmma::mma_sync(of[f], pf[kk], vf, of[f]);
             }
         __syncthreads();  // every warp is done with the tiles before they are restaged
     }
     // out = O / l (a row with no key gets 0 and lse = -inf).
-    if (half == 0) c_s[w][row] = l_s[w][row] > 0.f ? 1.f / l_s[w][row] : 0.f;
+    if (half == 0) c_s[w][row] = l_s[w][row] > 0.f ? 1.f / l_s[w][row] : 0.f;  // model: row-state
     __syncwarp();
     for (int f = 0; f < NF; f++)
         write_rows<D>(out + (size_t)bh * t * D, r0 + w * 16, f * 16, t, of[f], obuf[w], c_s[w],
                       lane);
     if (half == 0 && i < t)
-        lse[(size_t)bh * t + i] = l_s[w][row] > 0.f ? m_s[w][row] + logf(l_s[w][row]) : -INFINITY;
+        lse[(size_t)bh * t + i] = l_s[w][row] > 0.f ? m_s[w][row] + logf(l_s[w][row]) : -INFINITY;  // model: row-state
 }
 
 // dQ: grid and rows as the forward. dq_i = scale * sum_j p_ij (dO_i . v_j - delta_i) k_j.
@@ -212,31 +212,31 @@ __device__ void tc_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const uin
     const bf16* kh = k + (size_t)g * t * D;
     const bf16* vh = v + (size_t)g * t * D;
     const uint32_t* st = starts + (size_t)b * t;
-    stage<D, LD>(&kv[0][0][0], q + (size_t)bh * t * D, r0, TC_ROWS, t);
-    stage<D, LD>(&dos[0][0], dout + (size_t)bh * t * D, r0, TC_ROWS, t);
+    stage<D, LD>(&kv[0][0][0], q + (size_t)bh * t * D, r0, TC_ROWS, t);  // model: stage-rows
+    stage<D, LD>(&dos[0][0], dout + (size_t)bh * t * D, r0, TC_ROWS, t);  // model: stage-rows
     __syncthreads();
     FragA qf[NF];
     for (int f = 0; f < NF; f++)
-        nvcuda::wmma::load_matrix_sync(qf[f], &kv[0][0][0] + (w * 16) * LD + f * 16, LD);
+        nvcuda::wmma::load_matrix_sync(qf[f], &kv[0][0][0] + (w * 16) * LD + f * 16, LD);  // model: wmma-ld
     FragC acc[NF];
     for (int f = 0; f < NF; f++) nvcuda::wmma::fill_fragment(acc[f], 0.f);
     int row = lane / 2, half = lane % 2, i = r0 + w * 16 + row;
     float l_i = i < t ? lse[(size_t)bh * t + i] : 0.f, d_i = i < t ? delta[(size_t)bh * t + i] : 0.f;
     int last = min(r0 + TC_ROWS, t) - 1;
     int lo = r0 < t ? min((int)st[r0], last + 1) : t;
-    if (half == 0) one[w][row] = 1.f;
+    if (half == 0) one[w][row] = 1.f;  // model: row-state
     __syncthreads();
-    for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last; k0 += TC_KEYS) {
-        stage<D, LD>(&kv[0][0][0], kh, k0, TC_KEYS, t);
-        stage<D, LD>(&kv[1][0][0], vh, k0, TC_KEYS, t);
+    for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last; k0 += TC_KEYS) {  // model: dq-main
+        stage<D, LD>(&kv[0][0][0], kh, k0, TC_KEYS, t);  // model: stage-keys
+        stage<D, LD>(&kv[1][0][0], vh, k0, TC_KEYS, t);  // model: stage-keys
         __syncthreads();
         // S = Q K^T, then P = exp(S scale - lse) on the allowed entries.
         scores<NF, LD>(qf, &kv[0][0][0], &sbuf[w][0][0]);
         __syncwarp();
         float p[HALF];
-        for (int c = 0; c < HALF; c++) {
+        for (int c = 0; c < HALF; c++) {  // model: half-row
             int col = half * HALF + c;
-            p[c] = allowed(st, i, k0 + col, t) ? __expf(sbuf[w][row][col] * scale - l_i) : 0.f;
+            p[c] = allowed(st, i, k0 + col, t) ? __expf(sbuf[w][row][col] * scale - l_i) : 0.f;  // model: s-read
         }
         __syncwarp();  // every lane read S before dP overwrites it
         // dP = dO V^T.
@@ -246,26 +246,26 @@ __device__ void tc_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const uin
             for (int f = 0; f < NF; f++) {
                 FragA gf;
                 FragBt vf;
-                nvcuda::wmma::load_matrix_sync(gf, &dos[w * 16][f * 16], LD);
-                nvcuda::wmma::load_matrix_sync(vf, &kv[1][n * 16][f * 16], LD);
+                nvcuda::wmma::load_matrix_sync(gf, &dos[w * 16][f * 16], LD);  // model: wmma-ld
+                nvcuda::wmma::load_matrix_sync(vf, &kv[1][n * 16][f * 16], LD);  // model: wmma-ld
                 nvcuda::wmma::mma_sync(df, gf, vf, df);
             }
-            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][n * 16], df, TC_KEYS,
+            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][n * 16], df, TC_KEYS,  // model: wmma-keys
                                             nvcuda::wmma::mem_row_major);
         }
         __syncwarp();
         // dS = P (dP - delta) scale, then dQ += dS K.
-        for (int c = 0; c < HALF; c++) {
+        for (int c = 0; c < HALF; c++) {  // model: half-row
             int col = half * HALF + c;
-            pbuf[w][row][col] = __float2bfloat16(p[c] * (sbuf[w][row][col] - d_i) * scale);
+            pbuf[w][row][col] = __float2bfloat16(p[c] * (sbuf[w][row][col] - d_i) * scale);  // model: ds-rw
         }
         __syncwarp();
         for (int kk = 0; kk < TC_KEYS / 16; kk++) {
             FragA sf;
-            nvcuda::wmma::load_matrix_sync(sf, &pbuf[w][0][kk * 16], TC_KEYS);
+            nvcuda::wmma::load_matrix_sync(sf, &pbuf[w][0][kk * 16], TC_KEYS);  // model: wmma-p-keys
             for (int f = 0; f < NF; f++) {
                 FragB kf;
-                nvcuda::wmma::load_matrix_sync(kf, &kv[0][kk * 16][f * 16], LD);
+                nvcuda::wmma::load_matrix_sync(kf, &kv[0][kk * 16][f * 16], LD);  // model: wmma-ld
                 nvcuda::wmma::mma_sync(acc[f], sf, kf, acc[f]);
             }
         }
@@ -296,28 +296,28 @@ __device__ void tc_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const u
     int kb0 = blockIdx.x * TC_ROWS, bg = blockIdx.y;
     int b = bg / hkv, g = bg % hkv, rep = hq / hkv;
     const uint32_t* st = starts + (size_t)b * t;
-    stage<D, D>(&ks[0][0], k + (size_t)bg * t * D, kb0, TC_ROWS, t);
-    stage<D, D>(&vs[0][0], v + (size_t)bg * t * D, kb0, TC_ROWS, t);
+    stage<D, D>(&ks[0][0], k + (size_t)bg * t * D, kb0, TC_ROWS, t);  // model: stage-rows
+    stage<D, D>(&vs[0][0], v + (size_t)bg * t * D, kb0, TC_ROWS, t);  // model: stage-rows
     FragC dkf[NF], dvf[NF];
     for (int f = 0; f < NF; f++) {
         nvcuda::wmma::fill_fragment(dkf[f], 0.f);
         nvcuda::wmma::fill_fragment(dvf[f], 0.f);
     }
     int kr = lane / 2, half = lane % 2, j = kb0 + w * 16 + kr;  // this lane's key row
-    if (half == 0) one[w][kr] = 1.f;
+    if (half == 0) one[w][kr] = 1.f;  // model: row-state
     // The query rows any key of the block can reach: [kb0, end).
     int klast = min(kb0 + TC_ROWS, t) - 1, end = kb0;
     while (end < t && (int)st[end] <= klast) end++;
     __syncthreads();
     for (int h = g * rep; h < (g + 1) * rep; h++) {
         size_t base = ((size_t)b * hq + h) * t;
-        for (int i0 = (kb0 / 16) * 16; i0 < end; i0 += 16) {
-            stage<D, LD>(&qt[0][0], q + base * D, i0, 16, t);
-            stage<D, LD>(&gt[0][0], dout + base * D, i0, 16, t);
+        for (int i0 = (kb0 / 16) * 16; i0 < end; i0 += 16) {  // model: dkdv-main
+            stage<D, LD>(&qt[0][0], q + base * D, i0, 16, t);  // model: stage-16
+            stage<D, LD>(&gt[0][0], dout + base * D, i0, 16, t);  // model: stage-16
             if (threadIdx.x < 16) {
                 int i = i0 + threadIdx.x;
-                lse_t[threadIdx.x] = i < t ? lse[base + i] : 0.f;
-                delta_t[threadIdx.x] = i < t ? delta[base + i] : 0.f;
+                lse_t[threadIdx.x] = i < t ? lse[base + i] : 0.f;  // model: col-store
+                delta_t[threadIdx.x] = i < t ? delta[base + i] : 0.f;  // model: col-store
             }
             __syncthreads();
             // S^T = K Q^T: this warp's 16 keys x 16 queries.
@@ -326,25 +326,25 @@ __device__ void tc_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const u
             for (int f = 0; f < NF; f++) {
                 FragA kf;
                 FragBt qf;
-                nvcuda::wmma::load_matrix_sync(kf, &ks[w * 16][f * 16], D);
-                nvcuda::wmma::load_matrix_sync(qf, &qt[0][f * 16], LD);
+                nvcuda::wmma::load_matrix_sync(kf, &ks[w * 16][f * 16], D);  // model: wmma-d
+                nvcuda::wmma::load_matrix_sync(qf, &qt[0][f * 16], LD);  // model: wmma-ld
                 nvcuda::wmma::mma_sync(sf, kf, qf, sf);
             }
-            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][0], sf, 16, nvcuda::wmma::mem_row_major);
+            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][0], sf, 16, nvcuda::wmma::mem_row_major);  // model: wmma-16-st
             __syncwarp();
             float p[8];
-            for (int c = 0; c < 8; c++) {
+            for (int c = 0; c < 8; c++) {  // model: col-loop
                 int col = half * 8 + c, i = i0 + col;
-                p[c] = allowed(st, i, j, t) ? __expf(sbuf[w][kr][col] * scale - lse_t[col]) : 0.f;
-                pbuf[w][kr][col] = __float2bfloat16(p[c]);
+                p[c] = allowed(st, i, j, t) ? __expf(sbuf[w][kr][col] * scale - lse_t[col]) : 0.f;  // model: scan-read
+                pbuf[w][kr][col] = __float2bfloat16(p[c]);  // model: scan-write
             }
             __syncwarp();
             // dV += P^T dO.
             FragA pf;
-            nvcuda::wmma::load_matrix_sync(pf, &pbuf[w][0][0], 16);
+            nvcuda::wmma::load_matrix_sync(pf, &pbuf[w][0][0], 16);  // model: wmma-p-16
             for (int f = 0; f < NF; f++) {
                 FragB gf;
-                nvcuda::wmma::load_matrix_sync(gf, &gt[0][f * 16], LD);
+                nvcuda::wmma::load_matrix_sync(gf, &gt[0][f * 16], LD);  // model: wmma-ld
                 nvcuda::wmma::mma_sync(dvf[f], pf, gf, dvf[f]);
             }
             // dP^T = V dO^T.
@@ -353,23 +353,23 @@ __device__ void tc_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const u
             for (int f = 0; f < NF; f++) {
                 FragA vf;
                 FragBt gf;
-                nvcuda::wmma::load_matrix_sync(vf, &vs[w * 16][f * 16], D);
-                nvcuda::wmma::load_matrix_sync(gf, &gt[0][f * 16], LD);
+                nvcuda::wmma::load_matrix_sync(vf, &vs[w * 16][f * 16], D);  // model: wmma-d
+                nvcuda::wmma::load_matrix_sync(gf, &gt[0][f * 16], LD);  // model: wmma-ld
                 nvcuda::wmma::mma_sync(df, vf, gf, df);
             }
             __syncwarp();  // every lane read S^T and loaded P^T before both are rewritten
-            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][0], df, 16, nvcuda::wmma::mem_row_major);
+            nvcuda::wmma::store_matrix_sync(&sbuf[w][0][0], df, 16, nvcuda::wmma::mem_row_major);  // model: wmma-16-st
             __syncwarp();
             // dS^T = P^T (dP^T - delta) scale, then dK += dS^T Q.
-            for (int c = 0; c < 8; c++) {
+            for (int c = 0; c < 8; c++) {  // model: col-loop
                 int col = half * 8 + c;
-                pbuf[w][kr][col] = __float2bfloat16(p[c] * (sbuf[w][kr][col] - delta_t[col]) * scale);
+                pbuf[w][kr][col] = __float2bfloat16(p[c] * (sbuf[w][kr][col] - delta_t[col]) * scale);  // model: scan-rw
             }
             __syncwarp();
-            nvcuda::wmma::load_matrix_sync(pf, &pbuf[w][0][0], 16);
+            nvcuda::wmma::load_matrix_sync(pf, &pbuf[w][0][0], 16);  // model: wmma-p-16
             for (int f = 0; f < NF; f++) {
                 FragB qf;
-                nvcuda::wmma::load_matrix_sync(qf, &qt[0][f * 16], LD);
+                nvcuda::wmma::load_matrix_sync(qf, &qt[0][f * 16], LD);  // model: wmma-ld
                 nvcuda::wmma::mma_sync(dkf[f], pf, qf, dkf[f]);
             }
             __syncthreads();  // every warp is done with the Q and dO tiles before restaging

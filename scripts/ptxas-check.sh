@@ -17,18 +17,17 @@ while [ $# -gt 0 ]; do
   esac
 done
 command -v nvcc >/dev/null || eval "$(bash scripts/cuda-toolchain.sh --compiler-only)"
-# The launch geometry the kernels are compiled for, from the constants the Rust launches use.
+# The launch geometry the kernels are compiled for: every `pub const NAME: TYPE = N;` of
+# crates/model/src/kernels/geometry.rs as -DTERSE_NAME=N, plus TERSE_GEOMETRY (the rule of
+# crates/model/build_geometry.rs, which build.rs follows; a line it cannot read fails here too).
+geometry=crates/model/src/kernels/geometry.rs
 defines=()
-for pair in RMSNORM_BLOCK:TERSE_RMSNORM_BLOCK LOGPROB_BLOCK:TERSE_LOGPROB_BLOCK \
-  SAMPLE_BLOCK:TERSE_SAMPLE_BLOCK \
-  DECODE_WARPS:TERSE_DECODE_WARPS DECODE_MAX_HEAD_DIM:TERSE_DECODE_MAX_HEAD_DIM \
-  FLASH_WARPS:TERSE_FLASH_WARPS FLASH_TC_WARPS:TERSE_FLASH_TC_WARPS \
-  FLASH_TC_KEYS:TERSE_FLASH_TC_KEYS; do
-  konst="${pair%%:*}"
-  value=$(sed -n "s/^pub const ${konst}: [a-z0-9]* = \([0-9]*\);/\1/p" crates/model/src/kernels/geometry.rs)
-  [ -n "$value" ] || { echo "ptxas-check.sh: no ${konst} in kernels/geometry.rs" >&2; exit 2; }
-  defines+=("-D${pair##*:}=${value}")
-done
+while IFS= read -r line; do
+  def=$(sed -n 's/^pub const \([A-Z0-9_]*\): [a-z0-9]* = \([0-9]*\);$/-DTERSE_\1=\2/p' <<<"$line")
+  [ -n "$def" ] || { echo "ptxas-check.sh: ${geometry}: \`${line}\` is not \`pub const NAME: TYPE = NUMBER;\`" >&2; exit 2; }
+  defines+=("$def")
+done < <(grep '^pub const ' "$geometry")
+defines+=(-DTERSE_GEOMETRY=1)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bad=0

@@ -102,7 +102,7 @@ pub fn run() -> Result<ExitCode> {
     );
     let out = root.join("target/kernel-model");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let sources = profile::sources(warps, keys);
+    let sources = profile::sources(&root.join("kernels"), warps, keys)?;
     let g = model::H200;
     let files: Vec<String> = sources
         .iter()

@@ -271,9 +271,9 @@ pub mod launch {
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
     use crate::kernels::kv_cache::launch;
-    use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::launching::{by_dtype, func, store, view, Described};
     use candle_core::backend::BackendStorage;
-    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
     pub fn kv_write(
         cache: &mut CudaStorage,
@@ -290,22 +290,15 @@ mod cuda {
         let dev = cache.device().clone();
         let l = launch::kv_write(store(cache.dtype(), "kv write")?, [b, hkv, cap, d], slot);
         let f = func!(&dev, l)?;
-        macro_rules! launch {
-        ($t:ty) => {{
-            let sv = view::<$t>(src, ls, "kv src")?;
-            let c = cache.as_cuda_slice_mut::<$t>()?;
+        by_dtype!(cache.dtype(), "kv write", T => {
+            let sv = view::<T>(src, ls, "kv src")?;
+            let c = cache.as_cuda_slice_mut::<T>()?;
             let mut dsc = Described::new(f.builder(), &l);
             dsc.buf(0, &sv)?.buf(1, c)?;
             // SAFETY: src holds B x Hkv x D elements and the cache B x Hkv x cap x D, slot < cap
             // (checked).
-            unsafe { dsc.launch() }?;
-        }};
-    }
-        match cache.dtype() {
-            DType::BF16 => launch!(half::bf16),
-            _ => launch!(f32),
-        }
-        Ok(())
+            unsafe { dsc.launch() }
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -333,30 +326,24 @@ mod cuda {
         let l = launch::decode_attention(st, [b, hq, hkv, cap, d], len);
         let f = func!(dev, l)?;
         let valid_d = view::<u8>(valid, lvalid, "validity flags")?;
-        macro_rules! launch {
-            ($t:ty) => {{
-                let (qv, kv, vv) = (
-                    view::<$t>(q, lq, "q")?,
-                    view::<$t>(k, lk, "k cache")?,
-                    view::<$t>(v, lv, "v cache")?,
-                );
-                // SAFETY: every element is written by the kernel.
-                let mut out = unsafe { dev.alloc::<$t>(b * hq * d)? };
-                let mut dsc = Described::new(f.builder(), &l);
-                dsc.buf(0, &qv)?
-                    .buf(1, &kv)?
-                    .buf(2, &vv)?
-                    .buf(3, &valid_d)?
-                    .buf(4, &mut out)?;
-                // SAFETY: the shapes were checked by `check::decode_attention`.
-                unsafe { dsc.launch() }?;
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }};
-        }
-        let out = match q.dtype() {
-            DType::BF16 => launch!(half::bf16),
-            _ => launch!(f32),
-        };
+        let out = by_dtype!(q.dtype(), "decode attention", T => {
+            let (qv, kv, vv) = (
+                view::<T>(q, lq, "q")?,
+                view::<T>(k, lk, "k cache")?,
+                view::<T>(v, lv, "v cache")?,
+            );
+            // SAFETY: every element is written by the kernel.
+            let mut out = unsafe { dev.alloc::<T>(b * hq * d)? };
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &qv)?
+                .buf(1, &kv)?
+                .buf(2, &vv)?
+                .buf(3, &valid_d)?
+                .buf(4, &mut out)?;
+            // SAFETY: the shapes were checked by `check::decode_attention`.
+            unsafe { dsc.launch() }?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        });
         Ok((out, lq.shape().clone()))
     }
 }

@@ -36,21 +36,34 @@ pub(crate) fn store(dt: DType, what: &str) -> Result<Store> {
     }
 }
 
-/// The PTX module of a kernels/ file, as build.rs compiled it.
+/// `by_dtype!(dtype, what, T => body)`: `body` with the type alias `T` set to the storage type
+/// of `dtype` (f32 or bf16, the two a kernel is instantiated for; another fails naming `what`).
+/// The one dtype dispatch of the launches: a body that views buffers as `T`, allocates `T` and
+/// pushes them into a `Described` launch is written once for both instantiations.
+macro_rules! by_dtype {
+    ($dt:expr, $what:expr, $t:ident => $body:expr) => {
+        match $dt {
+            candle_core::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            other => crate::fail!("{}: no kernel for {other:?} (f32 or bf16)", $what),
+        }
+    };
+}
+pub(crate) use by_dtype;
+
+/// The PTX module of a kernels/ file, as build.rs compiled it (its `MODULES` table, one row per
+/// kernels/*.cu).
 pub(crate) fn module_ptx(module: &str) -> Result<&'static str> {
-    Ok(match module {
-        "rmsnorm" => ptx::RMSNORM,
-        "rope" => ptx::ROPE,
-        "logprob" => ptx::LOGPROB,
-        "sample" => ptx::SAMPLE,
-        "kv_cache" => ptx::KV_CACHE,
-        "paged_attention" => ptx::PAGED_ATTENTION,
-        "flash_attn" => ptx::FLASH_ATTN,
-        "flash_tc" => ptx::FLASH_TC,
-        "flash_fa2" => ptx::FLASH_FA2,
-        "flash_fa2_bwd" => ptx::FLASH_FA2_BWD,
-        other => crate::fail!("no PTX module for kernels/{other}.cu"),
-    })
+    match ptx::MODULES.iter().find(|(stem, _)| *stem == module) {
+        Some((_, ptx)) => Ok(ptx),
+        None => crate::fail!("no PTX module for kernels/{module}.cu"),
+    }
 }
 
 /// The function a launch description names, loaded once per device by candle's cache (a

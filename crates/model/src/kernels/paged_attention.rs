@@ -303,12 +303,12 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::launching::{by_dtype, func, store, view, Described};
     use crate::kernels::paged_attention::launch;
     use crate::kernels::paged_attention::PagedMeta;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::CudaView;
-    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
     /// One of a paged step's u32 tensors (tables, lengths, slots) as a device view.
     fn meta_view<'a>(
@@ -342,21 +342,14 @@ mod cuda {
         let f = func!(&dev, l)?;
         let guard = meta.dev[2].storage_and_layout();
         let slots = meta_view(&guard.0, guard.1, "write slots")?;
-        macro_rules! launch {
-            ($t:ty) => {{
-                let sv = view::<$t>(src, ls, "paged kv src")?;
-                let p = pool.as_cuda_slice_mut::<$t>()?;
-                let mut dsc = Described::new(f.builder(), &l);
-                dsc.buf(0, &sv)?.buf(1, p)?.buf(2, &slots)?;
-                // SAFETY: every slot was checked to lie in the pool (`check::paged_tables`).
-                unsafe { dsc.launch() }?;
-            }};
-        }
-        match pool.dtype() {
-            DType::BF16 => launch!(half::bf16),
-            _ => launch!(f32),
-        }
-        Ok(())
+        by_dtype!(pool.dtype(), "paged kv write", T => {
+            let sv = view::<T>(src, ls, "paged kv src")?;
+            let p = pool.as_cuda_slice_mut::<T>()?;
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &sv)?.buf(1, p)?.buf(2, &slots)?;
+            // SAFETY: every slot was checked to lie in the pool (`check::paged_tables`).
+            unsafe { dsc.launch() }
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -386,32 +379,26 @@ mod cuda {
         );
         let tables = meta_view(&gt.0, gt.1, "block tables")?;
         let lens = meta_view(&gl.0, gl.1, "lengths")?;
-        macro_rules! launch {
-            ($t:ty) => {{
-                let (qv, kv, vv) = (
-                    view::<$t>(q, lq, "q")?,
-                    view::<$t>(k, lk, "k pool")?,
-                    view::<$t>(v, lv, "v pool")?,
-                );
-                // SAFETY: every element is written by the kernel.
-                let mut out = unsafe { dev.alloc::<$t>(b * hq * d)? };
-                let mut dsc = Described::new(f.builder(), &l);
-                dsc.buf(0, &qv)?
-                    .buf(1, &kv)?
-                    .buf(2, &vv)?
-                    .buf(3, &tables)?
-                    .buf(4, &lens)?
-                    .buf(5, &mut out)?;
-                // SAFETY: the tables were checked to hold blocks of the pool and lengths within
-                // them.
-                unsafe { dsc.launch() }?;
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }};
-        }
-        let out = match q.dtype() {
-            DType::BF16 => launch!(half::bf16),
-            _ => launch!(f32),
-        };
+        let out = by_dtype!(q.dtype(), "paged attention", T => {
+            let (qv, kv, vv) = (
+                view::<T>(q, lq, "q")?,
+                view::<T>(k, lk, "k pool")?,
+                view::<T>(v, lv, "v pool")?,
+            );
+            // SAFETY: every element is written by the kernel.
+            let mut out = unsafe { dev.alloc::<T>(b * hq * d)? };
+            let mut dsc = Described::new(f.builder(), &l);
+            dsc.buf(0, &qv)?
+                .buf(1, &kv)?
+                .buf(2, &vv)?
+                .buf(3, &tables)?
+                .buf(4, &lens)?
+                .buf(5, &mut out)?;
+            // SAFETY: the tables were checked to hold blocks of the pool and lengths within
+            // them.
+            unsafe { dsc.launch() }?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        });
         Ok((out, lq.shape().clone()))
     }
 }

@@ -3,10 +3,13 @@
 //! `load_rows<D, ROWS>` (16-byte cp.async copies, `LDGSTS` in the SASS): the trip count of its
 //! copy loop, which nvcc unrolls 4 times with the remainder peeled in front, whether a copy is
 //! the K/V pipeline's (`fa2_kv_load`, FA2_KEYS rows, in the forward and the dQ kernel), and its
-//! lanes' shared-memory destinations. Lines are fa2.cuh's, checked by the test below.
+//! lanes' shared-memory destinations. Lines are fa2.cuh's `// model:` tags (marks.rs).
 
 use super::super::banks::{copy_rows, ldmatrix_rows};
+use super::marks::Marks;
 use super::{Chain, Trips};
+use anyhow::Result;
+use std::ops::RangeInclusive;
 
 /// The header's file name in the SASS line info.
 pub const FILE: &str = "fa2.cuh";
@@ -14,48 +17,68 @@ pub const FILE: &str = "fa2.cuh";
 pub const KEYS: u64 = 64;
 /// Padding of each shared row, bf16 elements (`FA2_PAD`).
 pub const PAD: u64 = 8;
-/// load_rows's lines (its body, the copy loop's `for` at :26).
-const LOAD_ROWS: std::ops::RangeInclusive<u32> = 24..=31;
-const COPY_LOOP: u32 = 26;
-/// fa2_kv_load's two load_rows calls (K, then V).
-const KV_LOADS: [u32; 2] = [50, 51];
+
+/// fa2.cuh's tagged lines.
+#[derive(Debug, Clone)]
+pub struct Fa2 {
+    /// load_rows's body (`begin/end load-rows`).
+    load_rows: RangeInclusive<u32>,
+    /// Its copy loop's `for` (`copy-loop`).
+    copy_loop: u32,
+    /// fa2_kv_load's two load_rows calls, K then V (`kv-load`).
+    kv_loads: Vec<u32>,
+}
+
+impl Fa2 {
+    /// From the header's source.
+    pub fn new(text: &str) -> Result<Fa2> {
+        let m = Marks::parse(FILE, text)?;
+        Ok(Fa2 {
+            load_rows: m.region("load-rows")?,
+            copy_loop: m.line("copy-loop")?,
+            kv_loads: m.lines("kv-load"),
+        })
+    }
+
+    /// Whether an instruction at `chain` is load_rows's code.
+    pub fn in_load_rows(&self, chain: &Chain) -> bool {
+        chain
+            .iter()
+            .any(|(f, l)| f == FILE && self.load_rows.contains(l))
+    }
+
+    /// If `back` is the back-edge of load_rows's copy loop: its call site, the first line of
+    /// `file` in the chain.
+    pub fn load_rows_call(&self, back: &Chain, file: &str) -> Option<u32> {
+        match back.first() {
+            Some((f, l)) if f == FILE && *l == self.copy_loop => {
+                super::lines_in(back, file).first().copied()
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `back` is the back-edge of load_rows's copy loop called by the K/V pipeline
+    /// (fa2_kv_load, wherever the kernel calls it from): FA2_KEYS rows.
+    pub fn is_kv_copy(&self, back: &Chain) -> bool {
+        matches!(back.first(), Some((f, l)) if f == FILE && *l == self.copy_loop)
+            && matches!(back.get(1), Some((f, l)) if f == FILE && self.kv_loads.contains(l))
+    }
+
+    /// The copy loop of load_rows<D, ROWS> in a block of `warps` warps: `ROWS * D / 8` chunks
+    /// over the block's threads, one LDGSTS each.
+    pub fn load_rows_trips(&self, d: u64, rows: u64, warps: u64) -> Trips {
+        Trips {
+            per_warp: Trips::strided(rows * d / 8, warps),
+            stores: 1.0,
+            peel: Some((FILE, self.load_rows.clone())),
+        }
+    }
+}
 
 /// Bytes between the rows of a padded tile of head size `d`.
 pub fn row_bytes(d: u64) -> u64 {
     (d + PAD) * 2
-}
-
-/// Whether an instruction at `chain` is load_rows's code.
-pub fn in_load_rows(chain: &Chain) -> bool {
-    chain
-        .iter()
-        .any(|(f, l)| f == FILE && LOAD_ROWS.contains(l))
-}
-
-/// If `back` is the back-edge of load_rows's copy loop: its call site, the first line of `file`
-/// in the chain.
-pub fn load_rows_call(back: &Chain, file: &str) -> Option<u32> {
-    match back.first() {
-        Some((f, COPY_LOOP)) if f == FILE => super::lines_in(back, file).first().copied(),
-        _ => None,
-    }
-}
-
-/// Whether `back` is the back-edge of load_rows's copy loop called by the K/V pipeline
-/// (fa2_kv_load, wherever the kernel calls it from): FA2_KEYS rows.
-pub fn is_kv_copy(back: &Chain) -> bool {
-    matches!(back.first(), Some((f, COPY_LOOP)) if f == FILE)
-        && matches!(back.get(1), Some((f, l)) if f == FILE && KV_LOADS.contains(l))
-}
-
-/// The copy loop of load_rows<D, ROWS> in a block of `warps` warps: `ROWS * D / 8` chunks over
-/// the block's threads, one LDGSTS each.
-pub fn load_rows_trips(d: u64, rows: u64, warps: u64) -> Trips {
-    Trips {
-        per_warp: Trips::strided(rows * d / 8, warps),
-        stores: 1.0,
-        peel: Some((FILE, LOAD_ROWS)),
-    }
 }
 
 /// The LDGSTS destinations: chunk e % (D / 8) of row e / (D / 8), e = threadIdx.x + i * threads.
@@ -77,58 +100,73 @@ pub fn ldsm_cols_major(stride: u64) -> Vec<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::marks::assert_tags;
     use super::*;
 
-    /// The line numbers and constants above still match fa2.cuh.
+    const SRC: &str = include_str!("../../../../kernels/fa2.cuh");
+
+    /// The tags sit on the lines they name, and the constants above match the header's.
     #[test]
-    fn the_profiles_lines_match_fa2_cuh() {
-        let src = include_str!("../../../../kernels/fa2.cuh");
-        let line = |n: usize| src.lines().nth(n - 1).unwrap_or_default();
-        for (n, text) in [
-            (9, "#define FA2_WARPS TERSE_FLASH_TC_WARPS"),
-            (13, "#define FA2_KEYS 64"),
-            (15, "#define FA2_PAD 8"),
-            (24, "__device__ __forceinline__ void load_rows("),
-            (
-                26,
-                "for (int e = threadIdx.x; e < ROWS * CHUNKS; e += FA2_THREADS)",
-            ),
-            (29, "cp_async16(dst + r * LD + c * 8"),
-            (31, "}"),
-            (50, "load_rows<D, FA2_KEYS>(ks, kh, k0, t)"),
-            (51, "load_rows<D, FA2_KEYS>(vs, vh, k0, t)"),
+    fn the_profiles_tags_match_fa2_cuh() {
+        for define in [
+            "#define FA2_WARPS TERSE_FLASH_TC_WARPS\n",
+            &format!("#define FA2_KEYS {KEYS}\n"),
+            &format!("#define FA2_PAD {PAD}\n"),
         ] {
-            assert!(
-                line(n).contains(text),
-                "fa2.cuh:{n} is `{}`",
-                line(n).trim()
-            );
+            assert!(SRC.contains(define), "fa2.cuh has no `{}`", define.trim());
         }
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
+        assert_tags(
+            &m,
+            SRC,
+            &[
+                (
+                    "begin load-rows",
+                    1,
+                    "__device__ __forceinline__ void load_rows(",
+                ),
+                (
+                    "copy-loop",
+                    1,
+                    "for (int e = threadIdx.x; e < ROWS * CHUNKS; e += FA2_THREADS)",
+                ),
+                ("copy", 1, "cp_async16(dst + r * LD + c * 8"),
+                ("end load-rows", 1, "}"),
+                ("kv-load", 2, "load_rows<D, FA2_KEYS>("),
+            ],
+        );
     }
 
     #[test]
     fn the_copy_loop_is_found_by_its_call_site() {
+        let m = Marks::parse(FILE, SRC).expect("the kernel sources' tags");
+        let fa2 = Fa2::new(SRC).expect("the kernel sources' tags");
         let s = |f: &str, l: u32| (f.to_string(), l);
+        let (copy_loop, copy) = (
+            m.line("copy-loop").expect("the kernel sources' tags"),
+            m.line("copy").expect("the kernel sources' tags"),
+        );
+        let kv = m.lines("kv-load");
         let back = [
-            s("fa2.cuh", 26),
+            s(FILE, copy_loop),
             s("flash_fa2.cu", 89),
             s("flash_fa2.cu", 187),
         ];
-        assert_eq!(load_rows_call(&back, "flash_fa2.cu"), Some(89));
-        assert_eq!(load_rows_call(&back[1..], "flash_fa2.cu"), None);
-        assert!(!is_kv_copy(&back));
+        assert_eq!(fa2.load_rows_call(&back, "flash_fa2.cu"), Some(89));
+        assert_eq!(fa2.load_rows_call(&back[1..], "flash_fa2.cu"), None);
+        assert!(!fa2.is_kv_copy(&back));
         // The pipeline's prefetch: load_rows <- fa2_kv_load <- fa2_kv_ready <- the kernel.
-        let kv = [
-            s("fa2.cuh", 26),
-            s("fa2.cuh", 51),
-            s("fa2.cuh", 66),
+        let prefetch = [
+            s(FILE, copy_loop),
+            s(FILE, kv[1]),
+            s(FILE, 66),
             s("flash_fa2.cu", 78),
         ];
-        assert!(is_kv_copy(&kv) && !is_kv_copy(&kv[1..]));
-        let cp = [s("mma.cuh", 67), s("fa2.cuh", 29), s("flash_fa2.cu", 89)];
-        assert!(in_load_rows(&cp) && !in_load_rows(&back[1..]));
+        assert!(fa2.is_kv_copy(&prefetch) && !fa2.is_kv_copy(&prefetch[1..]));
+        let cp = [s("mma.cuh", 67), s(FILE, copy), s("flash_fa2.cu", 89)];
+        assert!(fa2.in_load_rows(&cp) && !fa2.in_load_rows(&back[1..]));
         // 64 keys x 128 dims: 1,024 chunks, 8 per thread; 32 query rows x 64: 2.
-        assert_eq!(load_rows_trips(128, 64, 4).per_warp, vec![8.0; 4]);
-        assert_eq!(load_rows_trips(64, 32, 4).per_warp, vec![2.0; 4]);
+        assert_eq!(fa2.load_rows_trips(128, 64, 4).per_warp, vec![8.0; 4]);
+        assert_eq!(fa2.load_rows_trips(64, 32, 4).per_warp, vec![2.0; 4]);
     }
 }

@@ -1,55 +1,60 @@
 //! The profile of kernels/flash_tc.cu for `cargo xtask kernel-model`: what its source says that
-//! the SASS does not: the kernels and their main loops, the trip counts of the inner loops (by the source line
-//! of their back-edge and its call site), the optional blocks (the forward's rescale), and the
-//! 32 lanes' shared-memory addresses of each access, by source line. The addresses are computed
-//! from the kernel's index expressions (the comments name them): the CPU shim cannot see plain
-//! `__shared__` array accesses without changing the kernels, and its WMMA emulation gives every
-//! lane the whole fragment, so its addresses are not the device's. Line numbers are flash_tc.cu's
-//! today; a test of this file checks them against the source, so an edit that moves them fails.
+//! the SASS does not: the kernels and their main loops, the trip counts of the inner loops (by
+//! the source line of their back-edge and its call site), the optional blocks (the forward's
+//! rescale), and the 32 lanes' shared-memory addresses of each access, by source line. The
+//! addresses are computed from the kernel's index expressions (the comments name them): the CPU
+//! shim cannot see plain `__shared__` array accesses without changing the kernels, and its WMMA
+//! emulation gives every lane the whole fragment, so its addresses are not the device's. Lines
+//! are found by flash_tc.cu's `// model:` tags (marks.rs); a test of this file checks each tag
+//! sits on the statement it names.
 
 use super::super::banks::{contiguous, per_row, row_pairs, wmma_bf16, wmma_f32};
+use super::marks::Marks;
 use super::{lines_in, Chain, Kernel, Role, Trips};
+use anyhow::Result;
 
 /// flash_tc.cu at one head size and launch geometry.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Profile {
     pub file: &'static str,
     pub d: u64,
     pub warps: u64,
     pub keys: u64,
+    marks: Marks,
 }
 
-/// The kernels of flash_tc.cu at head sizes 64 and 128.
-pub fn kernels(warps: u64, keys: u64) -> Vec<Kernel> {
+/// The kernels of flash_tc.cu at head sizes 64 and 128, from its tags.
+pub fn kernels(marks: &Marks, warps: u64, keys: u64) -> Result<Vec<Kernel>> {
     let mut out = vec![];
     for d in [64, 128] {
-        for (role, stem, main_line, area) in [
-            (Role::Forward, "fwd", 141, 16 * keys),
-            (Role::Dq, "bwd_dq", 229, 16 * keys),
-            (Role::Dkdv, "bwd_dkdv", 314, 16 * 16),
+        for (role, stem, main, area) in [
+            (Role::Forward, "fwd", "fwd-main", 16 * keys),
+            (Role::Dq, "bwd_dq", "dq-main", 16 * keys),
+            (Role::Dkdv, "bwd_dkdv", "dkdv-main", 16 * 16),
         ] {
             out.push(Kernel {
                 name: format!("flash_tc_{stem}_d{d}"),
                 family: "flash_tc",
                 role,
                 d,
-                main_line,
+                main_line: marks.line(main)?,
                 area: area as f64,
                 geometry: format!("{warps} warps, {keys} keys"),
-                profile: Box::new(Profile::new(d, warps, keys)),
+                profile: Box::new(Profile::new(marks.clone(), d, warps, keys)),
             });
         }
     }
-    out
+    Ok(out)
 }
 
 impl Profile {
-    pub fn new(d: u64, warps: u64, keys: u64) -> Profile {
+    pub fn new(marks: Marks, d: u64, warps: u64, keys: u64) -> Profile {
         Profile {
             file: "flash_tc.cu",
             d,
             warps,
             keys,
+            marks,
         }
     }
 
@@ -58,10 +63,10 @@ impl Profile {
         self.d + 8
     }
 
-    /// Instructions of the forward's rescale (`scale_rows` called at :176) run only when some
-    /// row of the warp has a new maximum.
+    /// Instructions of the forward's rescale (the `scale_rows` call, `rescale`) run only when
+    /// some row of the warp has a new maximum.
     pub fn is_optional(&self, lines: &[u32]) -> bool {
-        lines.contains(&176)
+        lines.iter().any(|&l| self.marks.is(l, "rescale"))
     }
 
     /// A generic LD/ST is a shared-memory access when it is a WMMA load or store (code of
@@ -74,23 +79,24 @@ impl Profile {
     /// first), per thread.
     pub fn trips(&self, lines: &[u32]) -> Option<f64> {
         let threads = 32 * self.warps;
-        let n = match lines {
+        let tag = |i: usize| lines.get(i).and_then(|&l| self.marks.tag(l));
+        let n = match tag(0)? {
             // stage(): n rows x D elements over the block's threads; n by the call site.
-            [55, call, ..] => {
-                let rows = match call {
-                    124 | 215 | 216 | 299 | 300 => 16 * self.warps,
-                    142 | 143 | 230 | 231 => self.keys,
-                    315 | 316 => 16,
+            "stage-loop" => {
+                let rows = match tag(1)? {
+                    "stage-rows" => 16 * self.warps,
+                    "stage-keys" => self.keys,
+                    "stage-16" => 16,
                     _ => return None,
                 };
                 (rows * self.d).div_ceil(threads)
             }
             // scale_rows / write_rows: 256 elements over 32 lanes.
-            [86, ..] | [99, ..] => 8,
-            [70, ..] => self.keys / 16,
-            [73, ..] | [127, ..] | [130, ..] => self.d / 16,
-            [150, ..] | [159, ..] | [237, ..] | [258, ..] => self.keys / 2,
-            [336, ..] | [364, ..] => 8,
+            "buf-scale" | "buf-loop" => 8,
+            "key-tiles" => self.keys / 16,
+            "dim-tiles" => self.d / 16,
+            "half-row" => self.keys / 2,
+            "col-loop" => 8,
             _ => return None,
         };
         Some(n as f64)
@@ -101,35 +107,38 @@ impl Profile {
     pub fn site(&self, line: u32, store: bool, _width: u32) -> Vec<Vec<u64>> {
         let (ld, k) = (self.ld(), self.keys);
         let one = |p: Vec<u64>| vec![p];
-        match (line, store) {
+        let Some(tag) = self.marks.tag(line) else {
+            return vec![];
+        };
+        match (tag, store) {
             // stage(): dst[(e / D) * LD + e % D], e = threadIdx.x + i * TC_THREADS.
-            (57, true) => one(contiguous(2)),
+            ("stage-store", true) => one(contiguous(2)),
             // WMMA loads of the padded K/V/Q/dO tiles (leading dimension LD).
-            (75 | 128 | 183 | 220 | 249 | 250 | 268 | 330 | 347 | 357 | 372, false) => {
-                one(wmma_bf16(ld))
-            }
+            ("wmma-ld", false) => one(wmma_bf16(ld)),
             // dK/dV's unpadded K and V tiles (leading dimension D).
-            (329 | 356, false) => one(wmma_bf16(self.d)),
+            ("wmma-d", false) => one(wmma_bf16(self.d)),
             // P / dS tiles as matrix_a: 16 x TC_KEYS (forward, dQ) or 16 x 16 (dK/dV).
-            (179 | 265, false) => one(wmma_bf16(k)),
-            (344 | 369, false) => one(wmma_bf16(16)),
+            ("wmma-p-keys", false) => one(wmma_bf16(k)),
+            ("wmma-p-16", false) => one(wmma_bf16(16)),
             // Accumulator stores / loads: S and dP (row stride TC_KEYS), 16 x 16 buffers.
-            (78 | 253, true) => one(wmma_f32(k)),
-            (84 | 97 | 333 | 361, true) | (88, false) => one(wmma_f32(16)),
+            ("wmma-keys", true) => one(wmma_f32(k)),
+            ("wmma-16-st", true) | ("wmma-16-ld", false) => one(wmma_f32(16)),
             // buf[e] (and scale[e / 16], 2 words: 1 wavefront) with e = lane + 32 i.
-            (86 | 101, _) => one(contiguous(4)),
+            ("buf-scale" | "buf-write", _) => one(contiguous(4)),
             // sbuf[w][row][col], col = half * HALF + c: the row scans of S and dP.
-            (152 | 239, false) | (260, false) => one(row_pairs(k, k, 0, 4)),
+            ("s-read" | "ds-rw", false) => one(row_pairs(k, k, 0, 4)),
             // pbuf[w][row][col] = bf16: the P and dS writes.
-            (162 | 260, true) => one(row_pairs(k, k, 0, 2)),
+            ("p-write" | "ds-rw", true) => one(row_pairs(k, k, 0, 2)),
             // dK/dV's 16 x 16 scans read sbuf[w][kr][col] and lse_t[col] / delta_t[col] (lanes
             // of one half read one word: 1 wavefront), one of each per column.
-            (338 | 366, false) => vec![row_pairs(16, 16, 0, 4), row_pairs(0, 16, 0, 4)],
-            (339 | 366, true) => one(row_pairs(16, 16, 0, 2)),
+            ("scan-read" | "scan-rw", false) => {
+                vec![row_pairs(16, 16, 0, 4), row_pairs(0, 16, 0, 4)]
+            }
+            ("scan-write" | "scan-rw", true) => one(row_pairs(16, 16, 0, 2)),
             // lse_t[threadIdx.x], delta_t[threadIdx.x].
-            (319 | 320, true) => one(contiguous(4)),
+            ("col-store", true) => one(contiguous(4)),
             // m_s, l_s, c_s, one[]: one float per row pair.
-            (133 | 134 | 149 | 166 | 167 | 168 | 189 | 195 | 227 | 307, _) => one(per_row(4)),
+            ("row-state", _) => one(per_row(4)),
             _ => vec![],
         }
     }
@@ -156,66 +165,91 @@ impl super::Profile for Profile {
 
 #[cfg(test)]
 mod tests {
+    use super::super::marks::assert_tags;
     use super::*;
 
-    /// The line numbers above still point at the accesses and loops they describe.
+    const SRC: &str = include_str!("../../../../kernels/flash_tc.cu");
+
+    /// Every line of each tag holds the statement the tag names (how many lines, and a piece of
+    /// each), so a tag moved to the wrong line fails here.
     #[test]
-    fn the_profiles_lines_match_flash_tc_cu() {
-        let src = include_str!("../../../../kernels/flash_tc.cu");
-        let line = |n: usize| src.lines().nth(n - 1).unwrap_or_default();
-        for (n, text) in [
-            (55, "for (int e = threadIdx.x; e < n * D; e += TC_THREADS)"),
-            (57, "dst[(e / D) * LD + e % D]"),
-            (75, "load_matrix_sync(bf, b + (n * 16) * LD + f * 16, LD)"),
-            (78, "store_matrix_sync(out + n * 16, sf, TC_KEYS"),
-            (
-                86,
-                "for (int e = lane; e < 256; e += 32) buf[e] *= scale[e / 16]",
-            ),
-            (
-                141,
-                "for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last; k0 += TC_KEYS)",
-            ),
-            (152, "sbuf[w][row][col] * scale"),
-            (162, "pbuf[w][row][half * HALF + c]"),
-            (176, "scale_rows(of[f], obuf[w], c_s[w], lane)"),
-            (
-                179,
-                "load_matrix_sync(pf[kk], &pbuf[w][0][kk * 16], TC_KEYS)",
-            ),
-            (183, "load_matrix_sync(vf, &kv[1][kk * 16][f * 16], LD)"),
-            (
-                229,
-                "for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last; k0 += TC_KEYS)",
-            ),
-            (253, "store_matrix_sync(&sbuf[w][0][n * 16], df, TC_KEYS"),
-            (
-                260,
-                "pbuf[w][row][col] = __float2bfloat16(p[c] * (sbuf[w][row][col]",
-            ),
-            (314, "for (int i0 = (kb0 / 16) * 16; i0 < end; i0 += 16)"),
-            (329, "load_matrix_sync(kf, &ks[w * 16][f * 16], D)"),
-            (338, "sbuf[w][kr][col] * scale - lse_t[col]"),
-            (356, "load_matrix_sync(vf, &vs[w * 16][f * 16], D)"),
-            (366, "(sbuf[w][kr][col] - delta_t[col])"),
-        ] {
-            assert!(
-                line(n).contains(text),
-                "flash_tc.cu:{n} is `{}`",
-                line(n).trim()
-            );
-        }
+    fn the_profiles_tags_match_flash_tc_cu() {
+        let m = Marks::parse("flash_tc.cu", SRC).expect("the kernel sources' tags");
+        let line = |n: u32| SRC.lines().nth(n as usize - 1).unwrap_or_default();
+        assert_tags(
+            &m,
+            SRC,
+            &[
+                (
+                    "stage-loop",
+                    1,
+                    "for (int e = threadIdx.x; e < n * D; e += TC_THREADS)",
+                ),
+                ("stage-store", 1, "dst[(e / D) * LD + e % D]"),
+                ("stage-rows", 5, ", TC_ROWS, t)"),
+                ("stage-keys", 4, ", k0, TC_KEYS, t)"),
+                ("stage-16", 2, ", i0, 16, t)"),
+                ("key-tiles", 1, "for (int n = 0; n < TC_KEYS / 16; n++)"),
+                ("dim-tiles", 3, "for (int f = 0; f < NF; f++)"),
+                ("half-row", 4, "for (int c = 0; c < HALF; c++)"),
+                ("col-loop", 2, "for (int c = 0; c < 8; c++)"),
+                (
+                    "fwd-main",
+                    1,
+                    "for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last",
+                ),
+                (
+                    "dq-main",
+                    1,
+                    "for (int k0 = (lo / TC_KEYS) * TC_KEYS; k0 <= last",
+                ),
+                (
+                    "dkdv-main",
+                    1,
+                    "for (int i0 = (kb0 / 16) * 16; i0 < end; i0 += 16)",
+                ),
+                ("rescale", 1, "scale_rows(of[f], obuf[w], c_s[w], lane)"),
+                ("wmma-ld", 11, ", LD);"),
+                ("wmma-d", 2, "[f * 16], D);"),
+                ("wmma-p-keys", 2, "&pbuf[w][0][kk * 16], TC_KEYS)"),
+                ("wmma-p-16", 2, "&pbuf[w][0][0], 16)"),
+                ("wmma-keys", 2, "store_matrix_sync("),
+                ("wmma-16-st", 4, "store_matrix_sync("),
+                ("wmma-16-ld", 1, "load_matrix_sync(f, buf, 16,"),
+                ("buf-scale", 1, "buf[e] *= scale[e / 16]"),
+                ("buf-loop", 1, "for (int e = lane; e < 256; e += 32)"),
+                ("buf-write", 1, "= buf[e] * scale[e / 16]"),
+                ("s-read", 2, "sbuf[w][row][col] * scale"),
+                ("p-write", 1, "pbuf[w][row][half * HALF + c]"),
+                (
+                    "ds-rw",
+                    1,
+                    "pbuf[w][row][col] = __float2bfloat16(p[c] * (sbuf[w][row][col]",
+                ),
+                ("scan-read", 1, "sbuf[w][kr][col] * scale - lse_t[col]"),
+                ("scan-write", 1, "pbuf[w][kr][col] = __float2bfloat16(p[c])"),
+                ("scan-rw", 1, "(sbuf[w][kr][col] - delta_t[col])"),
+                ("col-store", 2, "_t[threadIdx.x] = "),
+                ("row-state", 10, "[w]["),
+            ],
+        );
+        let wmma_keys = m.lines("wmma-keys");
+        assert!(wmma_keys.iter().all(|&n| line(n).contains("TC_KEYS")));
     }
 
     #[test]
     fn trips_follow_the_call_site() {
-        let p = Profile::new(128, 4, 32);
+        let m = Marks::parse("flash_tc.cu", SRC).expect("the kernel sources' tags");
+        let p = Profile::new(m.clone(), 128, 4, 32);
+        let at = |tag: &str| m.lines(tag)[0];
+        let (stage, entry) = (at("stage-loop"), 405);
         // K and V tiles: 32 rows x 128 over 128 threads; the Q tile: 64 rows.
-        assert_eq!(p.trips(&[55, 142, 405]), Some(32.0));
-        assert_eq!(p.trips(&[55, 124, 405]), Some(64.0));
-        assert_eq!(p.trips(&[55, 315, 405]), Some(16.0));
-        assert_eq!(p.trips(&[86, 176, 405]), Some(8.0));
-        assert_eq!(p.trips(&[310, 405]), None);
-        assert!(p.is_optional(&[86, 176, 405]) && !p.is_optional(&[86, 405]));
+        assert_eq!(p.trips(&[stage, at("stage-keys"), entry]), Some(32.0));
+        assert_eq!(p.trips(&[stage, at("stage-rows"), entry]), Some(64.0));
+        assert_eq!(p.trips(&[stage, at("stage-16"), entry]), Some(16.0));
+        let scale = at("buf-scale");
+        assert_eq!(p.trips(&[scale, at("rescale"), entry]), Some(8.0));
+        assert_eq!(p.trips(&[at("dkdv-main") - 4, entry]), None);
+        assert!(p.is_optional(&[scale, at("rescale"), entry]) && !p.is_optional(&[scale, entry]));
     }
 }

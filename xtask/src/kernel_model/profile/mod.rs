@@ -4,15 +4,21 @@
 //! inner loops nvcc leaves as loops (by the source line of their back-edge and its call sites),
 //! the optional blocks, and the 32 lanes' shared-memory addresses of each access by source line.
 //! The addresses are computed from the kernels' index expressions (the comments name them): the
-//! CPU shim cannot see plain `__shared__` accesses without changing the kernels. Each file's
-//! line numbers are checked against its source by a test there, so an edit that moves them fails.
+//! CPU shim cannot see plain `__shared__` accesses without changing the kernels. The lines are
+//! found by the `// model: TAG` comments on them (marks.rs), not by number, so an edit that
+//! moves them changes nothing here; each file's test checks its tags sit on the statements
+//! they name.
 
 pub mod fa2;
 mod flash_fa2;
 mod flash_fa2_bwd;
 mod flash_tc;
+pub mod marks;
 
+use anyhow::{Context, Result};
+use marks::Marks;
 use std::ops::RangeInclusive;
+use std::path::Path;
 
 /// An instruction's inlined source position, innermost first: (file name, line).
 pub type Chain = [(String, u32)];
@@ -105,7 +111,7 @@ pub struct Kernel {
     pub family: &'static str,
     pub role: Role,
     pub d: u64,
-    /// The source line of the main loop's `for`.
+    /// The source line of the main loop's `for` (its tag's).
     pub main_line: u32,
     /// Query x key entries one warp covers per main-loop iteration.
     pub area: f64,
@@ -120,23 +126,35 @@ pub struct Source {
     pub kernels: Vec<Kernel>,
 }
 
-/// The three sources: kernels/flash_tc.cu (`warps` x 16 rows, `keys`-key tiles), and
-/// FlashAttention-2's kernels/flash_fa2.cu and flash_fa2_bwd.cu (FA2_WARPS = `warps`).
-pub fn sources(warps: u64, keys: u64) -> Vec<Source> {
-    vec![
+/// The three sources under `dir` (kernels/, whose tags place the profiles' lines):
+/// flash_tc.cu (`warps` x 16 rows, `keys`-key tiles), and FlashAttention-2's flash_fa2.cu and
+/// flash_fa2_bwd.cu (FA2_WARPS = `warps`) with their header fa2.cuh.
+pub fn sources(dir: &Path, warps: u64, keys: u64) -> Result<Vec<Source>> {
+    let read = |file: &'static str| -> Result<(&'static str, String)> {
+        let path = dir.join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok((file, text))
+    };
+    let marks = |file: &'static str| -> Result<Marks> {
+        let (file, text) = read(file)?;
+        Marks::parse(file, &text)
+    };
+    let fa2 = fa2::Fa2::new(&read(fa2::FILE)?.1)?;
+    Ok(vec![
         Source {
             file: "flash_tc.cu",
-            kernels: flash_tc::kernels(warps, keys),
+            kernels: flash_tc::kernels(&marks("flash_tc.cu")?, warps, keys)?,
         },
         Source {
             file: "flash_fa2.cu",
-            kernels: flash_fa2::kernels(warps),
+            kernels: flash_fa2::kernels(&marks("flash_fa2.cu")?, &fa2, warps)?,
         },
         Source {
             file: "flash_fa2_bwd.cu",
-            kernels: flash_fa2_bwd::kernels(warps),
+            kernels: flash_fa2_bwd::kernels(&marks("flash_fa2_bwd.cu")?, &fa2, warps)?,
         },
-    ]
+    ])
 }
 
 #[cfg(test)]
@@ -163,7 +181,8 @@ mod tests {
 
     #[test]
     fn every_source_has_both_head_sizes() {
-        let s = sources(4, 32);
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+        let s = sources(&dir, 4, 32).expect("the kernel sources' tags");
         let names: Vec<&str> = s.iter().map(|s| s.file).collect();
         assert_eq!(names, ["flash_tc.cu", "flash_fa2.cu", "flash_fa2_bwd.cu"]);
         for src in &s {

@@ -12,21 +12,13 @@ use super::launch;
 use super::Dims;
 use crate::kernels::describe::Storage as Store;
 use crate::kernels::geometry::DECODE_MAX_HEAD_DIM;
-use crate::kernels::launching::{func, view, Described};
+use crate::kernels::launching::{by_dtype, func, store, view, Described};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 type In<'a> = (&'a CudaStorage, &'a Layout);
-
-fn store(dt: DType) -> Result<Store> {
-    match dt {
-        DType::F32 => Ok(Store::F32),
-        DType::BF16 => Ok(Store::Bf16),
-        other => crate::fail!("flash attention: no kernel for {other:?} (f32 or bf16)"),
-    }
-}
 
 fn check(dm: Dims) -> Result<()> {
     if dm.d > DECODE_MAX_HEAD_DIM {
@@ -133,11 +125,8 @@ pub(super) fn forward(
         Ok(both)
     }
     let dev = q.0.device().clone();
-    let out = match q.0.dtype() {
-        DType::F32 => go::<f32>(q, k, v, starts, dm, Store::F32)?,
-        DType::BF16 => go::<half::bf16>(q, k, v, starts, dm, Store::Bf16)?,
-        dt => store(dt).map(|_| unreachable!())?,
-    };
+    let st = store(q.0.dtype(), "flash attention")?;
+    let out = by_dtype!(q.0.dtype(), "flash attention", T => go::<T>(q, k, v, starts, dm, st)?);
     let len = out.len();
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(len)))
 }
@@ -158,7 +147,7 @@ pub(super) fn backward(
         saved.2.contiguous()?,
     );
     let dev: CudaDevice = q.0.device().clone();
-    let st = store(q.0.dtype())?;
+    let st = store(q.0.dtype(), "flash attention")?;
     let tc = launch::flash_tc_covers(st, dm.d) && super::tensor_cores();
     let fa2 = tc && fa2() && aligned(&[q.1, k.1, v.1]);
     let atomic = fa2 && dq_atomic();
@@ -196,16 +185,17 @@ pub(super) fn backward(
             let (lv, sv) = (view::<f32>(lc, ll, "lse")?, view::<u32>(sc, sl, "starts")?);
             let (mut dq, mut rest) = grads.split_at_mut(nq);
             let (mut dk, mut dv) = rest.split_at_mut(nk);
-            // The kernels' inputs in their order (q, k, v of type $t, dO of type $g).
-            macro_rules! launch {
-                ($t:ty, $g:ty) => {{
+            // The kernels' inputs in their order: q, k, v as T, dO as G (bf16 for
+            // FlashAttention-2's kernels, cast above; f32 for the others).
+            by_dtype!(q.0.dtype(), "flash attention", T => {
+                by_dtype!(dout.dtype(), "flash attention dO", G => {
                     let (qv, kv, vv) = (
-                        view::<$t>(q.0, q.1, "q")?,
-                        view::<$t>(k.0, k.1, "k")?,
-                        view::<$t>(v.0, v.1, "v")?,
+                        view::<T>(q.0, q.1, "q")?,
+                        view::<T>(k.0, k.1, "k")?,
+                        view::<T>(v.0, v.1, "v")?,
                     );
-                    with_slice::<$g, _>(&dout, "dout", |gc, gl| {
-                        let gv = view::<$g>(gc, gl, "dout")?;
+                    with_slice::<G, _>(&dout, "dout", |gc, gl| {
+                        let gv = view::<G>(gc, gl, "dout")?;
                         macro_rules! inputs {
                             ($d:expr) => {
                                 $d.buf(0, &qv)?
@@ -255,13 +245,8 @@ pub(super) fn backward(
                             unsafe { d.launch() }
                         }
                     })
-                }};
-            }
-            match (q.0.dtype(), fa2) {
-                (DType::BF16, true) => launch!(half::bf16, half::bf16),
-                (DType::BF16, false) => launch!(half::bf16, f32),
-                _ => launch!(f32, f32),
-            }
+                })
+            })
         })
     })?;
     let len = grads.len();
