@@ -418,7 +418,10 @@ fn growable_settings_build_from_constructors_and_fields() {
     assert!(gen.eos_ids.is_empty() && gen.step_exit.is_none());
     let mut ppo = terse_train::step::PpoParams::default();
     ppo.clip_high = 0.28;
-    assert_eq!(ppo.clip_low, terse_train::config::GrpoSection::default().clip_low);
+    assert_eq!(
+        ppo.clip_low,
+        terse_train::config::GrpoSection::default().clip_low
+    );
     let mut adv = terse_reward::Advantage::grpo(true, 1, 1e-6);
     assert_eq!(adv, terse_reward::Advantage::default());
     if let terse_reward::Advantage::Grpo { norm, .. } = &mut adv {

@@ -8,7 +8,7 @@
 //! loss); the builder (builder.rs) looks them up, and an unknown name is an error that lists
 //! the kind's names, raised before anything is loaded or written.
 
-use crate::config::{RunConfig, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, BUILTIN_SHAPERS};
+use crate::config::{builtin_estimators, builtin_losses, builtin_shapers, RunConfig};
 use crate::step::loss::PolicyLoss;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
@@ -116,9 +116,9 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
     R.get_or_init(|| {
         Mutex::new(Registry {
-            shapers: Kind::new("shaper", "reward.shaper.method", BUILTIN_SHAPERS),
-            estimators: Kind::new("estimator", "advantage.estimator", BUILTIN_ESTIMATORS),
-            losses: Kind::new("loss", "grpo.loss", BUILTIN_LOSSES),
+            shapers: Kind::new("shaper", "reward.shaper.method", builtin_shapers()),
+            estimators: Kind::new("estimator", "advantage.estimator", builtin_estimators()),
+            losses: Kind::new("loss", "grpo.loss", builtin_losses()),
         })
     })
     .lock()
@@ -224,7 +224,7 @@ mod tests {
         // The built-ins are listed under their config names, and those are the names the
         // config sections accept (a name a section does not know is "unknown variant").
         let r = registry();
-        for n in BUILTIN_SHAPERS {
+        for n in builtin_shapers() {
             assert!(
                 matches!(r.shapers.entries.get(*n), Some(Entry::Builtin)),
                 "{n}"
@@ -238,7 +238,7 @@ mod tests {
                 "{n}: {e:?}"
             );
         }
-        for n in BUILTIN_ESTIMATORS {
+        for n in builtin_estimators() {
             assert!(
                 matches!(r.estimators.entries.get(*n), Some(Entry::Builtin)),
                 "{n}"
@@ -251,13 +251,13 @@ mod tests {
                 "{n}: {e:?}"
             );
         }
-        for n in BUILTIN_LOSSES {
+        for n in builtin_losses() {
             assert!(
                 matches!(r.losses.entries.get(*n), Some(Entry::Builtin)),
                 "{n}"
             );
             let g: crate::config::GrpoSection = toml::from_str(&format!("loss = {n:?}")).expect(n);
-            assert_eq!(BUILTIN_LOSSES[g.loss as usize], *n);
+            assert_eq!(builtin_losses()[g.loss as usize], *n);
         }
     }
 }

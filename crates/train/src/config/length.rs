@@ -90,32 +90,36 @@ impl GrpoSection {
 /// Where a reward setting's `l_max` sits (`reward.shaper` or `reward.overlong`), and its method.
 struct LMaxSlot<'a> {
     table: &'static str,
-    method: &'static str,
+    method: String,
     value: &'a mut usize,
 }
 
 /// Every `l_max` of the reward section. Each is the paper's generation limit (docs/methods.md):
 /// CosFn's and DAPO overlong's L_max, ALP's normaliser N, DAST's budget ceiling, CARE's
 /// L_max and LASER-D's largest target (a target at or above the limit rewards every right
-/// completion alike).
+/// completion alike). A method's name is its serde tag, as the config spells it.
 fn l_max_slots(reward: &mut RewardConfig) -> Vec<LMaxSlot<'_>> {
-    let shaper = |method, value| LMaxSlot {
+    let method = serde_json::to_value(&reward.shaper)
+        .ok()
+        .and_then(|v| v.get("method")?.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let shaper = |value| LMaxSlot {
         table: "shaper",
         method,
         value,
     };
     let mut slots = match &mut reward.shaper {
-        Method::CosFn(m) => vec![shaper("cos_fn", &mut m.l_max)],
-        Method::Alp(m) => vec![shaper("alp", &mut m.l_max)],
-        Method::Dast(m) => vec![shaper("dast", &mut m.l_max)],
-        Method::Care(m) => vec![shaper("care", &mut m.l_max)],
-        Method::LaserD(m) => vec![shaper("laser_d", &mut m.l_max)],
+        Method::CosFn(m) => vec![shaper(&mut m.l_max)],
+        Method::Alp(m) => vec![shaper(&mut m.l_max)],
+        Method::Dast(m) => vec![shaper(&mut m.l_max)],
+        Method::Care(m) => vec![shaper(&mut m.l_max)],
+        Method::LaserD(m) => vec![shaper(&mut m.l_max)],
         _ => vec![],
     };
     if let Some(o) = &mut reward.overlong {
         slots.push(LMaxSlot {
             table: "overlong",
-            method: "dapo_overlong",
+            method: "dapo_overlong".into(),
             value: &mut o.l_max,
         });
     }

@@ -11,7 +11,7 @@ mod registered;
 mod sections;
 
 pub use grpo::*;
-pub use registered::{Choice, Registered, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, BUILTIN_SHAPERS};
+pub use registered::{builtin_estimators, builtin_losses, builtin_shapers, Choice, Registered};
 pub use sections::*;
 
 use anyhow::{bail, Context, Result};

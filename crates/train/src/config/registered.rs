@@ -8,28 +8,64 @@
 //! ranks' start header say what the file said. The `[plugins]` section of earlier versions is
 //! refused with one line saying where its names now go.
 
+use serde::de::value::{MapDeserializer, StrDeserializer};
+use serde::de::DeserializeOwned;
+use serde::Deserialize as _;
 use std::collections::BTreeSet;
 
-/// The built-in shapers, by `reward.shaper.method`.
-pub const BUILTIN_SHAPERS: &[&str] = &[
-    "none",
-    "kimi",
-    "short_rl",
-    "grpo_lambda",
-    "care",
-    "step_grpo",
-    "cos_fn",
-    "efficient",
-    "alp",
-    "dast",
-    "l1",
-    "laser_d",
-    "grpo_lead",
-];
-/// The built-in advantage estimators, by `advantage.estimator`.
-pub const BUILTIN_ESTIMATORS: &[&str] = &["grpo", "dr_grpo", "rloo", "reinforce_pp"];
-/// The built-in policy losses, by `grpo.loss`.
-pub const BUILTIN_LOSSES: &[&str] = &["ppo", "gspo", "gspo-token"];
+/// The built-in shapers, by `reward.shaper.method`: `terse_reward::Method`'s names.
+pub fn builtin_shapers() -> &'static [&'static str] {
+    tagged_names::<terse_reward::Method>("method")
+}
+
+/// The built-in advantage estimators, by `advantage.estimator`: `terse_reward::Advantage`'s.
+pub fn builtin_estimators() -> &'static [&'static str] {
+    tagged_names::<terse_reward::Advantage>("estimator")
+}
+
+/// The built-in policy losses, by `grpo.loss`: `PolicyLossKind`'s, in its variants' order.
+pub fn builtin_losses() -> &'static [&'static str] {
+    caught(super::PolicyLossKind::deserialize(
+        StrDeserializer::<Names>::new(""),
+    ))
+}
+
+/// What deserializing an unknown name reports: serde's list of the enum's names (its
+/// variants under their `rename_all`), which is thereby their one source.
+#[derive(Debug)]
+struct Names(Option<&'static [&'static str]>);
+
+impl std::fmt::Display for Names {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl std::error::Error for Names {}
+
+impl serde::de::Error for Names {
+    fn custom<T: std::fmt::Display>(_: T) -> Self {
+        Names(None)
+    }
+    fn unknown_variant(_: &str, expected: &'static [&'static str]) -> Self {
+        Names(Some(expected))
+    }
+}
+
+/// The names of an internally tagged enum: a table whose `tag` names no variant, read as `T`.
+fn tagged_names<T: DeserializeOwned>(tag: &'static str) -> &'static [&'static str] {
+    caught(T::deserialize(MapDeserializer::<_, Names>::new(
+        std::iter::once((tag, "")),
+    )))
+}
+
+fn caught<T>(read: Result<T, Names>) -> &'static [&'static str] {
+    match read {
+        Err(Names(Some(names))) => names,
+        // The empty name is no variant of any enum here, so serde always says which are.
+        _ => unreachable!("an enum read from the empty name lists its variants"),
+    }
+}
 
 /// One registered method a config chooses: its name and its factory's parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,7 +103,7 @@ pub(crate) fn take(t: &mut toml::Table) -> Result<Registered, String> {
         let name = reward
             .get("shaper")
             .and_then(toml::Value::as_table)
-            .and_then(|s| registered_name(s, "method", BUILTIN_SHAPERS));
+            .and_then(|s| registered_name(s, "method", builtin_shapers()));
         if let Some(name) = name {
             let mut params = match reward.remove("shaper") {
                 Some(toml::Value::Table(s)) => s,
@@ -80,7 +116,7 @@ pub(crate) fn take(t: &mut toml::Table) -> Result<Registered, String> {
     let name = t
         .get("advantage")
         .and_then(toml::Value::as_table)
-        .and_then(|a| registered_name(a, "estimator", BUILTIN_ESTIMATORS));
+        .and_then(|a| registered_name(a, "estimator", builtin_estimators()));
     if let Some(name) = name {
         let mut params = match t.remove("advantage") {
             Some(toml::Value::Table(a)) => a,
@@ -90,7 +126,7 @@ pub(crate) fn take(t: &mut toml::Table) -> Result<Registered, String> {
         r.estimator = Some(Choice { name, params });
     }
     if let Some(grpo) = table_mut(t, "grpo") {
-        match registered_name(grpo, "loss", BUILTIN_LOSSES) {
+        match registered_name(grpo, "loss", builtin_losses()) {
             Some(name) => {
                 grpo.remove("loss");
                 let params = match grpo.remove("loss_params") {
@@ -168,6 +204,26 @@ mod tests {
         assert_eq!(t["grpo"].as_table().map(|g| g.len()), Some(1));
         put(&mut t, &r);
         assert_eq!(t, original);
+    }
+
+    #[test]
+    fn built_in_names_are_the_enums_own() {
+        // Read from the enums (serde's names), not kept by hand: each parses back as its kind.
+        assert_eq!(builtin_shapers().len(), 13);
+        assert!(builtin_shapers().contains(&"grpo_lead") && builtin_shapers()[0] == "none");
+        assert_eq!(
+            builtin_estimators(),
+            ["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+        );
+        assert_eq!(builtin_losses(), ["ppo", "gspo", "gspo-token"]);
+        for n in builtin_shapers() {
+            let t = format!(
+                "method = {n:?}\n{}",
+                if *n == "alp" { "beta = 1" } else { "" }
+            );
+            let m: Result<terse_reward::Method, _> = toml::from_str(&t);
+            assert!(m.is_ok(), "{n}: {m:?}");
+        }
     }
 
     #[test]
