@@ -6,7 +6,7 @@
 //! (the surrogate sum(y * dy) has gradient dy in y) and handing the input's gradient down.
 //! Activation memory is then (layers + 1) inputs plus one layer's working set.
 //!
-//! Data flow: trainer `gradients` -> here -> `Qwen3::layer` (model.rs) per layer -> gradients by
+//! Data flow: trainer `gradients` -> here -> `Qwen3::layer` (model/forward.rs) per layer -> gradients by
 //! HF key.
 
 use crate::batch::Batch;

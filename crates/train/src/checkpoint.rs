@@ -1,4 +1,4 @@
-//! Run checkpoints: `step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
+//! Run checkpoints: `<run>/step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
 //! state.json, written into a temporary directory that is renamed into place, DONE last; resume
 //! takes the newest directory with DONE whose weights are finite (run/start.rs); a checkpoint
 //! of non-finite weights is never written; keep-last-N pruning (step 0, the GRPO start and KL
