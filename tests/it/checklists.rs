@@ -109,13 +109,18 @@ fn kernels(root: &Path) -> Vec<Vec<String>> {
 }
 
 /// Every text file of the repository (target/, runs/, .git/ and data/ aside, and the map
-/// itself), as (path from the root, text); files over 1 MiB are data.
+/// itself), as (path from the root, text); files over 1 MiB are data, and the study's outputs
+/// (results*.md, CSV tables) report methods rather than list them.
 fn text_files(root: &Path) -> Vec<(String, String)> {
     let mut paths = vec![];
     repo_paths(root, root, &mut paths);
     paths
         .into_iter()
         .filter(|rel| !rel.starts_with("data/") && rel != "ARCHITECTURE.md")
+        .filter(|rel| {
+            let name = rel.rsplit('/').next().unwrap_or_default();
+            !name.starts_with("results") && !name.ends_with(".csv")
+        })
         .filter(|rel| {
             let m = std::fs::metadata(root.join(rel));
             m.is_ok_and(|m| m.is_file() && m.len() <= 1 << 20)
