@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const MAX_LINES: usize = 300;
 
 /// Every `.rs` file under `dir`, target/ and .git/ aside.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -29,7 +29,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The names the workspace's Rust code defines: items (fn, struct, enum, trait, type, const,
 /// static, mod, macro), enum variants and struct fields (a line `Name,` / `Name(` / `Name {`
 /// / `name:` at the start), so the map may name any of them.
-fn defined_names(root: &Path) -> BTreeSet<String> {
+pub(crate) fn defined_names(root: &Path) -> BTreeSet<String> {
     let mut files = vec![];
     for d in ["crates", "xtask", "tests"] {
         rust_files(&root.join(d), &mut files);
@@ -99,6 +99,7 @@ fn defined_names(root: &Path) -> BTreeSet<String> {
         "terse_dist",
         "terse_simt",
         "terse_fuzz",
+        "terse_study",
         "xtask",
     ] {
         names.insert(c.to_string());
@@ -108,7 +109,7 @@ fn defined_names(root: &Path) -> BTreeSet<String> {
 
 /// Every file and folder of the repository as a path relative to the root (target/, .git/
 /// and runs/ aside).
-fn repo_paths(root: &Path, dir: &Path, out: &mut Vec<String>) {
+pub(crate) fn repo_paths(root: &Path, dir: &Path, out: &mut Vec<String>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -143,11 +144,11 @@ fn resolve(paths: &[String], section: &[String], tok: &str) -> bool {
     })
 }
 
-const EXTENSIONS: [&str; 12] = [
+pub(crate) const EXTENSIONS: [&str; 12] = [
     ".rs", ".md", ".toml", ".cu", ".cuh", ".h", ".cpp", ".sh", ".py", ".json", ".map", ".txt",
 ];
 
-fn looks_like_path(tok: &str) -> bool {
+pub(crate) fn looks_like_path(tok: &str) -> bool {
     !tok.contains(' ')
         && !tok.starts_with("//")
         && !tok.starts_with('.')
@@ -160,7 +161,7 @@ fn looks_like_path(tok: &str) -> bool {
 }
 
 /// A Rust path or call: `A::b`, `name()`, or a CamelCase type name.
-fn rust_segments(tok: &str) -> Option<Vec<&str>> {
+pub(crate) fn rust_segments(tok: &str) -> Option<Vec<&str>> {
     let bare = tok.trim_end_matches("()");
     let is_ident = |s: &str| {
         !s.is_empty()

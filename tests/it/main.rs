@@ -2,6 +2,7 @@
 //! checkpoint round trips and bad-input errors, KV-cache parity.
 
 mod architecture;
+mod checklists;
 mod checkpoint;
 mod docs;
 mod eval_protocol;
@@ -15,6 +16,7 @@ mod kv_cache;
 mod layers;
 mod lora;
 mod losses;
+mod module_docs;
 mod optim;
 mod paged_rollout;
 mod paper_configs;

@@ -3,7 +3,7 @@
 //! copied to the host and sampled there, every master weight cast at each use), per batch size. Meant for the emulated
 //! device (`cargo xtask fake-gpu -- bench decode --skeleton --json`), whose libcuda counts
 //! launches, driver calls, syncs, allocations and bytes each way and the time spent inside the
-//! emulated libraries (fake_gpu/fake_gpu.h, `Counter`); elsewhere (a real GPU, the CPU) it says
+//! emulated libraries (fake_gpu/fake_gpu.h's counters); elsewhere (a real GPU, the CPU) it says
 //! the counters are unavailable and reports wall time only.
 //!
 //! Per batch, two rollouts of the same prompts: one with a single new token (prefill and the

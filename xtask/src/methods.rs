@@ -1,5 +1,5 @@
 //! The reproduction study's rows: every length method with its config overrides, shared by
-//! the study's runner (repro.rs) and its report (summary.rs).
+//! the study's runner (repro.rs) and its report (summary/).
 
 /// One row of the study: a name, what the papers call it, and its config overrides (TOML;
 /// `{l_max}` stands for the base config's `grpo.max_new_tokens`, the testbed's length limit,

@@ -1,14 +1,14 @@
-//! v4's confirmatory report (docs/v4/plan.md): every finished run under the study's run
-//! directory becomes a row of the per-seed tables (seeds.csv, `study::seeds`; trajectory.csv,
-//! `study::trajectory`), and results.md is written from those tables alone with
-//! `study::confirmatory` (raw and Holm-adjusted decisions, each claim's rule in words), CARE's
-//! premise checks (`study::premise`, the premise condition) or the effect sizes against the
-//! papers' (`study::effect`, the main design and its robustness cells), the cells side by side
-//! (`study::robust`, the main design's report), a per-method summary and the deviations from
-//! the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl ->
-//! seeds.csv + trajectory.csv -> results.md, which `study::recompute::check_report` audits
-//! against seeds.csv. Called by repro.rs for `--testbed v4` (with or without `--cell`) and
-//! `v4-care` / `v4-care-levels`; summary/ writes v2's and v3's reports.
+//! v4's confirmatory report (docs/v4/plan.md): every finished run under the study's run directory
+//! becomes a row of the per-seed tables (seeds.csv, `terse_study::seeds`; trajectory.csv,
+//! `terse_study::trajectory`), and results.md is written from those tables alone with
+//! `terse_study::confirmatory` (raw and Holm-adjusted decisions, each claim's rule in words),
+//! CARE's premise checks (`terse_study::premise`, the premise condition) or the effect sizes
+//! against the papers' (`terse_study::effect`, the main design and its robustness cells), the cells
+//! side by side (`terse_study::robust`, the main design's report), a per-method summary and the
+//! deviations from the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl -> seeds.csv +
+//! trajectory.csv -> results.md, which `terse_study::recompute::check_report` audits against
+//! seeds.csv. Called by repro.rs for `--testbed v4` (with or without `--cell`) and `v4-care` /
+//! `v4-care-levels`; summary/ writes v2's and v3's reports.
 
 use crate::cells::Cell;
 use crate::methods::Testbed;

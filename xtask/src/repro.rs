@@ -1,7 +1,7 @@
 //! `cargo xtask repro`: every length method side by side on the CPU testbed. From one SFT
 //! checkpoint, each method x seed trains as a child `xtask train` process (one thread each, so
 //! the numbers do not depend on the machine's core count); the runs' metrics.jsonl files then
-//! become docs/results.md (summary.rs) and PNG curves.
+//! become docs/results.md (summary/) and PNG curves.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};

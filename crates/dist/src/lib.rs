@@ -10,7 +10,8 @@
 //! reduction order; every rank still holds the same bits).
 //!
 //! Data flow: the trainer's per-rank gradients -> `reduce_scatter_sum` -> each rank's optimizer
-//! shard -> `all_gather` of the new weights (terse_train's zero.rs); rollout statistics ->
+//! shard -> `all_gather` of the new weights (terse-train's
+//! crates/train/src/step/zero.rs); rollout statistics ->
 //! `all_gather_bytes`; rank 0's start and checkpoints -> `broadcast`.
 
 pub mod deadline;

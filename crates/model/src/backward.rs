@@ -1,13 +1,13 @@
-//! The training step's forward and backward in one call, `Qwen3::logprob_backward`: token
-//! log-probs at selected rows, a loss the caller computes from them, and the gradient of every
-//! parameter. With `options.checkpoint_layers` the forward keeps only each decoder layer's
-//! input (B, T, H), dropping each layer's graph as soon as it has run; the backward then walks the layers from the last,
-//! recomputing one layer's forward with a graph, pulling the incoming gradient through it
+//! The training step's forward and backward in one call, `Qwen3::logprob_backward`: token log-probs
+//! at selected rows, a loss the caller computes from them, and the gradient of every parameter.
+//! With `options.checkpoint_layers` the forward keeps only each decoder layer's input (B, T, H),
+//! dropping each layer's graph as soon as it has run; the backward then walks the layers from the
+//! last, recomputing one layer's forward with a graph, pulling the incoming gradient through it
 //! (the surrogate sum(y * dy) has gradient dy in y) and handing the input's gradient down.
 //! Activation memory is then (layers + 1) inputs plus one layer's working set.
 //!
-//! Data flow: trainer `gradients` -> here -> `Qwen3::layer` (model.rs) per layer -> gradients by
-//! HF key.
+//! Data flow: trainer `gradients` -> here -> `Qwen3::layer` (model/forward.rs) per layer ->
+//! gradients by HF key.
 
 use crate::batch::Batch;
 use crate::model::Qwen3;

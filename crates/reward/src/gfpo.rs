@@ -1,8 +1,8 @@
-//! GFPO's group filter (docs/methods.md, GFPO; arXiv 2508.09726): of the G' completions sampled
-//! for a prompt, keep the k best by length (shortest) or by reward per token, and train on
-//! those alone. A pure function of one group; the trainer (crates/train, length_control.rs)
-//! marks the others unscorable between scoring and shaping, so the shaper and the advantage
-//! estimator never see them and the loss leaves them out.
+//! GFPO's group filter (docs/methods.md, GFPO; arXiv 2508.09726): of the G' completions sampled for
+//! a prompt, keep the k best by length (shortest) or by reward per token, and train on those alone.
+//! A pure function of one group; the trainer (crates/train/src/step/length_control.rs) marks the
+//! others unscorable between scoring and shaping, so the shaper and the advantage estimator never
+//! see them and the loss leaves them out.
 
 use crate::types::Group;
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 //! context, and the shaped rewards with their diagnostics.
 //!
 //! Data flow: rollout + tasks produce one `SampleStat` per completion -> `Group`s (one per
-//! prompt, G samples) -> `Shaper::shape` -> `Shaped` -> `advantage::compute`.
+//! prompt, G samples) -> `LengthShaper::shape` -> `Shaped` -> `Advantage::compute`.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 //! warp shuffles through an exchange), launched from Rust with host buffers. It sits beside the
 //! CUDA path: crates/model describes each launch once (`terse_model::launch`), cudarc runs the
 //! description on a GPU and [`run`] runs it here, so `cargo test` executes every kernel and
-//! compares it with its CPU reference (tests/shim.rs) on machines without a GPU.
+//! compares it with its CPU reference (src/lib_tests/) on machines without a GPU.
 //!
 //! Only for tests: the shim is slow (an OS thread per CUDA thread) and serialises launches.
 

@@ -6,7 +6,7 @@
 //! "unresolved" otherwise (or with one seed). Beside it, a robust verdict from the exact paired
 //! sign-flip test (stats.rs) at v3's level, one-sided 5 % in each direction (so the two verdicts
 //! run at different error rates; v4 fixes one α, confirmatory.rs). The test was chosen before
-//! testbed v3 had results (issue 36). `cargo xtask repro` (xtask/src/summary.rs) puts the
+//! testbed v3 had results (issue 36). `cargo xtask repro` (xtask/src/summary/tables.rs) puts the
 //! section into docs/results.md and docs/v3/results.md, byte for byte as before.
 
 use std::collections::BTreeMap;

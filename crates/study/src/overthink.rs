@@ -1,7 +1,8 @@
-//! The report's testbed section: does outcome-only GRPO (Standard) overthink, as the papers'
-//! models do? Reads the Standard runs' rollout lengths and their first and last evaluations
-//! (the caller passes them in: xtask's summary.rs for the study) and decides, with 95 % t intervals over seeds, whether the length
-//! grew by the goal factor while accuracy rose, and where the re-checks went, level by level.
+//! The report's testbed section: does outcome-only GRPO (Standard) overthink, as the papers' models
+//! do? Reads the Standard runs' rollout lengths and their first and last evaluations (the caller
+//! passes them in: xtask/src/summary/tables.rs for the study) and decides, with 95 % t intervals
+//! over seeds, whether the length grew by the goal factor while accuracy rose, and where the
+//! re-checks went, level by level.
 
 use super::claims::{paired, Interval};
 use std::fmt::Write as _;

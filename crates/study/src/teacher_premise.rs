@@ -1,7 +1,7 @@
 //! CARE's premise read on paper, from the testbed teacher a condition's SFT checkpoint imitates:
 //! groups of teacher traces per training prompt, CARE's direction d of each group, and per level
 //! the teacher's pass@1 and length. A premise condition (docs/v4/plan.md section 7b) can be
-//! checked this way before its runs; the runs' own check 2 (study::premise) stays the verdict.
+//! checked this way before its runs; the runs' own check 2 (premise.rs) stays the verdict.
 //! Data flow: a run config's [data] and [grpo] -> [`teacher_premise`] -> [`render`] ->
 //! `cargo xtask teacher-premise`.
 

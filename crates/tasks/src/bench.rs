@@ -2,7 +2,8 @@
 //! 2025, AMC23, MATH-500, Minerva, OlympiadBench, GSM8K): each one's question column, answer
 //! column and answer format as its Hugging Face dataset publishes them, read from JSONL or
 //! Parquet into (question, reference answer, level) rows. Data flow: `data.layout` in a run
-//! config -> here -> terse-train's task.rs renders the prompt -> the math verifier grades.
+//! config -> here (through crates/train/src/task/rows.rs) -> terse-train's `Task`
+//! (crates/train/src/task.rs) renders the prompt -> the math verifier grades.
 //!
 //! The answer columns are read as they are published (an integer for AIME 2024, a float for
 //! AMC23, a list for OlympiadBench, a `#### N` tail for GSM8K) and turned into the text the math

@@ -2,10 +2,11 @@
 //! code brings (the task, TRL-shaped per-completion rewards with weights, the shaper, the
 //! advantage estimator, the policy loss, observers, a data-parallel collective) and ends in
 //! `.build()` (a trainer at step 0, to step by hand) or `.run()` (a whole run, written in
-//! ranks.rs beside the ranks it dispatches to: start.rs, run.rs: checkpoints, resume,
-//! evaluation). What is not given comes from the
-//! config, by name through the registry (registry.rs). start.rs and ranks.rs assemble their
-//! trainers through the same builder (`assemble`), from the parts they loaded.
+//! run/ranks.rs beside the ranks it dispatches to: rank 0's loop in run/run_loop.rs, which
+//! starts through run/start.rs and owns checkpoints, resume and evaluation, or a follower).
+//! What is not given comes from the config, by name through the registry (registry.rs).
+//! run/run_loop.rs and run/ranks.rs assemble their trainers through the same builder
+//! (`assemble`), from the parts they loaded.
 
 use crate::config::RunConfig;
 use crate::records::observe::Observer;

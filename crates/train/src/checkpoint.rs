@@ -1,10 +1,10 @@
-//! Run checkpoints: `step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
+//! Run checkpoints: `<run>/step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
 //! state.json, written into a temporary directory that is renamed into place, DONE last; resume
-//! takes the newest directory with DONE whose weights are finite (run/start.rs); a checkpoint
-//! of non-finite weights is never written; keep-last-N pruning (step 0, the GRPO start and KL
-//! reference, is always kept). Every file and the directory are fsynced before DONE is
-//! written, and DONE and the rename are fsynced too: after a power loss a checkpoint marked DONE
-//! has all its files on disk.
+//! takes the newest directory with DONE whose weights are finite (run/start.rs); a checkpoint of
+//! non-finite weights is never written; keep-last-N pruning (step 0, the GRPO start and KL
+//! reference, is always kept). Every file and the directory are fsynced before DONE is written, and
+//! DONE and the rename are fsynced too: after a power loss a checkpoint marked DONE has all its
+//! files on disk.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,6 @@
-//! What a run trains on: the configured task turned into prompts with reference answers
-//! (`Item`s, keyed by a data cursor) and a scorer for completions. Sits between the config and
-//! the rollout: run.rs asks for items, the sampler completes them, `Task::score` judges them.
+//! What a run trains on: the configured task turned into prompts with reference answers (`Item`s,
+//! keyed by a data cursor) and a scorer for completions. Sits between the config and the rollout:
+//! step/collect.rs asks for items, the sampler completes them, `Task::score` judges them.
 
 use crate::config::{DataSection, MathScorer, TaskKind};
 use crate::data;

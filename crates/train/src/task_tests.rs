@@ -1,6 +1,6 @@
 //! `Task::score` under faults: an answer over the math verifier's budget scores as a wrong one
 //! with its reason, and a research scorer that panics scores 0 while the step goes on
-//! (score_fault.rs catches it).
+//! (task/score_fault.rs catches it).
 
 use crate::config::{DataSection, MathScorer, TaskKind};
 use crate::task::{Item, Task};

@@ -1,8 +1,9 @@
 //! The repro study's report: reads every run's metrics.jsonl under the study's run directory and
 //! writes docs/results.md (a table in the shape of Short-RL's Table 1, mean ± sd over seeds, and
-//! the claims decided by claims.rs) and the length / accuracy curves. Deterministic: the same
-//! runs give the same bytes. runs.rs reads each run, tables.rs writes the tables and the
-//! claims, charts.rs the curves; this file chooses the report and puts it together.
+//! the claims decided by terse-study's crates/study/src/claims.rs) and the length / accuracy
+//! curves. Deterministic: the same runs give the same bytes. runs.rs reads each run, tables.rs
+//! writes the tables and the claims, charts.rs the curves; this file chooses the report and puts
+//! it together.
 
 mod charts;
 mod runs;

@@ -1,5 +1,5 @@
 //! The report's tables: the results table (mean ± sd over seeds), the claims the study decides
-//! (claims.rs) and the mechanism rows behind them.
+//! (crates/study/src/claims.rs) and the mechanism rows behind them.
 
 use super::runs::{MethodRuns, RunResult};
 use anyhow::Result;

@@ -1,7 +1,8 @@
 //! The targets whose parsers read a file by path: dataset rows (JSONL and Parquet, with the
 //! column layouts terse's configs use), tokenizer.json (through the project's
 //! `load_tokenizer`, then encoding and decoding), and the metrics reader behind the plots,
-//! the repro summary and a resume (report.rs, tensorboard.rs's record flattening, metrics.rs).
+//! the repro summary and a resume (terse-train's crates/train/src/report.rs, the record flattening
+//! of crates/train/src/records/tensorboard.rs, and crates/train/src/records/metrics.rs).
 
 use super::{subdir, Ctx, Target};
 use crate::corpus::Input;

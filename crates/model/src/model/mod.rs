@@ -5,7 +5,7 @@
 //! Data flow: `Batch` -> embed -> N x (attention block, MLP block) -> final norm -> either
 //! `token_logprobs` (training, only the selected rows touch the vocabulary) or `logits`
 //! (evaluation, small vocabularies). Attention is flash attention over key ranges where the
-//! device and dtype have it (`flash/`), else the composite reference. `logprob_backward`
+//! device and dtype have it (`kernels/flash/`), else the composite reference. `logprob_backward`
 //! (backward.rs) is the training step's forward+backward, with layer checkpointing;
 //! `forward_cached` (cache/forward.rs) runs the same blocks over new slots of a `KvCache`.
 

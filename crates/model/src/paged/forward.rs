@@ -8,7 +8,7 @@
 //! sequence at a time through a gathered `KvCache` and `forward_cached`'s composite path,
 //! writing the touched blocks back.
 //!
-//! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged_step`,
+//! Data flow: rollout scheduler -> `forward_paged` -> `decode::paged::step`,
 //! `paged_kernels_step` or per-sequence `forward_cached_with(Composite)` -> logits (B, V).
 
 use super::{BlockTable, PagedKvCache};

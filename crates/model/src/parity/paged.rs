@@ -1,4 +1,5 @@
-//! gpu-check's parity groups for the paged cache's decode ops (`fused::paged`): K/V written token
+//! gpu-check's parity groups for the paged cache's decode ops (`kernels::paged_kv_write`,
+//! `kernels::paged_decode_attention`): K/V written token
 //! by token into blocks scattered over the pool (four sequences growing in turn, so their
 //! blocks interleave), then one decode attention over the block tables, on the device against
 //! the CPU reference, in f32 and in bf16. Part of `parity::groups`.

@@ -1,7 +1,8 @@
 //! kernels/flash_fa2_bwd.cu (FlashAttention-2's backward: the dK/dV pass with K and V in
 //! registers and one walk over the queries, the deterministic dQ kernel, and dQ by f32 atomics
 //! inside the dK/dV pass) through the shim against the CPU flash backward, after the FA2
-//! forward and the delta kernel, as crates/model's kernels/flash/cuda.rs runs them. The shapes
+//! forward and the delta kernel, as
+//! crates/model/src/kernels/flash/cuda.rs runs them. The shapes
 //! are flash_fa2.rs's: several 64-key blocks and query steps at D = 128 (so dK and dV gather
 //! over many steps and GQA heads, and both pipeline stages are refilled), left and right
 //! padding, packed rows starting at a block's last key, GQA 1-8, head sizes 64 and 128.

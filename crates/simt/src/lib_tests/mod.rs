@@ -1,6 +1,7 @@
 //! The shim suite: every kernel entry point of kernels/*.cu, run on the CPU through the SIMT
 //! shim from its launch description (terse_model::launch), against its CPU reference
-//! (terse_model::testing::references) at parity.rs's tolerances: 1e-4 in f32, 2^-7 of the
+//! (terse_model::testing::references) at gpu-check's parity tolerances
+//! (crates/model/src/parity/): 1e-4 in f32, 2^-7 of the
 //! largest value in bf16 (inputs rounded to bf16 for both sides). Shapes stay small; the
 //! edge cases are what matters (padding, packed boundaries on and inside a 64-key tile, fully
 //! masked rows, length-1 sequences, GQA 1-8, head sizes 64 and 128, forked and copy-on-write

@@ -3,7 +3,8 @@
 //! checks of `[grpo.think_prune]` and `[grpo.gfpo]`, Step-GRPO's exit with the run's one
 //! trigger list, and the reward methods' `l_max`, which defaults to `grpo.max_new_tokens`.
 //! Functions of the config and the step alone, so a resumed run samples and scores as an
-//! unbroken one; length_control.rs applies them to the step's groups.
+//! unbroken one; step/trainer.rs and step/collect.rs apply them to each step's rollout and groups
+//! (step/length_control.rs tests them).
 
 use super::{GrpoSection, RunConfig, TruncatedReward};
 use anyhow::{bail, Result};

@@ -1,8 +1,8 @@
 //! Accuracy at token budgets (`cargo xtask eval --budgets`): each completion, sampled once at
 //! the largest budget, is cut at every budget B it runs past, the task's forced-answer text is
 //! appended, and a short answer is decoded greedily from that prefix and scored; a completion
-//! that finished within B is scored as it is. Data flow: eval.rs's samples and verdicts -> here
-//! -> eval_protocol.rs's accuracy-against-budget points (docs/methods.md, Evaluation metrics).
+//! that finished within B is scored as it is. Data flow: mod.rs's samples and verdicts -> here
+//! -> protocol.rs's accuracy-against-budget points (docs/methods.md, Evaluation metrics).
 
 use crate::eval::LevelSamples;
 use crate::load::encode;

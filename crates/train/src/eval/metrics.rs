@@ -2,8 +2,8 @@
 //! of per-sample outcomes (docs/methods.md, Evaluation metrics): avg@n and pass@k, accuracy per
 //! 1k tokens, the completion-rate × conditional-correctness × length split, length of right and
 //! of wrong samples, the truncation rate, and against a baseline run the Accuracy-Efficiency
-//! Score (O1-Pruner) and pass@k retention. eval_protocol.rs feeds them the samples of
-//! `cargo xtask eval`; eval_table.rs prints them.
+//! Score (O1-Pruner) and pass@k retention. protocol.rs feeds them the samples of
+//! `cargo xtask eval`; table.rs prints them.
 
 use serde::{Deserialize, Serialize};
 use terse_reward::metrics::pass_at_k;

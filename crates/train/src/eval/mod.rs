@@ -1,6 +1,6 @@
 //! Validation on the task's held-out problems: accuracy (pass@1 over n samples, and pass@n) and
 //! mean completion length and reflections, overall and by level. The trainer's validation and
-//! `cargo xtask eval` call [`evaluate`]; the protocol evaluation (eval_protocol.rs: R1 sampling,
+//! `cargo xtask eval` call [`evaluate`]; the protocol evaluation (protocol.rs: R1 sampling,
 //! token budgets, efficiency metrics) reuses its sampling and per-level aggregation.
 
 pub(crate) mod budget;

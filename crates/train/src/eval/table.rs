@@ -1,4 +1,4 @@
-//! What `cargo xtask eval` prints of an [`EvalOutcome`] (eval_protocol.rs): a header naming the
+//! What `cargo xtask eval` prints of an [`EvalOutcome`] (protocol.rs): a header naming the
 //! sampling protocol, the by-level table, the efficiency table, the table against the baseline
 //! (AES with its constants, pass@k retention) and accuracy by token budget, in markdown; and
 //! the same as one JSON object for `--json`.

@@ -1,7 +1,7 @@
-//! Observers of a run: everything that watches the typed records go by implements
-//! [`Observer`] — the metrics file, the progress bar, TensorBoard event files, the plots drawn
-//! at the end — and research code adds its own (`TrainerBuilder::observer`). The loop in run.rs hands
-//! each record to every observer in order.
+//! Observers of a run: everything that watches the typed records go by implements [`Observer`] —
+//! the metrics file, the progress bar, TensorBoard event files, the plots drawn at the end — and
+//! research code adds its own (`TrainerBuilder::observer`). The loop in run/run_loop.rs hands each
+//! record to every observer in order.
 
 use crate::records::metrics::MetricsWriter;
 use crate::report::MetricsLine;

@@ -1,6 +1,6 @@
 //! TensorBoard event files (`log.tensorboard = true`): every scalar of every metrics record,
-//! under `<run>/tensorboard/`, as `phase/key` tags (`grpo/reward`, `grpo/time/rollout_s`,
-//! `eval/by_level/3/pass1`, `sft/loss`), and a reader for tests and tools.
+//! under `<run>/tensorboard/`, as "phase/key" tags ("grpo/reward", "grpo/time/rollout_s",
+//! "eval/by_level/3/pass1", "sft/loss"), and a reader for tests and tools.
 //!
 //! The format is TFRecord framing (length, masked CRC-32C of the length, an `Event` protobuf,
 //! masked CRC-32C of it) around three protobuf fields, encoded here by hand. The `tboard`

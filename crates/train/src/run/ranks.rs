@@ -1,11 +1,12 @@
 //! A whole run on several data-parallel ranks (the launcher in xtask starts one process per
-//! rank; tests run them on threads). Rank 0 runs the ordinary run loop (run.rs): it validates,
+//! rank; tests run them on threads). Rank 0 runs the ordinary run loop (run_loop.rs): it validates,
 //! locks, resumes or warms up (SFT, in which every rank takes its share: `announce_sft`),
 //! evaluates, writes metrics and checkpoints. The other ranks
 //! write nothing: they receive rank 0's starting point (resolved config, weights, optimizer
 //! state, step, data cursor, shaper state) by broadcast, then take every GRPO step alongside it
 //! (each rank rolls out its share of the groups and sees every group's statistics, see
-//! collect.rs; the update is split and ZeRO-2-sharded, see update.rs and zero.rs). At each checkpoint the ranks' optimizer shards are gathered to rank
+//! step/collect.rs; the update is split and ZeRO-2-sharded, see step/update.rs and
+//! step/zero.rs). At each checkpoint the ranks' optimizer shards are gathered to rank
 //! 0, which writes one full optimizer state, so a run resumes on any number of ranks.
 //!
 //! Data flow: xtask `train --nproc N` -> N processes -> `TcpGroup` -> `GrpoTrainer::builder(cfg).collective(group).run()` -> rank 0:

@@ -1,5 +1,5 @@
 //! One training run, top to bottom: start (start.rs: validate, lock, load, SFT warm-up), then
-//! GRPO steps through the step-level trainer (trainer.rs), each record handed to the observers
+//! GRPO steps through the step-level trainer (step/trainer.rs), each record handed to the observers
 //! (metrics.jsonl, progress bar, TensorBoard, plots), checkpoints and evaluations around it.
 
 use crate::builder::TrainerBuilder;

@@ -1,8 +1,8 @@
 //! The step-level GRPO trainer: [`GrpoTrainer::step`] = rollout -> score -> shape ->
 //! advantages -> PPO update, returning a typed [`StepReport`]; each piece is callable alone
 //! for research code that changes one of them. Holds the policy, the optional KL reference,
-//! AdamW, the task, the tokenizer and the data cursor; knows nothing of files (run.rs writes
-//! checkpoints and metrics around it).
+//! AdamW, the task, the tokenizer and the data cursor; knows nothing of files (the run loop,
+//! run/run_loop.rs, writes checkpoints and metrics around it).
 
 use crate::config::RunConfig;
 use crate::failure::SampleFault;

@@ -1,11 +1,11 @@
 //! The policy update of one GRPO step: samples + advantages -> sequences with loss masks and
-//! sampler log-probs -> (reference log-probs for the KL term) -> for each PPO epoch and
-//! mini-batch: micro-batched gradients with the mini-batch's aggregation weights, clipping, a
-//! non-finite check, one AdamW step, and a check that the new weights are finite. Called by the loop in run.rs after shaping. With a
-//! `Collective` of several ranks, each rank differentiates the groups of every mini-batch it
-//! rolled out (with the mini-batch's global weights) and
-//! the optimizer step is ZeRO-2 (`zero::sharded_step`: gradients reduce-scattered, the global
-//! norm clipped, each rank's parameter shard updated, the new weights all-gathered).
+//! sampler log-probs -> (reference log-probs for the KL term) -> for each PPO epoch and mini-batch:
+//! micro-batched gradients with the mini-batch's aggregation weights, clipping, a non-finite check,
+//! one AdamW step, and a check that the new weights are finite. Called by `GrpoTrainer::update`
+//! (trainer.rs) after shaping. With a `Collective` of several ranks, each rank differentiates the
+//! groups of every mini-batch it rolled out (with the mini-batch's global weights) and the
+//! optimizer step is ZeRO-2 (`zero::sharded_step`: gradients reduce-scattered, the global norm
+//! clipped, each rank's parameter shard updated, the new weights all-gathered).
 
 use crate::config::GrpoSection;
 use crate::step::batches::{gradients, logprobs, MicroBatching, Objective, Seq};

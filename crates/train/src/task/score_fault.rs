@@ -1,9 +1,10 @@
-//! How scoring a completion can fail without failing the step: `ScoreFault` (the math
-//! verifier's budget refused the answer, or the scorer panicked) and `quiet_catch`, which
+//! How scoring a completion can fail without failing the step: a verdict's `ScoreFault`
+//! (terse-reward's: the math verifier's budget refused the answer, or the scorer panicked),
+//! mapped here from the verifier's refusal, and `quiet_catch`, which
 //! runs every scorer (built-in or research code's) so that a panic becomes an error value:
 //! task.rs scores it as wrong with one warning naming the item, and the panic hook's own
 //! report (several lines, a backtrace with RUST_BACKTRACE) stays quiet for the panics caught
-//! here only. collect.rs counts the faults per step (`verify_budget_exceeded`,
+//! here only. step/collect.rs counts the faults per step (`verify_budget_exceeded`,
 //! `verify_panics`).
 
 use std::cell::{Cell, RefCell};

@@ -11,8 +11,8 @@
 //! macros), as crates/simt/build.rs does for the shim. `extern __shared__` arrays (dynamic shared
 //! memory) are rewritten, on the same line, to a pointer from the runtime. Builds are
 //! incremental (a stamp per library: the hash of every input) and run two compilers at a time.
-//! The modules only the kernels' test loads (fake_gpu/tests/kernels_test.cpp) go to a `test/`
-//! subdirectory, out of the driver's sight.
+//! The modules only the kernels' test loads (fake_gpu/tests/kernels_test.cpp) go to a test/
+//! subdirectory of the output, out of the driver's sight.
 //!
 //! This file finds the modules (candle-kernels' sources through `cargo metadata`, terse's
 //! kernels/*.cu with their launch geometry) and is the entry point; compile.rs preprocesses and
