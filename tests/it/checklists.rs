@@ -181,7 +181,8 @@ fn a_file_that_lists_the_shapers_or_the_kernels_is_on_its_checklist() {
         ("kernels", &kernels, &of("Add a kernel")),
     ] {
         let listing: Vec<_> = files.iter().filter(|(_, t)| lists(t, family)).collect();
-        assert!(listing.len() >= 2, "no file lists the {what}");
+        // At least the family's own table (kernels/README.md, shaper.rs): the matcher works.
+        assert!(!listing.is_empty(), "no file lists the {what}");
         for f in unnamed(&files, family, named) {
             problems.push(format!(
                 "{f} lists the built-in {what}, but their checklist omits it"

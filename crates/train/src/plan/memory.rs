@@ -160,11 +160,7 @@ fn weights(
         }
         None => params,
     };
-    let what = if lora.is_some() {
-        "adapter"
-    } else {
-        "parameter"
-    };
+    let what = ["parameter", "adapter"][usize::from(lora.is_some())];
     add(
         "f32 master weights",
         shard(trained.saturating_mul(4)),
