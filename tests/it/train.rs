@@ -58,7 +58,7 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
         }
         let how = |tokens: usize, packed: bool| MicroBatching { tokens, packed };
         let run = |budget: usize, packed: bool| {
-            gradients(&model, &seqs, Objective::Ppo(ppo), how(budget, packed)).expect("grads")
+            gradients(&model, &seqs, Objective::Policy(&ppo), how(budget, packed)).expect("grads")
         };
         // One padded micro-batch is the reference; packed rows (one micro-batch or several)
         // give the same loss and gradients.
@@ -92,11 +92,11 @@ fn loss_and_gradients_do_not_depend_on_micro_batching() {
     }
 }
 
-/// A policy loss of research code's own plugs into the gradients: PPO through the trait gives
+/// A policy loss of research code's own plugs into the gradients: PPO wrapped in a closure gives
 /// PPO's gradients exactly, and a plain REINFORCE closure (−A · log π, weighted) trains too.
 #[test]
 fn a_custom_policy_loss_plugs_into_the_gradients() {
-    use terse_train::step::{LossInputs, LossStats};
+    use terse_train::step::{LossInputs, LossStats, PolicyLoss};
     let model = testbed_model(2);
     let seqs: Vec<Seq> = (0..3usize)
         .map(|i| {
@@ -118,8 +118,11 @@ fn a_custom_policy_loss_plugs_into_the_gradients() {
         tokens: 64,
         packed: true,
     };
-    let (g_ppo, s_ppo) = gradients(&model, &seqs, Objective::Ppo(ppo), how).expect("ppo");
-    let (g_dyn, s_dyn) = gradients(&model, &seqs, Objective::Policy(&ppo), how).expect("dyn");
+    // The built-in PPO against the same loss as research code's closure would be.
+    let as_closure = |x: &LossInputs| ppo.loss(x);
+    let (g_ppo, s_ppo) = gradients(&model, &seqs, Objective::Policy(&ppo), how).expect("ppo");
+    let (g_dyn, s_dyn) =
+        gradients(&model, &seqs, Objective::Policy(&as_closure), how).expect("dyn");
     assert_eq!(s_ppo.loss, s_dyn.loss);
     for (k, a) in &g_ppo {
         assert_eq!(crate::max_abs_diff(a, &g_dyn[k]), 0.0, "{k}");

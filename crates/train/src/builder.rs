@@ -206,11 +206,11 @@ impl TrainerBuilder {
             task.add_reward(f, w);
         }
         let estimator = match self.estimator {
-            Some(e) => Some(e),
+            Some(e) => e,
             None => crate::registry::configured_estimator(&self.cfg)?,
         };
         let policy_loss = match self.loss {
-            Some(l) => Some(l),
+            Some(l) => l,
             None => crate::registry::configured_loss(&self.cfg)?,
         };
         let mut policy = l.policy;

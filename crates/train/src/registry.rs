@@ -6,10 +6,13 @@
 //! names: `reward.shaper.method`, `advantage.estimator`, `grpo.loss` (config/registered.rs; a
 //! registered method's factory gets the other keys of its table, `[grpo.loss_params]` for a
 //! loss); the builder (builder.rs) looks them up, and an unknown name is an error that lists
-//! the kind's names, raised before anything is loaded or written.
+//! the kind's names, raised before anything is loaded or written. A built-in and a registered
+//! method come out alike, as the kind's trait object (`LengthShaper`, `AdvantageEstimator`,
+//! `PolicyLoss`): the trainer holds no fallback of its own.
 
 use crate::config::{builtin_estimators, builtin_losses, builtin_shapers, RunConfig};
-use crate::step::loss::PolicyLoss;
+use crate::step::gspo::GspoParams;
+use crate::step::loss::{PolicyLoss, PpoParams};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -155,26 +158,30 @@ pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn LengthShaper>> {
     }
 }
 
-/// Research code's estimator a config names by `advantage.estimator`; None: the built-in
-/// `[advantage]` estimator.
-pub(crate) fn configured_estimator(cfg: &RunConfig) -> Result<Option<Box<dyn AdvantageEstimator>>> {
+/// The estimator a config names by `advantage.estimator`: a registered one, else the
+/// built-in `[advantage]` estimator (the same trait object either way).
+pub(crate) fn configured_estimator(cfg: &RunConfig) -> Result<Box<dyn AdvantageEstimator>> {
     match &cfg.registered().estimator {
         Some(c) => {
             let f = registry().estimators.factory(&c.name)?;
-            f(&c.params).map(Some)
+            f(&c.params)
         }
-        None => Ok(None),
+        None => Ok(Box::new(cfg.advantage.clone())),
     }
 }
 
-/// Research code's policy loss a config names by `grpo.loss`; None: the built-in one.
-pub(crate) fn configured_loss(cfg: &RunConfig) -> Result<Option<Box<dyn PolicyLoss>>> {
+/// The policy loss a config names by `grpo.loss`: a registered one, else the built-in PPO-clip
+/// or GSPO with `[grpo]`'s settings (the same trait object either way).
+pub(crate) fn configured_loss(cfg: &RunConfig) -> Result<Box<dyn PolicyLoss>> {
     match &cfg.registered().loss {
         Some(c) => {
             let f = registry().losses.factory(&c.name)?;
-            f(&c.params).map(Some)
+            f(&c.params)
         }
-        None => Ok(None),
+        None => Ok(match GspoParams::of_grpo(&cfg.grpo) {
+            Some(gspo) => Box::new(gspo),
+            None => Box::new(PpoParams::from(&cfg.grpo)),
+        }),
     }
 }
 

@@ -3,7 +3,7 @@
 //! completion tokens are scored with the fused log-prob path, a loss with global weights,
 //! backward, and gradient accumulation. The same function serves SFT and GRPO.
 
-use crate::step::loss::{sft_loss, LossInputs, LossStats, PolicyLoss, PpoParams};
+use crate::step::loss::{sft_loss, LossInputs, LossStats, PolicyLoss};
 use candle_core::{Result, Tensor};
 use terse_model::{Batch, Padding, Qwen3};
 use terse_optim::{accumulate, Grads};
@@ -32,12 +32,11 @@ impl Seq {
     }
 }
 
-/// What to optimise.
+/// What to optimise: the SFT loss, or a policy loss (a built-in one, `PpoParams` or GSPO's,
+/// or research code's own, all fed the same per-token inputs).
 #[derive(Clone, Copy)]
 pub enum Objective<'a> {
     Sft,
-    Ppo(PpoParams),
-    /// Any policy loss (research code's own), fed the same per-token inputs as PPO.
     Policy(&'a dyn PolicyLoss),
 }
 
@@ -178,7 +177,6 @@ pub fn gradients(
         let w = per_token(&|s| vec![s.weight; s.loss_tokens()])?;
         let policy: &dyn PolicyLoss = match &objective {
             Objective::Sft => &NoPolicy,
-            Objective::Ppo(p) => p,
             Objective::Policy(l) => *l,
         };
         // The loss of the micro-batch's log-probs (N); the model runs forward and backward
@@ -190,10 +188,9 @@ pub fn gradients(
             } else {
                 let old = per_token(&|s| masked(s, &s.old_logp))?;
                 let adv = per_token(&|s| vec![s.advantage; s.loss_tokens()])?;
-                let wants_ref = match &objective {
-                    Objective::Ppo(p) => p.kl_coef > 0.0,
-                    _ => group.iter().all(|s| s.ref_logp.is_some()),
-                };
+                let wants_ref = policy
+                    .uses_reference()
+                    .unwrap_or_else(|| group.iter().all(|s| s.ref_logp.is_some()));
                 let reference = if wants_ref {
                     Some(per_token(&|s| s.ref_logp.clone().unwrap_or_default())?)
                 } else {

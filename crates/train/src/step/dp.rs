@@ -144,7 +144,7 @@ mod tests {
             tokens: 64,
             packed: true,
         };
-        gradients(m, seqs, Objective::Ppo(ppo), how)
+        gradients(m, seqs, Objective::Policy(&ppo), how)
             .expect("grads")
             .0
     }

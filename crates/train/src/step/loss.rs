@@ -102,12 +102,23 @@ pub struct LossInputs<'a> {
 /// (a closure works) through `GrpoTrainer::policy_loss`.
 pub trait PolicyLoss: Send + Sync {
     fn loss(&self, x: &LossInputs) -> Result<(Tensor, LossStats)>;
+
+    /// Whether the loss reads the reference log-probs (`LossInputs::ref_logp`): `None` (the
+    /// default) when the rollouts carry them, or a loss's own answer.
+    fn uses_reference(&self) -> Option<bool> {
+        None
+    }
 }
 
 impl PolicyLoss for PpoParams {
     fn loss(&self, x: &LossInputs) -> Result<(Tensor, LossStats)> {
         let (pg, stats) = ppo_terms(x.logp, x.old_logp, x.advantage, self)?;
         finish(x, pg, stats, self.kl_coef, self.kl_estimator)
+    }
+
+    /// The KL term needs them, and only it.
+    fn uses_reference(&self) -> Option<bool> {
+        Some(self.kl_coef > 0.0)
     }
 }
 

@@ -40,12 +40,12 @@ pub struct GrpoTrainer {
     pub(crate) cursor: u64,
     /// Where the newest checkpoint is looked for when a step stops on a non-finite value.
     pub(crate) run_dir: Option<PathBuf>,
-    /// Research code's advantage estimator (given, or registered and named by the config);
-    /// None uses the built-in `cfg.advantage`.
-    pub(crate) estimator: Option<Box<dyn AdvantageEstimator>>,
-    /// Research code's policy loss (given, or registered and named by the config); None uses
-    /// the built-in `grpo.loss` (PPO-clip or GSPO) with `cfg.grpo`'s settings.
-    pub(crate) policy_loss: Option<Box<dyn PolicyLoss>>,
+    /// The advantage estimator: given, or the one the config names (a built-in `[advantage]`
+    /// or a registered one), built by the registry.
+    pub(crate) estimator: Box<dyn AdvantageEstimator>,
+    /// The policy loss: given, or the one `grpo.loss` names (PPO-clip, GSPO, or a registered
+    /// one), built by the registry.
+    pub(crate) policy_loss: Box<dyn PolicyLoss>,
     /// The reward shaper (the configured one, or research code's own); its state is
     /// checkpointed with the run.
     pub(crate) shaper: Box<dyn LengthShaper>,
@@ -151,10 +151,7 @@ impl GrpoTrainer {
         let groups = &c.groups;
         let shaped = terse_reward::shape_scorable(groups, |gs| shaper.shape(gs, &ctx))?;
         self.check_finite("shaped reward", groups, &shaped.rewards)?;
-        let advantages = match &self.estimator {
-            Some(e) => e.estimate(groups, &shaped)?,
-            None => self.cfg.advantage.compute(groups, &shaped)?,
-        };
+        let advantages = self.estimator.estimate(groups, &shaped)?;
         // A research estimator can return inf or NaN where the built-in ones cannot.
         self.check_finite("advantage", groups, &advantages.values)?;
         Ok(Scored { shaped, advantages })
@@ -197,7 +194,7 @@ impl GrpoTrainer {
             policy: &self.policy,
             reference: self.reference.as_ref(),
             opt: &mut self.opt,
-            loss: self.policy_loss.as_deref(),
+            loss: self.policy_loss.as_ref(),
             collective: terse_dist::lend(&mut self.collective),
             run_dir: self.run_dir.as_deref(),
         };

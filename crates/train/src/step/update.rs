@@ -10,7 +10,7 @@
 use crate::config::GrpoSection;
 use crate::step::batches::{gradients, logprobs, MicroBatching, Objective, Seq};
 use crate::step::collect::{Collected, SampleExtra};
-use crate::step::loss::{agg_weights, LossStats, PolicyLoss, PpoParams};
+use crate::step::loss::{agg_weights, LossStats, PolicyLoss};
 use anyhow::{bail, Result};
 use std::path::Path;
 use terse_dist::Collective;
@@ -66,8 +66,8 @@ pub struct Learner<'a> {
     /// The frozen reference model of the KL term (None without one).
     pub reference: Option<&'a Qwen3>,
     pub opt: &'a mut AdamW,
-    /// A registered policy loss in place of the PPO objective.
-    pub loss: Option<&'a dyn PolicyLoss>,
+    /// The policy loss: the configured built-in (PPO-clip or GSPO) or research code's.
+    pub loss: &'a dyn PolicyLoss,
     /// Several ranks (or one): ZeRO-2 steps; None: clip and step here.
     pub collective: Option<&'a mut dyn Collective>,
     /// Named in the error of a non-finite update (the newest good checkpoint).
@@ -96,7 +96,7 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
         policy: model,
         reference,
         opt,
-        loss: custom_loss,
+        loss,
         collective: mut dp,
         run_dir,
     } = l;
@@ -110,8 +110,6 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
     let mut out = UpdateStats::default();
     let (logprob_s, correction) = prepare(g, model, reference, dp.as_deref_mut(), &mut seqs)?;
     (out.logprob_s, out.correction) = (logprob_s, correction);
-    let ppo = PpoParams::from(g);
-    let gspo = crate::step::gspo::GspoParams::of_grpo(g);
     let gs = g.group_size.max(1);
     let per_mb = g.mini_batch_prompts.unwrap_or(usize::MAX).max(1);
     let n_groups = extras.len() / gs;
@@ -127,13 +125,8 @@ pub fn policy_update(l: Learner<'_>, b: UpdateBatch<'_>) -> Result<UpdateStats> 
         for first in (0..n_groups).step_by(per_mb) {
             let last = (first + per_mb).min(n_groups);
             let part = weigh_mini_batch(g, extras, held, &mut seqs, &mut at, first..last);
-            let objective = match (custom_loss, &gspo) {
-                (Some(l), _) => Objective::Policy(l),
-                (None, Some(gs)) => Objective::Policy(gs),
-                (None, None) => Objective::Ppo(ppo),
-            };
             let how = MicroBatching::for_model(g.micro_batch_tokens, g.packing, model);
-            let (grads, st) = gradients(model, part, objective, how)?;
+            let (grads, st) = gradients(model, part, Objective::Policy(loss), how)?;
             let at_step = Stepping {
                 g,
                 model,
