@@ -166,7 +166,7 @@ pub(crate) fn configured_estimator(cfg: &RunConfig) -> Result<Box<dyn AdvantageE
             let f = registry().estimators.factory(&c.name)?;
             f(&c.params)
         }
-        None => Ok(Box::new(cfg.advantage.clone())),
+        None => Ok(Box::new(cfg.advantage)),
     }
 }
 
