@@ -3,6 +3,8 @@
 
 mod architecture;
 mod checkpoint;
+mod crash_consistency;
+mod crash_model;
 mod docs;
 mod eval_protocol;
 mod examples;

@@ -109,7 +109,7 @@ impl Qwen3 {
         let Some(l) = &self.lora else {
             crate::fail!("the model has no LoRA adapters to save");
         };
-        std::fs::create_dir_all(dir).map_err(|e| crate::checkpoint::io_err(dir, e))?;
+        crate::disk::create_dir_all(dir).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let c = &l.config;
         let cfg = serde_json::json!({
             "base_model_name_or_path": base,

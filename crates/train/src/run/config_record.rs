@@ -10,7 +10,6 @@
 use crate::config::RunConfig;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 /// The run's config as created.
@@ -111,7 +110,7 @@ pub(crate) fn check(dir: &Path, cfg: &RunConfig, allow: bool) -> Result<Record> 
 /// step the run resumes from) appended to config_changes.jsonl and synced.
 pub(crate) fn write(dir: &Path, record: &Record, step: u64) -> Result<()> {
     match record {
-        Record::Create(text) => Ok(terse_model::checkpoint::atomic_write(
+        Record::Create(text) => Ok(terse_model::disk::atomic_write(
             &dir.join(CONFIG),
             text.as_bytes(),
         )?),
@@ -134,14 +133,9 @@ pub(crate) fn write(dir: &Path, record: &Record, step: u64) -> Result<()> {
                 lines.push_str(&serde_json::to_string(&line)?);
                 lines.push('\n');
             }
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .with_context(|| format!("opening {}", path.display()))?;
-            f.write_all(lines.as_bytes())
-                .and_then(|()| f.sync_data())
-                .with_context(|| format!("writing {}", path.display()))?;
+            let mut f = terse_model::disk::Appender::open(&path, true)?;
+            f.append(lines.as_bytes())?;
+            f.sync()?;
             tracing::warn!(
                 "{}: config changed with --allow-config-change at step {step}: {} ({CONFIG} kept)",
                 path.display(),

@@ -64,8 +64,7 @@ impl RunLock {
     /// Creates `run_dir` if needed and takes its lock, waiting up to `wait`: how a run (GRPO
     /// or SFT alone) starts.
     pub fn create_and_acquire(run_dir: &Path, wait: Duration) -> Result<Self> {
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
+        terse_model::disk::create_dir_all(run_dir).context("cannot create the run directory")?;
         Self::acquire(run_dir, wait)
     }
 
@@ -143,8 +142,7 @@ fn remove_stale_tmp(run_dir: &Path) -> Result<()> {
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() && p.extension().is_some_and(|x| x == "tmp") {
-            std::fs::remove_dir_all(&p)
-                .with_context(|| format!("removing stale {}", p.display()))?;
+            terse_model::disk::remove_dir_all(&p).context("removing a stale checkpoint")?;
         }
     }
     Ok(())

@@ -97,7 +97,7 @@ impl Machine {
     /// Writes `dir`'s machine.json (a new run).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).context("serialising the machine")? + "\n";
-        Ok(terse_model::checkpoint::atomic_write(
+        Ok(terse_model::disk::atomic_write(
             &dir.join(MACHINE),
             text.as_bytes(),
         )?)

@@ -243,10 +243,12 @@ fn finished(origin: &Origin, cfg: &RunConfig, dir: &Path) -> Result<bool> {
     }
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(text.lines().any(|l| {
+    // Whole lines only: a final evaluation a crash cut short is not written.
+    let done = crate::records::metrics::whole_lines(&text).any(|l| {
         serde_json::from_str::<serde_json::Value>(l)
             .is_ok_and(|v| v["phase"] == "eval" && v["step"].as_u64() == Some(*step))
-    }))
+    });
+    Ok(done)
 }
 
 /// The observers: the metrics file (opened fresh, cut back to the resumed step, or kept whole
