@@ -15,8 +15,12 @@
 //!   step of every line metrics.jsonl holds (a line is written after its step's checkpoint);
 //! - metrics.jsonl after the resume's truncation is exactly the uninterrupted run's lines
 //!   before the resume step ("time" aside), or, for a finished run, all of them;
-//! - every other file the run wrote (config.toml, machine.json, the failure record, the SFT
-//!   model) holds one of the contents it was given, never a torn or empty one.
+//! - every other file the run wrote (config.toml, machine.json, the failure record) holds one
+//!   of the contents it was given, never a torn or empty one.
+//!
+//! The tape is about 140 operations; the walk checks every one of the roughly 800 crash states
+//! (about 180 distinct) in under 10 s here. A writer that leaves config.toml's data unsynced
+//! before its rename, or the run directory unsynced after a checkpoint's rename, fails it.
 
 use crate::crash_model::{Content, Entry, Model, State};
 use crate::train::small_config;
@@ -25,7 +29,7 @@ use std::path::{Path, PathBuf};
 use terse_model::disk::{self, Op};
 use terse_train::records::{checkpoints_newest_first, read_state, MetricsWriter, RunLock, Start};
 
-/// Fails the run at the record of GRPO step `0`: the stop of a process after that step's
+/// Fails the run at the record of GRPO step `.0`: the stop of a process after that step's
 /// checkpoint (its line is written first: metrics.jsonl comes before the observers added).
 struct StopAt(u64);
 
@@ -349,34 +353,42 @@ fn item5_a_power_loss_anywhere_in_a_run_leaves_a_resumable_run() {
     let w = Written::new(&model, &tape);
     assert_eq!(w.checkpoints.len(), 3, "3 checkpoints: steps 0, 1, 2");
 
+    // Prefix by prefix, each new distinct state written out and checked; a broken writer
+    // stops the walk at its first `SHOWN` failing states (not hours of them).
+    const SHOWN: usize = 10;
     let (mut combinations, mut distinct, mut sampled) = (0usize, HashSet::new(), 0);
-    let mut states = vec![];
-    for p in 0..=model.len() {
-        let all = model.states(p, |s| {
-            combinations += 1;
-            if distinct.insert(s.clone()) {
-                states.push((p, s));
-            }
-        });
-        sampled += usize::from(!all);
-    }
+    let (mut prefixes, mut checked) = (0, 0);
     let cases = crate::scratch("crash-consistency-cases");
     let (mut blobs, mut loaded) = (HashMap::new(), HashSet::new());
     let mut failures = vec![];
-    for (i, (p, s)) in states.iter().enumerate() {
-        let case = cases.join(format!("case{i}"));
-        materialise(s, &tape, &case, &mut blobs);
-        if let Err(e) = check(s, &w, &cfg, &case, &mut loaded) {
-            let op = p.checked_sub(1).map(|j| format!("{:?}", short(&tape[j])));
-            failures.push(format!("after {p} ops (last {op:?}): {e}"));
+    for p in 0..=model.len() {
+        let mut new = vec![];
+        let all = model.states(p, |s| {
+            combinations += 1;
+            if distinct.insert(s.clone()) {
+                new.push(s);
+            }
+        });
+        sampled += usize::from(!all);
+        prefixes += 1;
+        for s in new {
+            let case = cases.join(format!("case{checked}"));
+            checked += 1;
+            materialise(&s, &tape, &case, &mut blobs);
+            if let Err(e) = check(&s, &w, &cfg, &case, &mut loaded) {
+                let op = p.checked_sub(1).map(|j| short(&tape[j]));
+                failures.push(format!("after {p} ops (the last: {op:?}): {e}"));
+            }
+            std::fs::remove_dir_all(&case).expect("clean case");
         }
-        std::fs::remove_dir_all(&case).expect("clean case");
+        if failures.len() >= SHOWN {
+            break;
+        }
     }
     eprintln!(
-        "crash consistency: {} ops recorded, {} prefixes ({sampled} sampled), {combinations} crash states ({} distinct) checked, {} checkpoints loaded; {} failing; recorded in {:.1} s, all in {:.1} s",
+        "crash consistency: {} ops recorded; {prefixes} of {} prefixes walked ({sampled} sampled, not enumerated), {combinations} crash states, {checked} distinct ones checked, {} checkpoints loaded; {} failing; recorded in {:.1} s, all in {:.1} s",
         tape.len(),
         model.len() + 1,
-        states.len(),
         loaded.len(),
         failures.len(),
         recorded.as_secs_f64(),
@@ -384,10 +396,9 @@ fn item5_a_power_loss_anywhere_in_a_run_leaves_a_resumable_run() {
     );
     assert!(
         failures.is_empty(),
-        "{} of {} crash states fail; the first: {}",
+        "{} crash states fail (the walk stops at {SHOWN}):\n{}",
         failures.len(),
-        states.len(),
-        failures[..failures.len().min(5)].join("\n")
+        failures.join("\n")
     );
     // Exhaustive: no prefix had more combinations than are enumerated.
     assert_eq!(

@@ -376,3 +376,109 @@ impl Model {
         visible(&fs, &self.dir_nodes)
     }
 }
+
+/// The model itself, on hand-written tapes: what it must allow and what it must not.
+mod tests {
+    use super::*;
+
+    fn write(p: &str, bytes: &[u8]) -> Op {
+        Op::Write {
+            path: PathBuf::from(p),
+            offset: 0,
+            bytes: bytes.to_vec(),
+        }
+    }
+
+    /// The states after the whole tape, each as (path, bytes or None for a directory).
+    fn ends(tape: &[Op]) -> HashSet<Vec<(PathBuf, Option<Vec<u8>>)>> {
+        let m = Model::new(Path::new("/r"), tape);
+        let mut out = HashSet::new();
+        let all = m.states(m.len(), |s| {
+            out.insert(
+                s.into_iter()
+                    .map(|(p, e)| match e {
+                        Entry::Dir => (p, None),
+                        Entry::File(c) => (p, Some(c.bytes(tape))),
+                    })
+                    .collect(),
+            );
+        });
+        assert!(all, "enumerated, not drawn");
+        out
+    }
+
+    fn state(files: &[(&str, &[u8])]) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+        files
+            .iter()
+            .map(|(p, b)| (PathBuf::from(p), Some(b.to_vec())))
+            .collect()
+    }
+
+    /// A rename made durable over a file whose data was not fsynced may leave it empty or
+    /// torn; with the file fsynced first, only the whole content.
+    #[test]
+    fn a_rename_before_the_data_is_synced_can_publish_an_empty_file() {
+        let base = [Op::Create("/r/a.tmp".into()), write("/r/a.tmp", b"line\n")];
+        let rename = [
+            Op::Rename {
+                from: "/r/a.tmp".into(),
+                to: "/r/a".into(),
+            },
+            Op::Fsync("/r".into()),
+        ];
+        let unsynced: Vec<Op> = base.iter().chain(&rename).cloned().collect();
+        let got = ends(&unsynced);
+        for (bytes, must) in [
+            (&b""[..], true),
+            (b"li", true),
+            (b"line", true),
+            (b"line\n", true),
+        ] {
+            assert_eq!(got.contains(&state(&[("a", bytes)])), must, "{bytes:?}");
+        }
+        assert_eq!(got.len(), 4);
+        let mut synced: Vec<Op> = base.to_vec();
+        synced.push(Op::Fsync("/r/a.tmp".into()));
+        synced.extend(rename);
+        let got = ends(&synced);
+        assert_eq!(got, HashSet::from([state(&[("a", b"line\n")])]));
+    }
+
+    /// A new file's entry is durable only once its directory is fsynced, whatever the file's
+    /// own fsync; a removal likewise; a durable write survives a lost earlier one as a hole.
+    #[test]
+    fn entries_need_the_directory_fsync() {
+        let tape = [
+            Op::Create("/r/f".into()),
+            write("/r/f", b"ab"),
+            Op::Fsync("/r/f".into()),
+        ];
+        let got = ends(&tape);
+        assert_eq!(
+            got,
+            HashSet::from([vec![], state(&[("f", b"ab")])]),
+            "the file or nothing"
+        );
+        let mut then = tape.to_vec();
+        then.extend([
+            Op::Fsync("/r".into()),
+            Op::Write {
+                path: "/r/f".into(),
+                offset: 2,
+                bytes: b"cd".to_vec(),
+            },
+            Op::Write {
+                path: "/r/f".into(),
+                offset: 4,
+                bytes: b"ef".to_vec(),
+            },
+            Op::Remove("/r/f".into()),
+        ]);
+        let got = ends(&then);
+        assert!(got.contains(&vec![]), "the removal kept");
+        assert!(got.contains(&state(&[("f", b"ab\0\0ef")])), "a hole");
+        assert!(!got
+            .iter()
+            .any(|s| s.iter().any(|(_, b)| b.as_deref() == Some(b""))));
+    }
+}

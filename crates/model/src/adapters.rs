@@ -1,6 +1,6 @@
 //! `Qwen3`'s LoRA methods (the adapters themselves are lora.rs): adding fresh adapters,
 //! turning them off for the KL reference, the merged copy the rollout decodes, and PEFT's files
-//! (save, load).
+//! (save, load). Saved through `crate::disk` (each file written atomically and durably).
 
 use crate::lora::{peft_key, AdapterOff, Lora, LoraConfig, LoraInit, TARGETS};
 use crate::model::Qwen3;

@@ -6,6 +6,8 @@
 //! --allow-config-change`, `TrainerBuilder::allow_config_change`): then each change is appended
 //! to `<run>/config_changes.jsonl` as `{"step", "key", "old", "new"}`, and the run's config is
 //! config.toml with those lines applied in order (what the next start compares with).
+//! Both files go through `terse_model::disk`: config.toml by `atomic_write`, the changes
+//! appended and fsynced by an `Appender` whose new file's entry is made durable first.
 
 use crate::config::RunConfig;
 use anyhow::{bail, Context, Result};

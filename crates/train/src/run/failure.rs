@@ -4,7 +4,7 @@
 //! again on every resume. run.rs records each failure of the step loop in
 //! `<run>/last_failure.json`; a failure at the same step with the same error as the recorded
 //! one says so, and names the completion when the error carries one (`SampleFault`). A run
-//! that finishes removes the record.
+//! that finishes removes the record. Written and removed through `terse_model::disk`.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};

@@ -4,7 +4,8 @@
 //! (tokenizer, prompts against the context, weights, optimizer and shaper state, KL
 //! reference), and only then write into the run directory. A refused or failed start loses
 //! nothing, and so does a start of a finished run (unless it evaluates it again). Fresh runs
-//! get their SFT warm-up and step 0's checkpoint here.
+//! get their SFT warm-up and step 0's checkpoint here. A run counts as finished only when its
+//! final evaluation is a whole line of metrics.jsonl (a power loss can leave it cut).
 
 use crate::builder::{Loaded, TrainerBuilder};
 use crate::config::{ContextOverflow, Resume, RunConfig};
