@@ -4,6 +4,8 @@
 mod architecture;
 mod checklists;
 mod checkpoint;
+mod crash_consistency;
+mod crash_model;
 mod docs;
 mod eval_protocol;
 mod examples;

@@ -417,7 +417,7 @@ fn make_testbed(out: &std::path::Path) -> anyhow::Result<ExitCode> {
         ("config.json", model_config_json()),
     ] {
         let path = out.join(name);
-        terse_model::checkpoint::atomic_write(&path, text.as_bytes())?;
+        terse_model::disk::atomic_write(&path, text.as_bytes())?;
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

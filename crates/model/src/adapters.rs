@@ -1,6 +1,6 @@
 //! `Qwen3`'s LoRA methods (the adapters themselves are lora.rs): adding fresh adapters,
 //! turning them off for the KL reference, the merged copy the rollout decodes, and PEFT's files
-//! (save, load).
+//! (save, load). Saved through `crate::disk` (each file written atomically and durably).
 
 use crate::lora::{peft_key, AdapterOff, Lora, LoraConfig, LoraInit, TARGETS};
 use crate::model::Qwen3;
@@ -120,7 +120,7 @@ impl Qwen3 {
         let Some(l) = &self.lora else {
             crate::fail!("the model has no LoRA adapters to save");
         };
-        std::fs::create_dir_all(dir).map_err(|e| crate::checkpoint::io_err(dir, e))?;
+        crate::disk::create_dir_all(dir).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let c = &l.config;
         let cfg = serde_json::json!({
             "base_model_name_or_path": base,

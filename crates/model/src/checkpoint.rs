@@ -1,10 +1,12 @@
 //! HF checkpoints in and out: resolve a model name (directory or hub id), read single or sharded
-//! safetensors with shape checks, and write the same layout back atomically.
+//! safetensors with shape checks, and write the same layout back atomically (each file through
+//! `disk::atomic_write`, the I/O layer every checkpoint write goes through).
 //!
 //! Data flow: `resolve` -> `read_weights` (storage dtype -> f32 master tensors, exact HF keys) ->
 //! `Qwen3` Vars ... training ... -> `write_checkpoint` (config.json + safetensors [+ index]).
 
 use crate::config::Config;
+use crate::disk;
 use candle_core::{DType, Device, Error, Result, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -197,14 +199,15 @@ fn dtype_name(dt: DType) -> Result<&'static str> {
 }
 
 /// Writes config.json and the weights in HF layout into `dir` (created if needed). Each file is
-/// written under a temporary name and renamed, so a crash never leaves a half-written file.
+/// written under a temporary name, fsynced and renamed (`disk::atomic_write`), so neither a
+/// crash nor a power loss leaves a half-written file.
 pub fn write_checkpoint(
     dir: &Path,
     cfg: &Config,
     tensors: &BTreeMap<String, Tensor>,
     opts: &SaveOptions,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    disk::create_dir_all(dir).map_err(|e| Error::Msg(e.to_string()))?;
     let mut raw = cfg.raw.clone();
     let name = dtype_name(opts.dtype)?;
     if raw.get("torch_dtype").is_some() {
@@ -264,18 +267,10 @@ pub fn write_checkpoint(
 }
 
 fn remove_if_exists(p: &Path) -> Result<()> {
-    match std::fs::remove_file(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(p, e)),
-        _ => Ok(()),
-    }
+    disk::remove_file(p).map_err(|e| Error::Msg(e.to_string()))
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    std::fs::write(&tmp, bytes).map_err(|e| io_err(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
+/// `disk::atomic_write` with this crate's error type.
+pub(crate) fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
+    disk::atomic_write(path, bytes).map_err(|e| Error::Msg(e.to_string()))
 }

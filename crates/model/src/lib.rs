@@ -30,6 +30,7 @@ pub mod checkpoint;
 pub mod config;
 mod decode;
 pub mod device;
+pub mod disk;
 pub(crate) mod kernels;
 pub mod logprob;
 pub mod lora;

@@ -1,15 +1,18 @@
 //! Run checkpoints: `<run>/step_000020/` with HF-layout weights (+ tokenizer), optimizer state and
 //! state.json, written into a temporary directory that is renamed into place, DONE last; resume
-//! takes the newest directory with DONE whose weights are finite (run/start.rs); a checkpoint of
-//! non-finite weights is never written; keep-last-N pruning (step 0, the GRPO start and KL
-//! reference, is always kept). Every file and the directory are fsynced before DONE is written, and
-//! DONE and the rename are fsynced too: after a power loss a checkpoint marked DONE has all its
-//! files on disk.
+//! takes the newest directory with DONE whose weights are finite (run/start.rs); a checkpoint
+//! of non-finite weights is never written; keep-last-N pruning (step 0, the GRPO start and KL
+//! reference, is always kept). Every write goes through `terse_model::disk`, in an order that
+//! holds against power loss (tests/it/crash_consistency.rs replays every prefix of it): every
+//! file and the temporary directory are fsynced before DONE is written, DONE is fsynced, then the
+//! rename, then the run directory is fsynced, so a checkpoint marked DONE has all its files on
+//! disk and one whose save returned survives. Pruning removes DONE first (made durable) so a
+//! half-pruned checkpoint is never taken for a complete one.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use terse_model::{Qwen3, SaveOptions};
+use terse_model::{disk, Qwen3, SaveOptions};
 use terse_optim::AdamW;
 
 /// What a checkpoint restores besides weights and optimizer: the step, the data cursor and the
@@ -45,22 +48,26 @@ pub fn save_checkpoint(
         );
     }
     let extra = |tmp: &Path| -> Result<()> {
-        std::fs::write(tmp.join("optimizer.safetensors"), opt.to_safetensors()?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        let state = serde_json::to_string_pretty(state)?;
+        let opt = opt.to_safetensors()?;
         // Everything on disk before the marker that says so.
-        sync_tree(tmp)?;
-        std::fs::write(tmp.join("DONE"), b"")
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        sync_path(&tmp.join("DONE"))?;
-        sync_path(tmp)
+        for (f, bytes) in [
+            ("optimizer.safetensors", &opt[..]),
+            ("state.json", state.as_bytes()),
+        ] {
+            disk::write_file(&tmp.join(f), bytes)?;
+            disk::sync(&tmp.join(f))?;
+        }
+        disk::write_file(&tmp.join("DONE"), b"")?;
+        disk::sync(&tmp.join("DONE"))?;
+        Ok(disk::sync(tmp)?)
     };
     save_model_dir(&run_dir.join(step_name(step)), model, model_src, extra)
 }
 
-/// Writes an HF-layout model directory (weights, config, the source's tokenizer files, then
-/// whatever `extra` adds) into `<dir>.tmp` and renames it over `dir`.
+/// Writes an HF-layout model directory (weights, config, the source's tokenizer files, all
+/// fsynced, then whatever `extra` adds) into `<dir>.tmp`, renames it over `dir` and fsyncs the
+/// parent: `dir` is durable when this returns.
 pub fn save_model_dir(
     dir: &Path,
     model: &Qwen3,
@@ -71,27 +78,31 @@ pub fn save_model_dir(
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)
-            .with_context(|| format!("removing stale {}", tmp.display()))?;
+        disk::remove_dir_all(&tmp).context("removing a stale checkpoint")?;
     }
     // A LoRA model's checkpoint is its adapters (PEFT's files); the base stays where it is.
     match model.lora() {
         Some(_) => model.save_adapter(&tmp, &model_src.display().to_string())?,
         None => model.save(&tmp, &SaveOptions::default())?,
     }
+    // The weights' files are durable already (`disk::atomic_write`); the copies are made so.
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         if model_src.join(f).is_file() {
-            std::fs::copy(model_src.join(f), tmp.join(f))
-                .with_context(|| format!("copying {f} into {}", tmp.display()))?;
+            disk::copy(&model_src.join(f), &tmp.join(f))
+                .and_then(|()| disk::sync(&tmp.join(f)))
+                .context("copying the tokenizer")?;
         }
     }
+    disk::sync(&tmp)?;
     extra(&tmp)?;
     if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("replacing {}", dir.display()))?;
+        disk::remove_dir_all(dir).context("replacing a checkpoint")?;
     }
-    std::fs::rename(&tmp, dir).with_context(|| format!("renaming {} into place", tmp.display()))?;
-    if let Some(parent) = dir.parent() {
-        sync_path(parent)?;
+    disk::rename(&tmp, dir).context("renaming a checkpoint into place")?;
+    // The rename itself made durable: a checkpoint whose save returned survives a power loss.
+    match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => disk::sync(parent)?,
+        _ => disk::sync(Path::new("."))?,
     }
     Ok(dir.to_path_buf())
 }
@@ -116,24 +127,6 @@ pub fn export_lora(ckpt: &Path, base: &Path, out: &Path) -> Result<(PathBuf, Pat
     let adapter = out.join("adapter");
     m.save_adapter(&adapter, &base.display().to_string())?;
     Ok((dir, adapter))
-}
-
-/// fsync of one file or directory (a directory's entries: creations and renames).
-pub fn sync_path(p: &Path) -> Result<()> {
-    std::fs::File::open(p)
-        .and_then(|f| f.sync_all())
-        .with_context(|| format!("syncing {}", p.display()))
-}
-
-/// fsync of every file directly in `dir`, then of `dir` itself.
-fn sync_tree(dir: &Path) -> Result<()> {
-    for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let p = e?.path();
-        if p.is_file() {
-            sync_path(&p)?;
-        }
-    }
-    sync_path(dir)
 }
 
 /// Where a stopped run can restart, for error messages: the newest complete checkpoint whose
@@ -234,7 +227,14 @@ pub fn prune(run_dir: &Path, keep: usize) -> Result<()> {
         .collect();
     let n = steps.len().saturating_sub(keep.max(1));
     for (_, p) in &steps[..n] {
-        std::fs::remove_dir_all(p).with_context(|| format!("pruning {}", p.display()))?;
+        // Not complete any more before any of its files goes, whatever a power loss keeps.
+        disk::remove_file(&p.join("DONE"))
+            .and_then(|()| disk::sync(p))
+            .and_then(|()| disk::remove_dir_all(p))
+            .context("pruning a checkpoint")?;
+    }
+    if n > 0 {
+        disk::sync(run_dir)?;
     }
     Ok(())
 }

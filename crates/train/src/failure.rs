@@ -4,7 +4,7 @@
 //! again on every resume. run/run_loop.rs records each failure of the step loop in
 //! `<run>/last_failure.json`; a failure at the same step with the same error as the recorded
 //! one says so, and names the completion when the error carries one (`SampleFault`). A run
-//! that finishes removes the record.
+//! that finishes removes the record. Written and removed through `terse_model::disk`.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -80,17 +80,12 @@ pub fn record(dir: &Path, step: u64, err: anyhow::Error) -> anyhow::Error {
 
 /// The run finished: no failure to remember.
 pub fn clear(dir: &Path) -> Result<()> {
-    match std::fs::remove_file(dir.join(FILE)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("removing {}", dir.join(FILE).display()))
-        }
-        _ => Ok(()),
-    }
+    Ok(terse_model::disk::remove_file(&dir.join(FILE))?)
 }
 
 fn write(dir: &Path, r: &Record) -> Result<()> {
     let text = serde_json::to_string_pretty(r).context("serialising the failure record")?;
-    terse_model::checkpoint::atomic_write(&dir.join(FILE), text.as_bytes())
+    terse_model::disk::atomic_write(&dir.join(FILE), text.as_bytes())
         .with_context(|| format!("writing {}", dir.join(FILE).display()))
 }
 

@@ -129,7 +129,7 @@ pub fn write(root: &Path, methods: &[&Method], study: &Study, out: &Path) -> Res
         md.push_str(&std::fs::read_to_string(&reading)?);
     }
     let path = out.join(format!("results{suffix}.md"));
-    terse_model::checkpoint::atomic_write(&path, md.as_bytes())?;
+    terse_model::disk::atomic_write(&path, md.as_bytes())?;
     charts(out, &suffix, &all)?;
     Ok(path)
 }

@@ -1,16 +1,16 @@
-//! metrics.jsonl: one JSON object per step, appended (one write call, fsynced) as the run goes.
-//! Resuming keeps exactly the lines the resumed process will not write again, so a resumed file
-//! equals an uninterrupted one.
+//! metrics.jsonl: one JSON object per step, appended (one write call, fsynced) as the run goes,
+//! through `terse_model::disk` (the I/O layer the crash-consistency test records). Resuming keeps
+//! exactly the lines the resumed process will not write again (rewritten by
+//! `disk::atomic_write`), so a resumed file equals an uninterrupted one.
 //! Wall-clock figures live under the "time" key, the only part that differs between runs.
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use terse_model::disk::Appender;
 
 pub struct MetricsWriter {
-    path: PathBuf,
-    file: std::fs::File,
+    file: Appender,
 }
 
 /// Where a run starts, for deciding which lines of an existing metrics file stay.
@@ -63,12 +63,13 @@ impl MetricsWriter {
                 start,
                 steps,
                 eval_every,
-            } if path.is_file() => std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?
-                .lines()
-                .filter_map(|l| Some((l.to_string(), serde_json::from_str::<Value>(l).ok()?)))
-                .filter(|(_, v)| kept(v, start, steps, eval_every))
-                .collect(),
+            } if path.is_file() => whole_lines(
+                &std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+            )
+            .filter_map(|l| Some((l.to_string(), serde_json::from_str::<Value>(l).ok()?)))
+            .filter(|(_, v)| kept(v, start, steps, eval_every))
+            .collect(),
             _ => vec![],
         };
         let evals = keep
@@ -77,66 +78,76 @@ impl MetricsWriter {
             .filter_map(|(_, v)| v["step"].as_u64())
             .collect();
         let text: String = keep.iter().map(|(l, _)| format!("{l}\n")).collect();
-        terse_model::checkpoint::atomic_write(path, text.as_bytes())?;
+        terse_model::disk::atomic_write(path, text.as_bytes())?;
         Ok((Self::append(path)?, evals))
     }
 
-    /// The file as it is, opened for appending.
+    /// The file as it is, opened for appending (and synced: what an earlier process appended
+    /// is on disk before this one adds to it).
     fn append(path: &Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        file.sync_all()
-            .with_context(|| format!("syncing {}", path.display()))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            file,
-        })
+        let mut file = Appender::open(path, false)?;
+        file.sync()?;
+        Ok(Self { file })
     }
 
     /// Appends one line in one write call and syncs it: a line is on disk or absent, never cut.
     pub fn write(&mut self, line: &crate::report::MetricsLine) -> Result<()> {
-        write_line(&mut self.file, line)
-            .and_then(|()| self.file.sync_data())
-            .with_context(|| format!("writing {}", self.path.display()))
+        let text = line_text(line)?;
+        self.file.append(text.as_bytes())?;
+        Ok(self.file.sync()?)
     }
 }
 
-/// The line and its newline in one `write_all` of one buffer (`writeln!` on a `File` issues a
+/// The lines of a metrics file that were written whole: a last line without its newline is a
+/// write a crash cut (even one that happens to parse), and counts as not written.
+pub(crate) fn whole_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+}
+
+/// The line and its newline, one buffer for one write call (`writeln!` on a `File` issues a
 /// write per formatted piece: ~200 for a GRPO line).
-fn write_line(w: &mut impl Write, line: &impl serde::Serialize) -> std::io::Result<()> {
-    let mut text = serde_json::to_string(line)?;
+fn line_text(line: &impl serde::Serialize) -> Result<String> {
+    let mut text = serde_json::to_string(line).context("a metrics line as JSON")?;
     text.push('\n');
-    w.write_all(text.as_bytes())
+    Ok(text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Counts the write calls a writer receives.
-    #[derive(Default)]
-    struct Calls(Vec<usize>);
-
-    impl Write for Calls {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.push(buf.len());
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// Issue 15 item 11: a metrics line reaches the file in one write call.
+    /// Issue 15 item 11: a metrics line reaches the file in one write call, then one fsync
+    /// (as `terse_model::disk` records them).
     #[test]
     fn item11_a_line_is_one_write() {
-        let line = serde_json::json!({"phase": "grpo", "step": 3, "reward": 0.5,
-            "time": {"rollout_s": 1.0}, "by_level": [{"level": 1, "pass1": 0.25}]});
-        let mut w = Calls::default();
-        write_line(&mut w, &line).expect("write");
-        assert_eq!(w.0, vec![line.to_string().len() + 1]);
+        let dir =
+            std::env::temp_dir().join(format!("terse-metrics-one-write-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("metrics.jsonl");
+        let (mut w, _) = MetricsWriter::open(&path, Start::Fresh).expect("open");
+        let line = crate::report::MetricsLine::Sft(crate::report::SftReport {
+            step: 3,
+            loss: 0.5,
+            ..Default::default()
+        });
+        let ((), ops) = terse_model::disk::record(|| w.write(&line).expect("write"));
+        let text = format!("{}\n", serde_json::to_string(&line).expect("json"));
+        use terse_model::disk::Op;
+        assert_eq!(
+            ops,
+            [
+                Op::Write {
+                    path: path.clone(),
+                    offset: 0,
+                    bytes: text.clone().into_bytes()
+                },
+                Op::Fsync(path.clone())
+            ]
+        );
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), text);
+        std::fs::remove_dir_all(&dir).expect("clean");
     }
 
     /// Issue 15 item 10: which lines a resume keeps (exactly those it will not write again).

@@ -1,6 +1,7 @@
 //! TensorBoard event files (`log.tensorboard = true`): every scalar of every metrics record,
 //! under `<run>/tensorboard/`, as "phase/key" tags ("grpo/reward", "grpo/time/rollout_s",
-//! "eval/by_level/3/pass1", "sft/loss"), and a reader for tests and tools.
+//! "eval/by_level/3/pass1", "sft/loss"), and a reader for tests and tools. Written through
+//! `terse_model::disk` (appended, not fsynced: a view of metrics.jsonl, which is).
 //!
 //! The format is TFRecord framing (length, masked CRC-32C of the length, an `Event` protobuf,
 //! masked CRC-32C of it) around three protobuf fields, encoded here by hand. The `tboard`
@@ -11,8 +12,8 @@ use crate::records::observe::Observer;
 use crate::report::MetricsLine;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use terse_model::disk::Appender;
 
 const CASTAGNOLI: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
 
@@ -65,14 +66,13 @@ fn event(
 
 /// Appends event files in a directory.
 pub struct EventWriter {
-    file: std::fs::File,
-    path: PathBuf,
+    file: Appender,
 }
 
 impl EventWriter {
     /// A new events file in `dir` (created), starting with the file-version record.
     pub fn create(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        terse_model::disk::create_dir_all(dir)?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -84,16 +84,16 @@ impl EventWriter {
             now.as_secs(),
             std::process::id()
         ));
-        let file =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        let mut w = Self { file, path };
+        let mut w = Self {
+            file: Appender::create(&path)?,
+        };
         w.write_event(&event(now.as_secs_f64(), 0, Some("brain.Event:2"), &[]))?;
         Ok(w)
     }
 
     #[cfg(test)]
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     fn write_event(&mut self, data: &[u8]) -> Result<()> {
@@ -103,10 +103,7 @@ impl EventWriter {
         rec.extend_from_slice(&masked_crc(&len).to_le_bytes());
         rec.extend_from_slice(data);
         rec.extend_from_slice(&masked_crc(data).to_le_bytes());
-        self.file
-            .write_all(&rec)
-            .and_then(|()| self.file.flush())
-            .with_context(|| format!("writing {}", self.path.display()))
+        Ok(self.file.append(&rec)?)
     }
 
     /// Scalars at one step, in one event.

@@ -6,11 +6,12 @@
 //! --allow-config-change`, `TrainerBuilder::allow_config_change`): then each change is appended
 //! to `<run>/config_changes.jsonl` as `{"step", "key", "old", "new"}`, and the run's config is
 //! config.toml with those lines applied in order (what the next start compares with).
+//! Both files go through `terse_model::disk`: config.toml by `atomic_write`, the changes
+//! appended and fsynced by an `Appender` whose new file's entry is made durable first.
 
 use crate::config::RunConfig;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 /// The run's config as created.
@@ -111,7 +112,7 @@ pub(crate) fn check(dir: &Path, cfg: &RunConfig, allow: bool) -> Result<Record> 
 /// step the run resumes from) appended to config_changes.jsonl and synced.
 pub(crate) fn write(dir: &Path, record: &Record, step: u64) -> Result<()> {
     match record {
-        Record::Create(text) => Ok(terse_model::checkpoint::atomic_write(
+        Record::Create(text) => Ok(terse_model::disk::atomic_write(
             &dir.join(CONFIG),
             text.as_bytes(),
         )?),
@@ -134,14 +135,9 @@ pub(crate) fn write(dir: &Path, record: &Record, step: u64) -> Result<()> {
                 lines.push_str(&serde_json::to_string(&line)?);
                 lines.push('\n');
             }
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .with_context(|| format!("opening {}", path.display()))?;
-            f.write_all(lines.as_bytes())
-                .and_then(|()| f.sync_data())
-                .with_context(|| format!("writing {}", path.display()))?;
+            let mut f = terse_model::disk::Appender::open(&path, true)?;
+            f.append(lines.as_bytes())?;
+            f.sync()?;
             tracing::warn!(
                 "{}: config changed with --allow-config-change at step {step}: {} ({CONFIG} kept)",
                 path.display(),

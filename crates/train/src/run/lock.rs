@@ -5,6 +5,8 @@
 //! (sft.rs) right after the directory exists and before anything in it is read or written;
 //! the run loop keeps it until the run ends (or fails). The file's text ("pid host start")
 //! names the holder in the message of a start that finds the lock taken, and nothing else.
+//! The run directory is created, and stale `.tmp` checkpoints removed, through
+//! `terse_model::disk` (the directory made durable); LOCK itself is no record and goes around it.
 
 use anyhow::{bail, Context, Result};
 use std::fs::{File, TryLockError};
@@ -64,7 +66,7 @@ impl RunLock {
     /// Creates `run_dir` if needed and takes its lock, waiting up to `wait`: how a run (GRPO
     /// or SFT alone) starts.
     pub fn create_and_acquire(run_dir: &Path, wait: Duration) -> Result<Self> {
-        std::fs::create_dir_all(run_dir)
+        terse_model::disk::create_dir_all(run_dir)
             .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
         Self::acquire(run_dir, wait)
     }
@@ -143,8 +145,7 @@ fn remove_stale_tmp(run_dir: &Path) -> Result<()> {
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() && p.extension().is_some_and(|x| x == "tmp") {
-            std::fs::remove_dir_all(&p)
-                .with_context(|| format!("removing stale {}", p.display()))?;
+            terse_model::disk::remove_dir_all(&p).context("removing a stale checkpoint")?;
         }
     }
     Ok(())

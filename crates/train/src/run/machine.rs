@@ -3,6 +3,7 @@
 //! GPU of a CUDA run (name, driver, CUDA version, as nvidia-smi reports them) and the commit
 //! the trainer was built from. Results are bitwise reproducible per machine type (CPU model,
 //! SIMD level, GPU name), not across types: a start on another type says so in one line.
+//! Written by `terse_model::disk::atomic_write`.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -97,7 +98,7 @@ impl Machine {
     /// Writes `dir`'s machine.json (a new run).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).context("serialising the machine")? + "\n";
-        Ok(terse_model::checkpoint::atomic_write(
+        Ok(terse_model::disk::atomic_write(
             &dir.join(MACHINE),
             text.as_bytes(),
         )?)

@@ -4,7 +4,8 @@
 //! (tokenizer, prompts against the context, weights, optimizer and shaper state, KL
 //! reference), and only then write into the run directory. A refused or failed start loses
 //! nothing, and so does a start of a finished run (unless it evaluates it again). Fresh runs
-//! get their SFT warm-up and step 0's checkpoint here.
+//! get their SFT warm-up and step 0's checkpoint here. A run counts as finished only when its
+//! final evaluation is a whole line of metrics.jsonl (a power loss can leave it cut).
 
 use crate::builder::{Loaded, TrainerBuilder};
 use crate::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
@@ -243,10 +244,12 @@ fn finished(origin: &Origin, cfg: &RunConfig, dir: &Path) -> Result<bool> {
     }
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(text.lines().any(|l| {
+    // Whole lines only: a final evaluation a crash cut short is not written.
+    let done = crate::records::metrics::whole_lines(&text).any(|l| {
         serde_json::from_str::<serde_json::Value>(l)
             .is_ok_and(|v| v["phase"] == "eval" && v["step"].as_u64() == Some(*step))
-    }))
+    });
+    Ok(done)
 }
 
 /// The observers: the metrics file (opened fresh, cut back to the resumed step, or kept whole
