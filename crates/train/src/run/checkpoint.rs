@@ -74,18 +74,26 @@ pub fn save_model_dir(
         std::fs::remove_dir_all(&tmp)
             .with_context(|| format!("removing stale {}", tmp.display()))?;
     }
-    // A LoRA model's checkpoint is its adapters (PEFT's files); the base stays where it is.
-    match model.lora() {
-        Some(_) => model.save_adapter(&tmp, &model_src.display().to_string())?,
-        None => model.save(&tmp, &SaveOptions::default())?,
-    }
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        if model_src.join(f).is_file() {
-            std::fs::copy(model_src.join(f), tmp.join(f))
-                .with_context(|| format!("copying {f} into {}", tmp.display()))?;
+    let write = || -> Result<()> {
+        // A LoRA model's checkpoint is its adapters (PEFT's files); the base stays where it is.
+        match model.lora() {
+            Some(_) => model.save_adapter(&tmp, &model_src.display().to_string())?,
+            None => model.save(&tmp, &SaveOptions::default())?,
         }
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            if model_src.join(f).is_file() {
+                std::fs::copy(model_src.join(f), tmp.join(f))
+                    .with_context(|| format!("copying {f} into {}", tmp.display()))?;
+            }
+        }
+        extra(&tmp)
+    };
+    // A write that fails (a device fault while the weights come off the GPU, a full disk)
+    // leaves no half-written directory behind.
+    if let Err(e) = write() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    extra(&tmp)?;
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("replacing {}", dir.display()))?;
     }
@@ -208,6 +216,11 @@ fn complete_steps(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// The step of the newest complete checkpoint, if any.
+pub(crate) fn newest_step(run_dir: &Path) -> Result<Option<u64>> {
+    Ok(complete_steps(run_dir)?.last().map(|(s, _)| *s))
 }
 
 /// The complete checkpoints (directories with DONE), newest first.

@@ -8,6 +8,7 @@ pub(crate) mod handoff;
 pub(crate) mod load;
 pub(crate) mod lock;
 pub(crate) mod machine;
+pub(crate) mod phase;
 pub(crate) mod ranks;
 pub(crate) mod run_loop;
 pub(crate) mod sft;
