@@ -127,3 +127,31 @@ void range_pushed(const char* name) {
         armed.store(true);
 }
 }  // namespace fake_gpu
+
+extern "C" {
+// The names and descriptions of the errors the emulation returns (cudarc prints both).
+CUresult cuGetErrorName(CUresult e, const char** s) {
+    switch (e) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+    case CUDA_ERROR_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN";
+    }
+    return CUDA_SUCCESS;
+}
+CUresult cuGetErrorString(CUresult e, const char** s) {
+    switch (e) {
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+    case CUDA_ERROR_LAUNCH_FAILED: *s = "unspecified launch failure"; break;
+    case CUDA_ERROR_UNKNOWN: *s = "unknown error"; break;
+    default: cuGetErrorName(e, s);
+    }
+    return CUDA_SUCCESS;
+}
+}  // extern "C"

@@ -143,9 +143,9 @@ mod tests {
         let e = within(3, Phase::Checkpoint, || -> Result<()> {
             anyhow::bail!("disk full")
         })
-        .unwrap_err();
+        .expect_err("the closure fails");
         assert_eq!(format!("{e:#}"), "step 3 (checkpoint): disk full");
-        assert_eq!(within(1, Phase::Train, || Ok(7)).unwrap(), 7);
+        assert_eq!(within(1, Phase::Train, || Ok(7)).expect("it succeeds"), 7);
         let cpu = candle_core::Device::Cpu;
         assert!(!context_lost(&cpu));
         let plain = explain(anyhow::anyhow!("x"), Some(1 << 30), &cpu);
