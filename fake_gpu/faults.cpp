@@ -16,7 +16,8 @@
 //                                  (terse marks its phases with NVTX ranges; nvtx.cpp is the
 //                                  emulated libnvToolsExt.so.1 that reports them here).
 //
-// N counts from 1 at process start. TERSE_FAKE_GPU_COUNTS_OUT=PATH writes, at exit, how many
+// N counts from 1 at process start (tests/faults_test.cpp checks each switch). The errors' names
+// and descriptions (cuGetErrorName, cuGetErrorString) are here too. TERSE_FAKE_GPU_COUNTS_OUT=PATH writes, at exit, how many
 // allocations, launches and copies the process made (`alloc N`, `launch N`, `copy N` lines), so
 // that a fault campaign can choose its Ns from an uninterrupted run.
 #include <cuda.h>

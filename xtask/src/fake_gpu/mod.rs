@@ -143,6 +143,10 @@ const TESTS: &[(&str, &[&str])] = &[
     ),
     ("kernels_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
     ("flash_fa2_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
+    (
+        "faults_test.cpp",
+        &["-l:libnvToolsExt.so.1", "-l:libcuda.so.1"],
+    ),
 ];
 
 pub fn run(args: Args) -> Result<ExitCode> {
