@@ -133,6 +133,22 @@ pub(crate) fn context_lost(dev: &candle_core::Device) -> bool {
     dev.is_cuda() && terse_model::device::memory(dev).is_none()
 }
 
+/// What an error that stops the run on `dev` becomes: `explain`ed, and, when the context is
+/// lost, one handle to the device kept for the rest of the process (which ends with this
+/// error, as after a crash). Tearing the device down would call it again in the destructors
+/// of its cuBLAS and cuRAND handles, which cudarc unwraps: a panic in a drop, an abort instead
+/// of one line. Its tensors still go (their frees fail quietly).
+pub(crate) fn stopped(
+    err: anyhow::Error,
+    planned: Option<u64>,
+    dev: &candle_core::Device,
+) -> anyhow::Error {
+    if context_lost(dev) {
+        let _kept: &'static candle_core::Device = Box::leak(Box::new(dev.clone()));
+    }
+    explain(err, planned, dev)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -80,17 +80,8 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     ) {
         Ok(summary) => Ok(summary),
         Err(e) => {
-            let dev = trainer.policy.device().clone();
-            let e = crate::run::phase::explain(e, planned, &dev);
-            let e = crate::run::failure::record(&dir, trainer.step, e);
-            if crate::run::phase::context_lost(&dev) {
-                // A sticky error (a kernel fault) left the GPU context unusable: tearing the
-                // trainer down would call the device again in its handles' destructors, which
-                // fail and panic (cudarc unwraps there), turning this one line into an abort.
-                // The process ends with this error, as it would after a crash.
-                std::mem::forget(trainer);
-            }
-            Err(e)
+            let e = crate::run::phase::stopped(e, planned, trainer.policy.device());
+            Err(crate::run::failure::record(&dir, trainer.step, e))
         }
     }
 }

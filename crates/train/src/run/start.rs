@@ -93,9 +93,12 @@ pub(crate) fn start(
     // phase of the step the run goes on from: the newest complete checkpoint's.
     let from = crate::run::checkpoint::newest_step(&dir)?.unwrap_or(0);
     let shaper = b.shaper_mut()?;
+    // A device error here is explained (out of memory) and a lost context kept (phase.rs).
+    let stopped = |e| crate::run::phase::stopped(e, planned, &dev);
     let origin = within(from, Phase::Start, || {
         origin(&cfg, &dir, &dev, dtype, shaper)
-    })?;
+    })
+    .map_err(stopped)?;
     let finished = finished(&origin, &cfg, &dir)?;
 
     // Loaded and checked: from here on the run directory is written (a finished run's only
@@ -125,7 +128,8 @@ pub(crate) fn start(
             dp,
             (&dev, dtype),
         )
-    })?;
+    })
+    .map_err(stopped)?;
     b.cfg = cfg;
     let loaded = Loaded {
         tok,
