@@ -122,6 +122,7 @@ extern "C" {
 
 curandStatus_t curandCreateGenerator(curandGenerator_t* generator, curandRngType_t rng_type) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     trace("curandCreateGenerator");
     if (generator == nullptr) return CURAND_STATUS_NOT_INITIALIZED;
     switch (rng_type) {
@@ -152,6 +153,7 @@ curandStatus_t curandCreateGenerator(curandGenerator_t* generator, curandRngType
 // Work already queued captured what it needs by value, so the generator can go at once.
 curandStatus_t curandDestroyGenerator(curandGenerator_t generator) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (!generator_ok(generator, "curandDestroyGenerator")) return CURAND_STATUS_NOT_INITIALIZED;
     {
         std::lock_guard<std::mutex> lock(generators_mutex);
@@ -163,6 +165,7 @@ curandStatus_t curandDestroyGenerator(curandGenerator_t generator) {
 
 curandStatus_t curandGetVersion(int* version) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (version == nullptr) return CURAND_STATUS_OUT_OF_RANGE;
     *version = CURAND_VERSION;
     return CURAND_STATUS_SUCCESS;
@@ -170,6 +173,7 @@ curandStatus_t curandGetVersion(int* version) {
 
 curandStatus_t curandSetStream(curandGenerator_t generator, cudaStream_t stream) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (!generator_ok(generator, "curandSetStream")) return CURAND_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(generators_mutex);
     generator->stream = static_cast<fake_gpu::Stream>(stream);
@@ -180,6 +184,7 @@ curandStatus_t curandSetStream(curandGenerator_t generator, cudaStream_t stream)
 curandStatus_t curandSetPseudoRandomGeneratorSeed(curandGenerator_t generator,
                                                   unsigned long long seed) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (!generator_ok(generator, "curandSetPseudoRandomGeneratorSeed"))
         return CURAND_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(generators_mutex);
@@ -191,6 +196,7 @@ curandStatus_t curandSetPseudoRandomGeneratorSeed(curandGenerator_t generator,
 // The offset is absolute: the next number handed out is number `offset` of the sequence.
 curandStatus_t curandSetGeneratorOffset(curandGenerator_t generator, unsigned long long offset) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (!generator_ok(generator, "curandSetGeneratorOffset")) return CURAND_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(generators_mutex);
     generator->offset = offset;
@@ -200,6 +206,7 @@ curandStatus_t curandSetGeneratorOffset(curandGenerator_t generator, unsigned lo
 
 curandStatus_t curandGenerate(curandGenerator_t generator, unsigned int* outputPtr, size_t num) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (!generator_ok(generator, "curandGenerate")) return CURAND_STATUS_NOT_INITIALIZED;
     if (num == 0) return CURAND_STATUS_SUCCESS;
     fake_gpu::check_range(uint64_t(uintptr_t(outputPtr)), num * sizeof(unsigned int),
@@ -216,6 +223,7 @@ curandStatus_t curandGenerate(curandGenerator_t generator, unsigned int* outputP
 
 curandStatus_t curandGenerateUniform(curandGenerator_t generator, float* outputPtr, size_t num) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (!generator_ok(generator, "curandGenerateUniform")) return CURAND_STATUS_NOT_INITIALIZED;
     if (num == 0) return CURAND_STATUS_SUCCESS;
     fake_gpu::check_range(uint64_t(uintptr_t(outputPtr)), num * sizeof(float),
@@ -232,6 +240,7 @@ curandStatus_t curandGenerateUniform(curandGenerator_t generator, float* outputP
 curandStatus_t curandGenerateUniformDouble(curandGenerator_t generator, double* outputPtr,
                                            size_t num) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     if (!generator_ok(generator, "curandGenerateUniformDouble"))
         return CURAND_STATUS_NOT_INITIALIZED;
     if (num == 0) return CURAND_STATUS_SUCCESS;
@@ -249,12 +258,14 @@ curandStatus_t curandGenerateUniformDouble(curandGenerator_t generator, double* 
 curandStatus_t curandGenerateNormal(curandGenerator_t generator, float* outputPtr, size_t n,
                                     float mean, float stddev) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     return normal<float>("curandGenerateNormal", generator, outputPtr, n, mean, stddev, false);
 }
 
 curandStatus_t curandGenerateNormalDouble(curandGenerator_t generator, double* outputPtr,
                                           size_t n, double mean, double stddev) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     return normal<double>("curandGenerateNormalDouble", generator, outputPtr, n, mean, stddev,
                           false);
 }
@@ -262,12 +273,14 @@ curandStatus_t curandGenerateNormalDouble(curandGenerator_t generator, double* o
 curandStatus_t curandGenerateLogNormal(curandGenerator_t generator, float* outputPtr, size_t n,
                                        float mean, float stddev) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     return normal<float>("curandGenerateLogNormal", generator, outputPtr, n, mean, stddev, true);
 }
 
 curandStatus_t curandGenerateLogNormalDouble(curandGenerator_t generator, double* outputPtr,
                                              size_t n, double mean, double stddev) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CURAND_STATUS_LAUNCH_FAILURE;  // faults.cpp
     return normal<double>("curandGenerateLogNormalDouble", generator, outputPtr, n, mean, stddev,
                           true);
 }

@@ -47,12 +47,13 @@ CUresult trace(const char* f) {
     return CUDA_SUCCESS;
 }
 
-// Every driver entry point: counted and timed (fake_gpu.h, ApiScope), traced, and refused before
-// cuInit.
+// Every driver entry point: counted and timed (fake_gpu.h, ApiScope), traced, refused before
+// cuInit, and after a sticky fault (faults.cpp).
 #define ENTER(name)                                 \
     ApiScope api_scope_(Api::Driver);               \
     trace(name);                                    \
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED; \
+    if (int sticky_ = sticky_error()) return (CUresult)sticky_
 
 size_t total_memory() {
     const char* g = std::getenv("TERSE_FAKE_GPU_MEM_GIB");
@@ -129,8 +130,9 @@ CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) {
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
     ENTER("cuDevicePrimaryCtxRetain");
+    set_device(d);
     *c = kContext;
     return CUDA_SUCCESS;
 }
@@ -182,6 +184,7 @@ CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
     ENTER("cuMemAlloc_v2");
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult f = (CUresult)fault(Fault::kAlloc)) return f;
     if (used_bytes() + bytes > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
     *p = alloc(bytes);
     if (!*p) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -241,6 +244,7 @@ CUresult cuMemFreeHost(void* p) {
 // behaviour); pinned memory stays asynchronous, so a missing sync reads stale data.
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
     ENTER("cuMemcpyHtoDAsync_v2");
+    if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     copy_check(dst, n, "cuMemcpyHtoDAsync_v2");
     count(kH2DBytes, n);
     if (is_pinned(src)) {
@@ -253,6 +257,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstre
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
     ENTER("cuMemcpyDtoHAsync_v2");
+    if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     copy_check(src, n, "cuMemcpyDtoHAsync_v2");
     count(kD2HBytes, n);
     enqueue(s, [dst, src, n] { std::memcpy(dst, reinterpret_cast<const void*>(src), n); });
@@ -261,6 +266,7 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) 
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     ENTER("cuMemcpyDtoDAsync_v2");
+    if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     copy_check(dst, n, "cuMemcpyDtoDAsync_v2 (destination)");
     copy_check(src, n, "cuMemcpyDtoDAsync_v2 (source)");
     enqueue(s, [dst, src, n] {
@@ -270,6 +276,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
 }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
     ENTER("cuMemcpyHtoD_v2");
+    if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     sync_blocking();
     copy_check(dst, n, "cuMemcpyHtoD_v2");
     count(kH2DBytes, n);
@@ -278,6 +285,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
 }
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
     ENTER("cuMemcpyDtoH_v2");
+    if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     sync_blocking();
     copy_check(src, n, "cuMemcpyDtoH_v2");
     count(kD2HBytes, n);
@@ -286,6 +294,7 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     ENTER("cuMemcpyDtoD_v2");
+    if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     sync_blocking();
     copy_check(dst, n, "cuMemcpyDtoD_v2 (destination)");
     copy_check(src, n, "cuMemcpyDtoD_v2 (source)");
@@ -457,6 +466,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     if ((unsigned long long)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
     if (gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
     unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    if (CUresult f = (CUresult)fault(Fault::kLaunch)) return f;
     count(kLaunches);
     launch(reinterpret_cast<Function*>(f), grid, block, shared, s, params);
     return CUDA_SUCCESS;
@@ -467,22 +477,5 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction, int blo
     return CUDA_SUCCESS;
 }
 
-CUresult cuGetErrorName(CUresult e, const char** s) {
-    switch (e) {
-    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
-    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
-    case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
-    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
-    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
-    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
-    default: *s = "CUDA_ERROR_UNKNOWN";
-    }
-    return CUDA_SUCCESS;
-}
-CUresult cuGetErrorString(CUresult e, const char** s) {
-    cuGetErrorName(e, s);
-    return CUDA_SUCCESS;
-}
+// cuGetErrorName and cuGetErrorString are in faults.cpp, beside the faults that return them.
 }  // extern "C"

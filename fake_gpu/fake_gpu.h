@@ -109,6 +109,20 @@ class ApiScope {
 
 // The counters in `Counter` order: writes min(n, kCounterCount) of them into `out` and returns
 // kCounterCount (exported by libcuda.so.1; absent from a real driver).
+// ---- Injected faults (faults.cpp): TERSE_FAKE_GPU_FAULT and TERSE_FAKE_GPU_KILL_RANK.
+namespace fake_gpu {
+enum class Fault : size_t { kAlloc = 0, kLaunch, kCopy, kCount };
+// Counts one call of `kind`; the error it must return (a CUresult), CUDA_SUCCESS (0) for none.
+int fault(Fault kind);
+// The sticky error every later call returns after a failed launch (a CUresult; 0: none). A rank
+// marked to die dies here, at its next call.
+int sticky_error();
+// The device the process made its context on (cuDevicePrimaryCtxRetain): a rank's ordinal.
+void set_device(int ordinal);
+// An NVTX range was pushed (nvtx.cpp): arms the kill of TERSE_FAKE_GPU_KILL_RANK on a match.
+void range_pushed(const char* name);
+}  // namespace fake_gpu
+
 extern "C" size_t terse_fake_gpu_counters(uint64_t* out, size_t n);
 
 // ---- Kernels' CPU builds (xtask/src/fake_gpu/kernels/ writes them; modules.cpp loads them).

@@ -145,6 +145,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 // ---- Memory and streams (the driver's)
 cudaError_t cudaMalloc(void** p, size_t bytes) {
     ApiScope scope(Api::Library);
+    if (sticky_error()) return fail(cudaErrorLaunchFailure);  // faults.cpp
     uint64_t d = alloc(bytes);
     if (!d) return fail(cudaErrorMemoryAllocation);
     count(kAllocs);
@@ -153,6 +154,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
     ApiScope scope(Api::Library);
+    if (sticky_error()) return fail(cudaErrorLaunchFailure);  // faults.cpp
     sync_all();
     if (p) {
         release(reinterpret_cast<uint64_t>(p), "cudaFree");
@@ -162,10 +164,12 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaMallocAsync_ptsz(void** p, size_t bytes, cudaStream_t) {
     ApiScope scope(Api::Library);
+    if (sticky_error()) return fail(cudaErrorLaunchFailure);  // faults.cpp
     return cudaMalloc(p, bytes);
 }
 cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s) {
     ApiScope scope(Api::Library);
+    if (sticky_error()) return fail(cudaErrorLaunchFailure);  // faults.cpp
     if (p) {
         enqueue(s, [p] { release(reinterpret_cast<uint64_t>(p), "cudaFreeAsync"); });
         count(kFrees);
@@ -174,12 +178,14 @@ cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s) {
 }
 cudaError_t cudaMemsetAsync_ptsz(void* p, int v, size_t n, cudaStream_t s) {
     ApiScope scope(Api::Library);
+    if (sticky_error()) return fail(cudaErrorLaunchFailure);  // faults.cpp
     if (n) check_range(reinterpret_cast<uint64_t>(p), n, "cudaMemsetAsync");
     enqueue(s, [p, v, n] { std::memset(p, v, n); });
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) {
     ApiScope scope(Api::Library);
+    if (sticky_error()) return fail(cudaErrorLaunchFailure);  // faults.cpp
     count(kSyncs);
     sync_stream(s);
     return cudaSuccess;

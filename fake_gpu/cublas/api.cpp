@@ -227,6 +227,7 @@ extern "C" {
 // ---- Handles
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasCreate_v2");
     if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     auto* h = new cublasContext();
@@ -241,6 +242,7 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
 // cuBLAS documents that destroying a handle synchronises the device.
 cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasDestroy_v2");
     if (!handle_ok(handle, "cublasDestroy_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     fake_gpu::sync_all();
@@ -254,6 +256,7 @@ cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
 
 cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int* version) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasGetVersion_v2");
     if (!handle_ok(handle, "cublasGetVersion_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (version == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -263,6 +266,7 @@ cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int* version) {
 
 cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasSetStream_v2");
     if (!handle_ok(handle, "cublasSetStream_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(handles_mutex);
@@ -272,6 +276,7 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
 
 cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasGetStream_v2");
     if (!handle_ok(handle, "cublasGetStream_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (stream == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -283,6 +288,7 @@ cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
 // Device pointer mode may be set (cudarc can); a GEMM under it dies, as it is not emulated.
 cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasSetPointerMode_v2");
     if (!handle_ok(handle, "cublasSetPointerMode_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
@@ -294,6 +300,7 @@ cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_
 
 cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t* mode) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasGetPointerMode_v2");
     if (!handle_ok(handle, "cublasGetPointerMode_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -305,6 +312,7 @@ cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_
 // The math mode only permits faster, less precise paths; the emulation keeps full precision.
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasSetMathMode");
     if (!handle_ok(handle, "cublasSetMathMode")) return CUBLAS_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lock(handles_mutex);
@@ -314,6 +322,7 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
 
 cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasGetMathMode");
     if (!handle_ok(handle, "cublasGetMathMode")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -325,6 +334,7 @@ cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
 // The emulation needs no device workspace; the buffer is accepted and unused.
 cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void*, size_t) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     trace("cublasSetWorkspace_v2");
     if (!handle_ok(handle, "cublasSetWorkspace_v2")) return CUBLAS_STATUS_NOT_INITIALIZED;
     return CUBLAS_STATUS_SUCCESS;
@@ -336,6 +346,7 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
                               const float* A, int lda, const float* B, int ldb, const float* beta,
                               float* C, int ldc) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     return gemm("cublasSgemm_v2", handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B,
                 CUDA_R_32F, ldb, 0, beta, C, CUDA_R_32F, ldc, 0, 1, Compute::F32);
 }
@@ -345,6 +356,7 @@ cublasStatus_t cublasDgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
                               const double* A, int lda, const double* B, int ldb,
                               const double* beta, double* C, int ldc) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     return gemm("cublasDgemm_v2", handle, transa, transb, m, n, k, alpha, A, CUDA_R_64F, lda, 0, B,
                 CUDA_R_64F, ldb, 0, beta, C, CUDA_R_64F, ldc, 0, 1, Compute::F64);
 }
@@ -356,6 +368,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long int strideB, const float* beta, float* C,
                                          int ldc, long long int strideC, int batchCount) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     return gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F,
                 lda, strideA, B, CUDA_R_32F, ldb, strideB, beta, C, CUDA_R_32F, ldc, strideC,
                 batchCount, Compute::F32);
@@ -368,6 +381,7 @@ cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long int strideB, const double* beta, double* C,
                                          int ldc, long long int strideC, int batchCount) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     return gemm("cublasDgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, CUDA_R_64F,
                 lda, strideA, B, CUDA_R_64F, ldb, strideB, beta, C, CUDA_R_64F, ldc, strideC,
                 batchCount, Compute::F64);
@@ -380,6 +394,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     Compute compute;
     if (!handle_ok(handle, "cublasGemmEx")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!compute_of(computeType, &compute) || !algo_ok(algo)) {
@@ -399,6 +414,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long int strideC, int batchCount,
                                           cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
     fake_gpu::ApiScope api_scope_(fake_gpu::Api::Library);
+    if (fake_gpu::sticky_error()) return CUBLAS_STATUS_EXECUTION_FAILED;  // faults.cpp
     Compute compute;
     if (!handle_ok(handle, "cublasGemmStridedBatchedEx")) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!compute_of(computeType, &compute) || !algo_ok(algo)) {

@@ -129,6 +129,7 @@ size_t recv_bytes_of(const Coll& c, const State& st) {
 
 ncclResult_t launch(const char* fn, ncclComm_t comm, cudaStream_t stream, Coll c) {
     fake_gpu::ApiScope scope(fake_gpu::Api::Library);  // counted once, whichever entry point
+    if (fake_gpu::sticky_error()) return ncclUnhandledCudaError;  // faults.cpp: a sticky fault
     if (!comm) return usage(fn, "a null communicator", ncclInvalidArgument);
     size_t esz = elt_size(c.dtype);
     if (esz == 0) return usage(fn, "an unknown data type", ncclInvalidArgument);

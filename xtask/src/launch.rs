@@ -1,8 +1,9 @@
 //! `cargo xtask train --nproc N [--nnodes M --node-rank R --master-addr HOST]`: one training
 //! process per data-parallel rank, like torchrun. On each node the launcher starts N copies of
 //! itself (`--rank --world --local-rank --rendezvous`, each with its share of the cores; on
-//! CUDA, rank r of a node uses device `cuda:r`) and supervises them: the first rank that fails
-//! stops the node's others, and the launcher says which rank failed and how, in one line
+//! CUDA, rank r of a node uses device `cuda:r`) and supervises them (supervise.rs): after the first rank
+//! fails the node's others get a grace to fail by themselves, then are stopped, and the launcher
+//! says which ranks failed and how, with rank 0's recorded error, in one line
 //! (ranks on other nodes then fail on the broken exchange within `--timeout`, naming it).
 //! Under SLURM (`srun`, one launcher per node) the node count, node rank and master host come
 //! from SLURM_NNODES, SLURM_NODEID and the first host of SLURM_JOB_NODELIST; MASTER_ADDR and
@@ -12,7 +13,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
-use std::process::{Child, Command, ExitCode};
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 /// The port rank 0 listens on when several nodes meet and none is given (torchrun's).
@@ -198,58 +199,32 @@ pub fn launch(config: &str, a: &RankArgs, topo: &Topology) -> Result<ExitCode> {
                 .with_context(|| format!("starting rank {r}"))
         })
         .collect::<Result<Vec<_>>>()?;
-    supervise(
+    let started = std::time::SystemTime::now();
+    let run_dir = terse_train::RunConfig::from_file(std::path::Path::new(config))
+        .ok()
+        .map(|c| c.run.dir.join(&c.run.name));
+    // Rank 0's own account of its failure (step, phase, cause), when it wrote one this time.
+    let rank_0 = || -> Option<String> {
+        let path = run_dir.as_ref()?.join("last_failure.json");
+        let meta = std::fs::metadata(&path).ok()?;
+        if meta.modified().ok()? < started {
+            return None;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
+        Some(v.get("error")?.as_str()?.to_string())
+    };
+    crate::supervise::supervise(
         children,
         topo.first_rank(),
         world,
         Duration::from_millis(50),
+        crate::supervise::Grace {
+            wait: crate::supervise::GRACE,
+            note: &rank_0,
+        },
     )?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Waits for every child (global rank `first` + index, of `world`); the first to fail gets the
-/// others killed, and the error names it and its exit status. Ranks that fail in the same poll
-/// are all named, those killed by a signal first (a rank whose peer died fails right after it).
-pub fn supervise(
-    mut children: Vec<Child>,
-    first: usize,
-    world: usize,
-    poll: Duration,
-) -> Result<()> {
-    let mut done = vec![false; children.len()];
-    while done.iter().any(|d| !d) {
-        let mut failed = vec![];
-        for (r, child) in children.iter_mut().enumerate() {
-            if done[r] {
-                continue;
-            }
-            if let Some(status) = child
-                .try_wait()
-                .with_context(|| format!("waiting for rank {}", first + r))?
-            {
-                done[r] = true;
-                if !status.success() {
-                    failed.push((status.code().is_some(), first + r, status));
-                }
-            }
-        }
-        if !failed.is_empty() {
-            for (r, c) in children.iter_mut().enumerate() {
-                if !done[r] {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
-            failed.sort_by_key(|f| (f.0, f.1));
-            let what: Vec<String> = failed
-                .iter()
-                .map(|(_, r, status)| format!("rank {r} of {world} failed ({status})"))
-                .collect();
-            bail!("{}; stopped the other ranks", what.join("; "));
-        }
-        std::thread::sleep(poll);
-    }
-    Ok(())
 }
 
 /// One launched rank: joins the group and trains; rank 0 returns the summary to print.
@@ -337,42 +312,6 @@ pub fn rank_device(device: &str, local: usize, nproc: usize) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
-
-    fn sh(script: &str) -> Child {
-        Command::new("sh").args(["-c", script]).spawn().expect("sh")
-    }
-
-    #[test]
-    fn a_failing_rank_stops_the_others_and_is_named() {
-        let t0 = Instant::now();
-        let children = vec![sh("sleep 30"), sh("sleep 0.2; exit 3"), sh("sleep 30")];
-        let e = supervise(children, 0, 3, Duration::from_millis(20)).expect_err("rank 1 fails");
-        let msg = format!("{e:#}");
-        assert!(
-            msg.contains("rank 1 of 3 failed") && msg.contains('3'),
-            "{msg}"
-        );
-        // The sleeping ranks were killed, not waited for.
-        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-        // A rank killed by a signal is named too; all succeeding is Ok.
-        // On the second of two nodes, the local ranks are 2 and 3 of 4.
-        let e = supervise(
-            vec![sh("kill -9 $$"), sh("sleep 30")],
-            2,
-            4,
-            Duration::from_millis(20),
-        )
-        .expect_err("rank 2 killed");
-        assert!(format!("{e:#}").contains("rank 2 of 4 failed"), "{e:#}");
-        supervise(
-            vec![sh("true"), sh("sleep 0.1")],
-            0,
-            2,
-            Duration::from_millis(20),
-        )
-        .expect("both succeed");
-    }
 
     fn topo(args: &[&str], env: &[(&str, &str)]) -> Result<Topology> {
         #[derive(clap::Parser)]

@@ -30,6 +30,7 @@ mod process;
 mod report_v4;
 mod repro;
 mod summary;
+mod supervise;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -80,21 +80,29 @@ pub fn save_model_dir(
     if tmp.exists() {
         disk::remove_dir_all(&tmp).context("removing a stale checkpoint")?;
     }
-    // A LoRA model's checkpoint is its adapters (PEFT's files); the base stays where it is.
-    match model.lora() {
-        Some(_) => model.save_adapter(&tmp, &model_src.display().to_string())?,
-        None => model.save(&tmp, &SaveOptions::default())?,
-    }
-    // The weights' files are durable already (`disk::atomic_write`); the copies are made so.
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        if model_src.join(f).is_file() {
-            disk::copy(&model_src.join(f), &tmp.join(f))
-                .and_then(|()| disk::sync(&tmp.join(f)))
-                .context("copying the tokenizer")?;
+    let write = || -> Result<()> {
+        // A LoRA model's checkpoint is its adapters (PEFT's files); the base stays where it is.
+        match model.lora() {
+            Some(_) => model.save_adapter(&tmp, &model_src.display().to_string())?,
+            None => model.save(&tmp, &SaveOptions::default())?,
         }
+        // The weights' files are durable already (`disk::atomic_write`); the copies are made so.
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            if model_src.join(f).is_file() {
+                disk::copy(&model_src.join(f), &tmp.join(f))
+                    .and_then(|()| disk::sync(&tmp.join(f)))
+                    .context("copying the tokenizer")?;
+            }
+        }
+        disk::sync(&tmp)?;
+        extra(&tmp)
+    };
+    // A write that fails (a device fault while the weights come off the GPU, a full disk)
+    // leaves no half-written directory behind.
+    if let Err(e) = write() {
+        let _ = disk::remove_dir_all(&tmp);
+        return Err(e);
     }
-    disk::sync(&tmp)?;
-    extra(&tmp)?;
     if dir.exists() {
         disk::remove_dir_all(dir).context("replacing a checkpoint")?;
     }
@@ -201,6 +209,11 @@ fn complete_steps(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// The step of the newest complete checkpoint, if any.
+pub(crate) fn newest_step(run_dir: &Path) -> Result<Option<u64>> {
+    Ok(complete_steps(run_dir)?.last().map(|(s, _)| *s))
 }
 
 /// The complete checkpoints (directories with DONE), newest first.

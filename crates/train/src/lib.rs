@@ -42,6 +42,7 @@ pub(crate) mod data;
 pub(crate) mod eval;
 pub(crate) mod failure;
 pub(crate) mod load;
+pub(crate) mod phase;
 pub(crate) mod plan;
 pub(crate) mod run;
 

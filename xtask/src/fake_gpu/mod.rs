@@ -4,6 +4,7 @@
 //! on LD_LIBRARY_PATH (docs/gpu.md says what this checks and what it cannot).
 
 mod compare;
+mod faults;
 pub(crate) mod kernels;
 
 use anyhow::{bail, Context, Result};
@@ -26,6 +27,15 @@ struct Switches {
     /// One line per driver call and launch on stderr.
     #[arg(long)]
     trace: bool,
+    /// Inject a device fault (fake_gpu/faults.cpp): `alloc:N` (the Nth allocation fails out of
+    /// memory), `launch:N` (the Nth kernel launch fails, and every later call with it: a sticky
+    /// error) or `copy:N` (the Nth copy fails); N counts from 1 at the process's start.
+    #[arg(long, value_name = "KIND:N")]
+    fault: Option<String>,
+    /// Kill a rank (SIGKILL) inside a phase: `R@S:PHASE`, such as `1@2:checkpoint` (rank 1 dies
+    /// at its first device call inside step 2's checkpoint).
+    #[arg(long, value_name = "R@S:PHASE")]
+    kill_rank: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -46,6 +56,15 @@ pub struct Args {
     /// CPU run (one short config per feature: configs/fake_gpu/).
     #[arg(long, value_name = "CONFIG", num_args = 1..)]
     compare_f32: Vec<PathBuf>,
+    /// Inject device faults into this config's run (f32 compute) and check that each loses
+    /// nothing: one line naming the step, phase and cause, no partial checkpoint, and a resume
+    /// equal to the uninterrupted run in metrics and final weights (faults.rs).
+    #[arg(long, value_name = "CONFIG")]
+    fault_campaign: Option<PathBuf>,
+    /// With --fault-campaign: the number of sampled allocation, launch and copy faults (0:
+    /// each kind once, CI's set); the killed rank is always one more case.
+    #[arg(long, default_value_t = 0)]
+    cases: usize,
     /// The CUDA toolchain directory (default ~/.cache/cuda-13.0, installed on first use).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -66,6 +85,7 @@ const LIBS: &[Lib] = &[
         soname: "libcuda.so.1",
         sources: &[
             "diagnostics.cpp",
+            "faults.cpp",
             "memory.cpp",
             "streams.cpp",
             "modules.cpp",
@@ -102,6 +122,11 @@ const LIBS: &[Lib] = &[
         ],
         links: &["-l:libcuda.so.1", "-lrt", "-pthread"],
     },
+    Lib {
+        soname: "libnvToolsExt.so.1",
+        sources: &["nvtx.cpp"],
+        links: &["-l:libcuda.so.1"],
+    },
 ];
 
 /// The emulation's own test programs: source, and the libraries each links.
@@ -118,6 +143,10 @@ const TESTS: &[(&str, &[&str])] = &[
     ),
     ("kernels_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
     ("flash_fa2_test.cpp", &["-l:libcuda.so.1", "-ldl"]),
+    (
+        "faults_test.cpp",
+        &["-l:libnvToolsExt.so.1", "-l:libcuda.so.1"],
+    ),
 ];
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -139,6 +168,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let bin = crate::gpu::build_cuda_binary(&env)?;
     if args.compare.is_some() || !args.compare_f32.is_empty() {
         return compare_runs(&bin, &lib_dir, &kernels_dir, &args);
+    }
+    if let Some(config) = &args.fault_campaign {
+        let launch = |file: &Path, ranks: usize, env: &[(&str, String)]| -> Result<Command> {
+            let mut cmd = Command::new(&bin);
+            cmd.arg("train").arg("--config").arg(file);
+            if ranks > 1 {
+                cmd.arg("--nproc").arg(ranks.to_string());
+            }
+            device_env(&mut cmd, &lib_dir, &kernels_dir, &args.switches)?;
+            cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+            Ok(cmd)
+        };
+        let dir = PathBuf::from(OUT).join("faults");
+        faults::campaign(config, &dir, args.cases, &launch)?;
+        return Ok(ExitCode::SUCCESS);
     }
     let mut cmd = Command::new(&bin);
     cmd.args(&args.args);
@@ -315,6 +359,12 @@ fn device_env(
     }
     if switches.trace {
         cmd.env("TERSE_FAKE_GPU_TRACE", "1");
+    }
+    if let Some(f) = &switches.fault {
+        cmd.env("TERSE_FAKE_GPU_FAULT", f);
+    }
+    if let Some(k) = &switches.kill_rank {
+        cmd.env("TERSE_FAKE_GPU_KILL_RANK", k);
     }
     Ok(())
 }

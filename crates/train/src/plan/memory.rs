@@ -325,8 +325,9 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
 }
 
 /// Before a GPU run loads anything: the plan against the device's free memory; a run that
-/// cannot fit stops here, the table in the log and one line naming the totals.
-pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64, total: u64) -> Result<()> {
+/// cannot fit stops here, the table in the log and one line naming the totals. Returns the
+/// plan's total.
+pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64, total: u64) -> Result<u64> {
     let shape = model_shape(cfg)?;
     let target = Target {
         cuda: true,
@@ -338,7 +339,7 @@ pub fn check_device(cfg: &RunConfig, prompt_tokens: usize, free: u64, total: u64
     let p = plan(cfg, &shape, target);
     if p.fits() {
         tracing::info!("memory plan:\n{}", p.table());
-        return Ok(());
+        return Ok(p.total);
     }
     tracing::error!("memory plan of {}:\n{}", cfg.run.name, p.table());
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;

@@ -6,6 +6,7 @@ use crate::builder::TrainerBuilder;
 use crate::checkpoint::{prune, save_checkpoint, TrainState};
 use crate::config::RunConfig;
 use crate::eval::evaluate;
+use crate::phase::{within, Phase};
 use crate::records::metrics::mid_run_eval;
 use crate::records::observe::{Observer, Plots, Progress};
 use crate::report::EvalReport;
@@ -57,19 +58,53 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
         kept_evals,
         finished,
         lock: _lock,
+        planned,
     } = start(&mut b, extra, terse_dist::lend(&mut collective))?;
     if let Some(c) = collective.as_deref_mut() {
         let shaper = b.shaper_mut()?.state();
-        crate::run::handoff::send_start(&b.cfg, &loaded, shaper, c)?;
+        within(loaded.step, Phase::Start, || {
+            crate::run::handoff::send_start(&b.cfg, &loaded, shaper, c)
+        })?;
     }
     b.collective = collective;
     let mut trainer = b.assemble(task, loaded)?;
+    // Every failure from here on is one line naming its step and phase (and, for an
+    // out-of-memory, the plan's figure beside the device's); one that repeats on resume is
+    // named, with the sample that causes it.
+    match run_steps(
+        &mut trainer,
+        &mut observers,
+        &dir,
+        finished,
+        again,
+        &kept_evals,
+    ) {
+        Ok(summary) => Ok(summary),
+        Err(e) => {
+            let e = crate::phase::stopped(e, planned, trainer.policy.device());
+            Err(crate::failure::record(&dir, trainer.step, e))
+        }
+    }
+}
+
+/// The steps of a started run (or a finished run's evaluation again), its evaluations and the
+/// summary; each evaluation is a phase of the step it follows.
+fn run_steps(
+    trainer: &mut GrpoTrainer,
+    observers: &mut crate::records::observe::Observers,
+    dir: &Path,
+    finished: bool,
+    again: bool,
+    kept_evals: &[u64],
+) -> Result<RunSummary> {
     let (start_step, steps) = (trainer.step, trainer.cfg.grpo.steps);
+    let dir = dir.to_path_buf();
+    let eval_at = |step: u64, t: &GrpoTrainer| within(step, Phase::Eval, || eval_of(t));
     // A finished run: nothing to train (the other ranks' loop ends at once); evaluated again
     // only when asked, that evaluation marked as such.
     if finished {
         let evaluated = if again {
-            let e = eval_of(&trainer)?;
+            let e = eval_at(steps, trainer)?;
             let mut line = eval_line(steps, &e);
             if let MetricsLine::Eval(l) = &mut line {
                 l.again = true;
@@ -85,7 +120,7 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     observers.push(Box::new(Progress::new(steps, start_step)));
     observers.push(Box::new(Plots));
     let before = if start_step == 0 {
-        Some(eval_of(&trainer)?)
+        Some(eval_at(0, trainer)?)
     } else {
         None
     };
@@ -95,17 +130,14 @@ pub(crate) fn train_loop(mut b: TrainerBuilder) -> Result<RunSummary> {
     // A stop between the checkpoint of `start` and its evaluation: write it now.
     let every = trainer.cfg.eval.every;
     if mid_run_eval(start_step, steps, every) && !kept_evals.contains(&start_step) {
-        observers.record(&eval_line(start_step, &eval_of(&trainer)?))?;
+        observers.record(&eval_line(start_step, &eval_at(start_step, trainer)?))?;
     }
     let mut leader = Leader {
-        observers: &mut observers,
+        observers,
         dir: &dir,
     };
-    if let Err(e) = drive(&mut trainer, &mut leader) {
-        // A failure that repeats on resume is named, with the sample that causes it.
-        return Err(crate::failure::record(&dir, trainer.step, e));
-    }
-    let after = eval_of(&trainer)?;
+    drive(trainer, &mut leader)?;
+    let after = eval_at(steps, trainer)?;
     observers.record(&eval_line(steps, &after))?;
     observers.finish(&dir)?;
     crate::failure::clear(&dir)?;
@@ -169,10 +201,10 @@ pub(crate) fn drive(t: &mut GrpoTrainer, role: &mut dyn Role) -> Result<()> {
         role.stepped(report)?;
         let done = t.step;
         if crate::run::handoff::checkpoint_due(done, steps, ckpt_every) {
-            role.checkpoint(t)?;
+            within(done, Phase::Checkpoint, || role.checkpoint(t))?;
         }
         if mid_run_eval(done, steps, every) {
-            role.evaluate(t)?;
+            within(done, Phase::Eval, || role.evaluate(t))?;
         }
     }
     Ok(())

@@ -11,6 +11,7 @@ use crate::builder::{Loaded, TrainerBuilder};
 use crate::checkpoint::{checkpoints_newest_first, read_state, save_checkpoint, TrainState};
 use crate::config::{ContextOverflow, Resume, RunConfig};
 use crate::load::{encode, init_model, load_tokenizer};
+use crate::phase::{within, Phase};
 use crate::records::metrics::{MetricsWriter, Start};
 use crate::records::observe::{Observer, Observers};
 use crate::records::tensorboard::TensorBoard;
@@ -40,6 +41,9 @@ pub(crate) struct Started {
     pub finished: bool,
     /// The run directory's lock: whoever drives the run keeps it until the run ends.
     pub lock: RunLock,
+    /// The memory plan's total for the run on a GPU (None on the CPU), for an out-of-memory's
+    /// message (phase.rs).
+    pub planned: Option<u64>,
 }
 
 /// Validates, locks, loads and (for a fresh run) warms up; see the module docs. The builder's
@@ -67,7 +71,7 @@ pub(crate) fn start(
     let dir = cfg.run.dir.join(&cfg.run.name);
     let lock = RunLock::create_and_acquire(&dir, cfg.run.lock_wait())?;
     let tok = load_tokenizer(&cfg.model.path)?;
-    check_fits(&cfg, &mut task, &tok, &dev)?;
+    let planned = check_fits(&cfg, &mut task, &tok, &dev)?;
     if let Some(e) = cfg.grpo.data_epochs {
         let rows = task.train_rows() as f64;
         cfg.grpo.steps = (e * rows / cfg.grpo.prompts_per_step as f64).ceil() as u64;
@@ -86,8 +90,16 @@ pub(crate) fn start(
         Err(e) => tracing::warn!("{e:#}"),
     }
 
+    // Loading (and, for a fresh run, the SFT warm-up and step 0's checkpoint) is the start
+    // phase of the step the run goes on from: the newest complete checkpoint's.
+    let from = crate::checkpoint::newest_step(&dir)?.unwrap_or(0);
     let shaper = b.shaper_mut()?;
-    let origin = origin(&cfg, &dir, &dev, dtype, shaper)?;
+    // A device error here is explained (out of memory) and a lost context kept (phase.rs).
+    let stopped = |e| crate::phase::stopped(e, planned, &dev);
+    let origin = within(from, Phase::Start, || {
+        origin(&cfg, &dir, &dev, dtype, shaper)
+    })
+    .map_err(stopped)?;
     let finished = finished(&origin, &cfg, &dir)?;
 
     // Loaded and checked: from here on the run directory is written (a finished run's only
@@ -105,16 +117,20 @@ pub(crate) fn start(
         }
         open_observers(&cfg, &dir, &origin, finished, extra)?
     };
-    let (policy, step, cursor, opt, reference) = begin(
-        origin,
-        &cfg,
-        &dir,
-        &tok,
-        &*b.shaper_mut()?,
-        &mut observers,
-        dp,
-        (&dev, dtype),
-    )?;
+    let shaper = &*b.shaper_mut()?;
+    let (policy, step, cursor, opt, reference) = within(from, Phase::Start, || {
+        begin(
+            origin,
+            &cfg,
+            &dir,
+            &tok,
+            shaper,
+            &mut observers,
+            dp,
+            (&dev, dtype),
+        )
+    })
+    .map_err(stopped)?;
     b.cfg = cfg;
     let loaded = Loaded {
         tok,
@@ -133,17 +149,19 @@ pub(crate) fn start(
         kept_evals,
         finished,
         lock,
+        planned,
     })
 }
 
 /// The prompts fit the model's context, with room for `grpo.max_new_tokens` as
-/// `data.context_overflow` says, and on a GPU the memory plan fits before any weight is loaded.
+/// `data.context_overflow` says, and on a GPU the memory plan fits before any weight is loaded
+/// (its total returned).
 fn check_fits(
     cfg: &RunConfig,
     task: &mut Task,
     tok: &tokenizers::Tokenizer,
     dev: &candle_core::Device,
-) -> Result<()> {
+) -> Result<Option<u64>> {
     let max_pos = terse_model::Config::from_file(&cfg.model.path.join("config.json"))?
         .max_position_embeddings;
     let count = |p: &str| -> Result<usize> { Ok(encode(tok, p)?.len()) };
@@ -167,11 +185,15 @@ fn check_fits(
         }
     }
     // On a GPU, the memory plan before any weight is loaded: a run that cannot fit stops here.
-    if let Some((free, total)) = terse_model::device::memory(dev) {
-        let longest = longest.map_or(0, |l| l.tokens);
-        crate::plan::memory::check_device(cfg, longest, free, total)?;
-    }
-    Ok(())
+    Ok(match terse_model::device::memory(dev) {
+        Some((free, total)) => {
+            let longest = longest.map_or(0, |l| l.tokens);
+            Some(crate::plan::memory::check_device(
+                cfg, longest, free, total,
+            )?)
+        }
+        None => None,
+    })
 }
 
 /// Resume from the newest complete checkpoint with finite weights (restoring the shaper's

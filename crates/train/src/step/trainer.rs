@@ -214,14 +214,16 @@ impl GrpoTrainer {
 
     /// One whole GRPO step; advances the step and the data cursor.
     pub fn step(&mut self) -> Result<StepReport> {
+        use crate::phase::{within, Phase};
+        let step = self.step;
         let t0 = Instant::now();
-        let c = self.rollout()?;
+        let c = within(step, Phase::Rollout, || self.rollout())?;
         let t_rollout = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let scored = self.score(&c)?;
+        let scored = within(step, Phase::Score, || self.score(&c))?;
         let t_score = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
-        let up = self.update(&c, &scored.advantages)?;
+        let up = within(step, Phase::Train, || self.update(&c, &scored.advantages))?;
         let t_update = t2.elapsed().as_secs_f64();
         let timing = Timing {
             rollout_s: t_rollout,
