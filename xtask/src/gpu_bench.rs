@@ -20,7 +20,7 @@ fn sync(dev: &Device) -> Result<()> {
 /// Decode tokens/s (prompt 32, 128 new) and the roofline: each decode step must read every
 /// weight once plus the KV cache so far, so tokens/s ≤ B · bandwidth / bytes per step.
 pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
-    use terse_rollout::{generate, GenParams, SamplingParams};
+    use terse_rollout::{generate, GenParams};
     let cfg = &model.config;
     let (layers, kv, hd) = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
     let v = cfg.vocab_size;
@@ -29,31 +29,12 @@ pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
         .values()
         .map(|t| t.elem_count() as f64 * 2.0)
         .sum();
-    let gen = GenParams {
-        sampling: SamplingParams::default(),
-        max_new_tokens: 128,
-        eos_ids: vec![],
-        stop_strings: vec![],
-        pad_id: 0,
-        step_exit: None,
-        kv_cache: Default::default(),
-        paging: Default::default(),
-    };
+    let gen = GenParams::new(128);
     let mut rows = vec![];
     for b in [1usize, 64, 256] {
         let prompts = crate::bench_rollout::prompts(b, 32, v);
         let none = |_: &[u32]| String::new();
-        generate(
-            model,
-            &prompts[..1],
-            1,
-            &GenParams {
-                max_new_tokens: 4,
-                ..gen.clone()
-            },
-            0,
-            &none,
-        )?;
+        generate(model, &prompts[..1], 1, &GenParams::new(4), 0, &none)?;
         sync(dev)?;
         let t0 = Instant::now();
         let s = generate(model, &prompts, 1, &gen, 0, &none)?;
@@ -79,14 +60,12 @@ pub fn decode(dev: &Device, model: &Qwen3) -> Result<Value> {
 /// of the host path's step the device sampler removes, and the samples whose tokens differ
 /// (ties only, kernels/sample.cu).
 fn sampler_share(dev: &Device, model: &Qwen3, gen: &terse_rollout::GenParams) -> Result<Value> {
-    use terse_rollout::{generate, GenParams};
+    use terse_rollout::generate;
     let (b, new) = (64usize, 16usize);
     let v = model.config.vocab_size;
     let prompts = crate::bench_rollout::prompts(b, 32, v);
-    let gen = GenParams {
-        max_new_tokens: new,
-        ..gen.clone()
-    };
+    let mut gen = gen.clone();
+    gen.max_new_tokens = new;
     let none = |_: &[u32]| String::new();
     let run = |host: bool| -> Result<(f64, Vec<Vec<u32>>)> {
         // Read when the scheduler starts (crates/rollout/src/draw.rs).

@@ -82,11 +82,11 @@ pub fn flash_kernel(dev: &Device) -> Result<Value> {
 /// must be finite.
 pub fn long_context(dev: &Device, model: &mut Qwen3) -> Result<Value> {
     let before = model.options;
-    model.options = ForwardOptions {
-        flash_min_tokens: 0,
-        flash: true,
-        checkpoint_layers: true,
-    };
+    let mut options = ForwardOptions::default();
+    options.flash = true;
+    options.flash_min_tokens = 0;
+    options.checkpoint_layers = true;
+    model.options = options;
     let result = long_context_runs(dev, model);
     model.options = before;
     result
