@@ -152,7 +152,7 @@ fn used_module(src: &Path, dir: &Path, path: &str) -> Option<(PathBuf, PathBuf)>
 }
 
 /// The `pub use` tree's leaves with their full paths: `a::{b, c as d}` -> (a::b, b), (a::c, d).
-fn use_leaves(tree: &str, prefix: &str, out: &mut Vec<(String, String)>) {
+pub(crate) fn use_leaves(tree: &str, prefix: &str, out: &mut Vec<(String, String)>) {
     let t = tree.trim();
     match t.find('{') {
         Some(open) if t.ends_with('}') => {

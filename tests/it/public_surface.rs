@@ -14,42 +14,12 @@ fn strip_comments(text: &str) -> String {
         .join("\n")
 }
 
-/// The names a `use` tree brings in: `a::b::{c, d as e, f::{g}}` -> c, e, g.
+/// The names a `use` tree brings in: `a::b::{c, d as e, f::{g}}` -> c, e, g (public_items.rs
+/// splits the tree; this keeps the names).
 fn use_leaves(tree: &str) -> Vec<String> {
-    // Split at top-level commas inside the outermost braces, recursively.
-    fn walk(t: &str, out: &mut Vec<String>) {
-        let t = t.trim();
-        match t.find('{') {
-            Some(open) if t.ends_with('}') => {
-                let inner = &t[open + 1..t.len() - 1];
-                let (mut depth, mut start) = (0, 0);
-                for (i, c) in inner.char_indices() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' => depth -= 1,
-                        ',' if depth == 0 => {
-                            walk(&inner[start..i], out);
-                            start = i + 1;
-                        }
-                        _ => {}
-                    }
-                }
-                walk(&inner[start..], out);
-            }
-            _ if t.is_empty() => {}
-            _ => {
-                let name = match t.rsplit_once(" as ") {
-                    Some((_, alias)) => alias,
-                    None => t.rsplit("::").next().unwrap_or(t),
-                };
-                out.push(name.trim().to_string());
-            }
-        }
-    }
-    let tree = tree.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut out = vec![];
-    walk(&tree, &mut out);
-    out
+    crate::public_items::use_leaves(tree, "", &mut out);
+    out.into_iter().map(|(_, name)| name).collect()
 }
 
 /// The public items one scope's text declares (nested `{ .. }` bodies of inline modules are
