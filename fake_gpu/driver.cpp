@@ -55,12 +55,29 @@ CUresult trace(const char* f) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED; \
     if (int sticky_ = sticky_error()) return (CUresult)sticky_
 
+// A call CUDA refuses during a capture it could disturb (fake_gpu.h, refuse_while_capturing).
+#define REFUSE_WHILE_CAPTURING(name) \
+    if (int c_ = refuse_while_capturing(name)) return (CUresult)c_
+// A call CUDA refuses on a capturing stream (fake_gpu.h, refuse_on_capturing).
+#define REFUSE_ON_CAPTURING(s, name) \
+    if (int c_ = refuse_on_capturing(s, name)) return (CUresult)c_
+
 size_t total_memory() {
     const char* g = std::getenv("TERSE_FAKE_GPU_MEM_GIB");
     double gib = g ? std::atof(g) : 16.0;
     return (size_t)(gib * 1073741824.0);
 }
 
+// The allocation itself, for cuMemAlloc_v2 and cuMemAllocAsync.
+CUresult allocate(CUdeviceptr* p, size_t bytes) {
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult f = (CUresult)fault(Fault::kAlloc)) return f;
+    if (used_bytes() + bytes > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = alloc(bytes);
+    if (!*p) return CUDA_ERROR_OUT_OF_MEMORY;
+    count(kAllocs);
+    return CUDA_SUCCESS;
+}
 CUresult copy_check(CUdeviceptr p, size_t n, const char* f) {
     if (n) check_range(p, n, f);
     return CUDA_SUCCESS;
@@ -165,6 +182,7 @@ CUresult cuCtxGetDevice(CUdevice* d) {
 }
 CUresult cuCtxSynchronize() {
     ENTER("cuCtxSynchronize");
+    REFUSE_WHILE_CAPTURING("cuCtxSynchronize");
     count(kSyncs);
     sync_all();
     return CUDA_SUCCESS;
@@ -183,20 +201,18 @@ CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 // ---- Memory
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
     ENTER("cuMemAlloc_v2");
-    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (CUresult f = (CUresult)fault(Fault::kAlloc)) return f;
-    if (used_bytes() + bytes > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
-    *p = alloc(bytes);
-    if (!*p) return CUDA_ERROR_OUT_OF_MEMORY;
-    count(kAllocs);
-    return CUDA_SUCCESS;
+    REFUSE_WHILE_CAPTURING("cuMemAlloc_v2");
+    return allocate(p, bytes);
 }
-CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream s) {
     ENTER("cuMemAllocAsync");
-    return cuMemAlloc_v2(p, bytes);
+    CUresult r = allocate(p, bytes);
+    if (r == CUDA_SUCCESS) capture_alloc(s, *p);  // inside a capture: the graph's block
+    return r;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
     ENTER("cuMemFree_v2");
+    REFUSE_WHILE_CAPTURING("cuMemFree_v2");
     sync_all();  // cuMemFree waits for the device's work
     if (p) {
         release(p, "cuMemFree_v2");
@@ -206,6 +222,12 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 }
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     ENTER("cuMemFreeAsync");
+    if (p && capturing(s)) {
+        // The capture's own block stays the graph's; one from outside is refused.
+        if (int c = capture_free(s, p)) return (CUresult)c;
+        count(kFrees);
+        return CUDA_SUCCESS;
+    }
     if (p) {
         enqueue(s, [p] { release(p, "cuMemFreeAsync"); });
         count(kFrees);
@@ -244,6 +266,8 @@ CUresult cuMemFreeHost(void* p) {
 // behaviour); pinned memory stays asynchronous, so a missing sync reads stale data.
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
     ENTER("cuMemcpyHtoDAsync_v2");
+    // A graph reads pinned memory when it runs; pageable memory cannot be captured.
+    if (!is_pinned(src)) REFUSE_ON_CAPTURING(s, "cuMemcpyHtoDAsync_v2 from pageable memory");
     if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     copy_check(dst, n, "cuMemcpyHtoDAsync_v2");
     count(kH2DBytes, n);
@@ -257,6 +281,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstre
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
     ENTER("cuMemcpyDtoHAsync_v2");
+    if (!is_pinned(dst)) REFUSE_ON_CAPTURING(s, "cuMemcpyDtoHAsync_v2 to pageable memory");
     if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     copy_check(src, n, "cuMemcpyDtoHAsync_v2");
     count(kD2HBytes, n);
@@ -276,6 +301,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
 }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
     ENTER("cuMemcpyHtoD_v2");
+    REFUSE_WHILE_CAPTURING("cuMemcpyHtoD_v2");
     if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     sync_blocking();
     copy_check(dst, n, "cuMemcpyHtoD_v2");
@@ -285,6 +311,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
 }
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
     ENTER("cuMemcpyDtoH_v2");
+    REFUSE_WHILE_CAPTURING("cuMemcpyDtoH_v2");
     if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     sync_blocking();
     copy_check(src, n, "cuMemcpyDtoH_v2");
@@ -294,6 +321,7 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     ENTER("cuMemcpyDtoD_v2");
+    REFUSE_WHILE_CAPTURING("cuMemcpyDtoD_v2");
     if (CUresult f = (CUresult)fault(Fault::kCopy)) return f;
     sync_blocking();
     copy_check(dst, n, "cuMemcpyDtoD_v2 (destination)");
@@ -315,6 +343,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
 }
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
     ENTER("cuMemsetD8_v2");
+    REFUSE_WHILE_CAPTURING("cuMemsetD8_v2");
     sync_blocking();
     copy_check(dst, n, "cuMemsetD8_v2");
     std::memset(reinterpret_cast<void*>(dst), v, n);
@@ -347,12 +376,14 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 }
 CUresult cuStreamSynchronize(CUstream s) {
     ENTER("cuStreamSynchronize");
+    REFUSE_ON_CAPTURING(s, "cuStreamSynchronize");
     count(kSyncs);
     sync_stream(s);
     return CUDA_SUCCESS;
 }
 CUresult cuStreamQuery(CUstream s) {
     ENTER("cuStreamQuery");
+    REFUSE_ON_CAPTURING(s, "cuStreamQuery");
     return query_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int) {
@@ -390,9 +421,51 @@ CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) {
     *ms = elapsed_ms(a, b);
     return CUDA_SUCCESS;
 }
-CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* status) {
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
     ENTER("cuStreamIsCapturing");
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;  // graphs are not emulated
+    *status = (CUstreamCaptureStatus)capture_status(s);
+    return CUDA_SUCCESS;
+}
+
+// ---- Stream capture and graphs (streams.cpp records and replays)
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    ENTER("cuStreamBeginCapture_v2");
+    return (CUresult)begin_capture(s, mode);
+}
+CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) {
+    ENTER("cuStreamEndCapture");
+    void* g = nullptr;
+    auto r = (CUresult)end_capture(s, &g);
+    *graph = static_cast<CUgraph>(g);
+    return r;
+}
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+    ENTER("cuGraphInstantiateWithFlags");
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    // Auto-free-on-launch and the others change what a launch does with the graph's blocks.
+    if (flags) unimplemented("cuGraphInstantiateWithFlags with flags");
+    *exec = static_cast<CUgraphExec>(instantiate_graph(graph));
+    return CUDA_SUCCESS;
+}
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
+    ENTER("cuGraphLaunch");
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = (CUresult)launch_graph(exec, s);
+    if (r == CUDA_SUCCESS) count(kGraphLaunches);
+    return r;
+}
+CUresult cuGraphUpload(CUgraphExec exec, CUstream) {
+    ENTER("cuGraphUpload");
+    return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    ENTER("cuGraphExecDestroy");
+    if (exec) destroy_graph_exec(exec);
+    return CUDA_SUCCESS;
+}
+CUresult cuGraphDestroy(CUgraph graph) {
+    ENTER("cuGraphDestroy");
+    if (graph) destroy_graph(graph);
     return CUDA_SUCCESS;
 }
 CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
@@ -467,7 +540,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     if (gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
     unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
     if (CUresult f = (CUresult)fault(Fault::kLaunch)) return f;
-    count(kLaunches);
+    if (!capturing(s)) count(kLaunches);  // a recorded one runs, and counts, as its graph
     launch(reinterpret_cast<Function*>(f), grid, block, shared, s, params);
     return CUDA_SUCCESS;
 }

@@ -70,12 +70,48 @@ bool query_event(Event e);
 // Host milliseconds between the completions of two events' work (not a device time).
 float elapsed_ms(Event start, Event end);
 
+// ---- Stream capture and graphs (streams.cpp). A stream in capture records its work (kernels,
+// GEMMs, copies, memsets) into a graph instead of running it; a graph launch runs the recorded
+// work in order on a stream, reading the same addresses each time. What CUDA refuses during a
+// capture is refused here (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture invalidated), so a
+// binary that captures cleanly here makes no call a real capture would reject.
+// The CUresult of cuStreamBeginCapture: `mode` is a CUstreamCaptureMode.
+int begin_capture(Stream stream, int mode);
+// The CUresult of cuStreamEndCapture; `*graph` the recorded graph (null on an error).
+int end_capture(Stream stream, void** graph);
+// A CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated.
+int capture_status(Stream stream);
+// Whether `stream` records rather than runs (its capture active or invalidated).
+bool capturing(Stream stream);
+// For a call CUDA forbids on a capturing stream (a sync, a query, a copy to or from pageable
+// memory): when `stream` captures, invalidates the capture and returns
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, naming `function` on stderr; else 0.
+int refuse_on_capturing(Stream stream, const char* function);
+// For a call CUDA forbids while a capture it could disturb is active (cuMemAlloc, cuMemFree,
+// the synchronous copies and memsets, cuCtxSynchronize): a capture in the global mode on any
+// thread, or in the thread-local mode on this thread. Same result as above.
+int refuse_while_capturing(const char* function);
+// cuMemAllocAsync on a capturing stream: the graph owns the block (its address is fixed for
+// every launch) until the graph is destroyed.
+void capture_alloc(Stream stream, uint64_t ptr);
+// cuMemFreeAsync on a capturing stream: a block the capture allocated stays the graph's (the
+// free is part of the graph; 0). A block from outside would be freed by every launch:
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture invalidated.
+int capture_free(Stream stream, uint64_t ptr);
+// cuGraphInstantiate: an executable graph sharing `graph`'s recorded work.
+void* instantiate_graph(void* graph);
+// cuGraphLaunch: the recorded work, in order, as one piece of `stream`'s work (a CUresult).
+int launch_graph(void* exec, Stream stream);
+// cuGraphDestroy and cuGraphExecDestroy: the graph's own blocks are released with the last.
+void destroy_graph(void* graph);
+void destroy_graph_exec(void* exec);
+
 // ---- Counters (diagnostics.cpp): what the process asked of the device, per process, read through
 // `terse_fake_gpu_counters` below in this order (`cargo xtask bench decode` divides them by
 // the rollout's steps).
 enum Counter : size_t {
-    kLaunches = 0,     // kernel launches: cuLaunchKernel
-    kGraphLaunches,    // cuGraphLaunch: graphs are not emulated, so 0
+    kLaunches = 0,     // kernel launches: cuLaunchKernel (not those a capture records)
+    kGraphLaunches,    // cuGraphLaunch (the work it replays counts in no other counter)
     kDriverCalls,      // driver API calls the binary makes (not those the emulation makes itself)
     kSyncs,            // cuCtx/cuStream/cuEventSynchronize, cudaStreamSynchronize
     kAllocs,           // cuMemAlloc(Async), cuMemHostAlloc, cudaMalloc(Async): successful ones

@@ -3,7 +3,10 @@
 // late mode a device-to-host copy into pinned memory is stale until the stream is synchronised
 // (the same copy into pageable memory completes before it returns, as CUDA documents); and the
 // counters (fake_gpu.h, `Counter`) count each call once, with its bytes, syncs, allocations and
-// launches, and time inside the library within the wall time around the calls.
+// launches, and time inside the library within the wall time around the calls; and stream
+// capture: the recorded work runs only when its graph launches, each launch reading the pinned
+// input as it is then, the capture's own blocks kept for every launch and released with the
+// graph, and what CUDA refuses during a capture refused and the capture invalidated.
 #include <cuda.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -129,6 +132,115 @@ static void counters(bool with_module) {
                 (unsigned long long)wall);
 }
 
+// Stream capture and graph launches (streams.cpp).
+static void graphs(bool with_module) {
+    using namespace fake_gpu;
+    uint64_t a[kCounterCount], b[kCounterCount];
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CUdeviceptr in, out;
+    CHECK(cuMemAlloc(&in, 256) == CUDA_SUCCESS);
+    CHECK(cuMemAlloc(&out, 256) == CUDA_SUCCESS);
+    void* up;
+    void* down;
+    CHECK(cuMemHostAlloc(&up, 256, 0) == CUDA_SUCCESS);
+    CHECK(cuMemHostAlloc(&down, 256, 0) == CUDA_SUCCESS);
+    auto* u = static_cast<unsigned char*>(up);
+    auto* r = static_cast<unsigned char*>(down);
+    CHECK(cuMemsetD8Async(out, 0, 256, s) == CUDA_SUCCESS);
+    CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    CUmodule m;
+    CUfunction f = nullptr;
+    if (with_module) {
+        CHECK(cuModuleLoadData(&m, kPtx) == CUDA_SUCCESS);
+        CHECK(cuModuleGetFunction(&f, m, "t_partial_warp_shuffle") == CUDA_SUCCESS);
+    }
+    size_t free0, total;
+    CHECK(cuMemGetInfo(&free0, &total) == CUDA_SUCCESS);
+    CHECK(terse_fake_gpu_counters(a, kCounterCount) == kCounterCount);
+
+    // The capture: pinned input up, through a block of the capture's own, to `out`; a kernel.
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
+    CUstreamCaptureStatus st;
+    CHECK(cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    std::memset(up, 5, 256);
+    CHECK(cuMemcpyHtoDAsync(in, up, 256, s) == CUDA_SUCCESS);
+    CUdeviceptr tmp;
+    CHECK(cuMemAllocAsync(&tmp, 256, s) == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoDAsync(tmp, in, 256, s) == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoDAsync(out, tmp, 128, s) == CUDA_SUCCESS);
+    CHECK(cuMemFreeAsync(tmp, s) == CUDA_SUCCESS);
+    if (with_module) {
+        CUdeviceptr k = out + 128;
+        void* params[] = {&k};
+        CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr) == CUDA_SUCCESS);
+    }
+    CUgraph g;
+    CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS && g);
+    CHECK(cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE);
+    CUgraphExec x;
+    CHECK(cuGraphInstantiateWithFlags(&x, g, 0) == CUDA_SUCCESS);
+    // Nothing ran.
+    CHECK(cuMemcpyDtoH(r, out, 256) == CUDA_SUCCESS);
+    CHECK(r[0] == 0 && r[200] == 0);
+    // Each launch reads the pinned input as it is when the launch runs.
+    for (unsigned char v : {9, 17}) {
+        std::memset(up, v, 256);
+        CHECK(cuGraphLaunch(x, s) == CUDA_SUCCESS);
+        CHECK(cuMemcpyDtoHAsync(down, out, 256, s) == CUDA_SUCCESS);
+        CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+        CHECK(r[0] == v && r[127] == v);
+        if (with_module) {
+            float k[32];
+            std::memcpy(k, r + 128, sizeof k);
+            CHECK(k[0] == 1.f && k[31] == 30.f);
+        }
+    }
+    CHECK(terse_fake_gpu_counters(b, kCounterCount) == kCounterCount);
+    CHECK(b[kGraphLaunches] - a[kGraphLaunches] == 2);
+    CHECK(b[kLaunches] - a[kLaunches] == 0);  // the recorded kernel ran as its graph
+    // The capture's block lives as long as the graph.
+    size_t free1;
+    CHECK(cuMemGetInfo(&free1, &total) == CUDA_SUCCESS);
+    CHECK(free1 + 256 <= free0);  // free memory fell by at least the block
+    CHECK(cuGraphDestroy(g) == CUDA_SUCCESS);
+    CHECK(cuGraphExecDestroy(x) == CUDA_SUCCESS);
+    size_t free2;
+    CHECK(cuMemGetInfo(&free2, &total) == CUDA_SUCCESS);
+    CHECK(free2 == free0);
+
+    // What CUDA refuses during a capture: refused, and the capture invalidated.
+    auto refused = [&](const std::function<CUresult()>& call) {
+        CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
+        CHECK(call() == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        CUgraph none = nullptr;
+        CHECK(cuStreamEndCapture(s, &none) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && !none);
+    };
+    unsigned char pageable[16];
+    CUdeviceptr p2;
+    refused([&] { return cuStreamSynchronize(s); });
+    refused([&] { return cuStreamQuery(s); });
+    refused([&] { return cuCtxSynchronize(); });
+    refused([&] { return cuMemAlloc(&p2, 64); });
+    refused([&] { return cuMemcpyDtoH(pageable, out, 16); });
+    refused([&] { return cuMemcpyHtoDAsync(out, pageable, 16, s); });
+    refused([&] { return cuMemcpyDtoHAsync(pageable, out, 16, s); });
+    refused([&] { return cuMemFreeAsync(in, s); });  // a block from outside the capture
+    // The legacy stream cannot capture; a capture cannot be begun twice.
+    CHECK(cuStreamBeginCapture(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL) ==
+          CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) != CUDA_SUCCESS);
+    CHECK(cuMemAlloc(&p2, 64) == CUDA_SUCCESS);  // relaxed: allowed
+    CUgraph empty;
+    CHECK(cuStreamEndCapture(s, &empty) == CUDA_SUCCESS);
+    CHECK(cuGraphDestroy(empty) == CUDA_SUCCESS);
+    CHECK(cuMemFree(p2) == CUDA_SUCCESS);
+    CHECK(cuMemFree(in) == CUDA_SUCCESS && cuMemFree(out) == CUDA_SUCCESS);
+    CHECK(cuMemFreeHost(up) == CUDA_SUCCESS && cuMemFreeHost(down) == CUDA_SUCCESS);
+    CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
 int main(int argc, char** argv) {
     setenv("TERSE_FAKE_GPU_LATE", "1", 1);  // read once, at the first call
     // The test modules (`--self-test` passes the modules' directory; they are in its test/).
@@ -171,6 +283,7 @@ int main(int argc, char** argv) {
     CHECK(static_cast<unsigned char*>(pinned)[0] == 0x41);
 
     counters(argc > 1);
+    graphs(argc > 1);
 
     // Bounds and lifetime.
     CHECK(dies([&] { cuMemcpyDtoH(host, d + 8, sizeof host); }));

@@ -97,7 +97,7 @@ pub enum What {
         /// Batch sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
         batches: Vec<usize>,
-        /// New tokens per sample (the decode steps are all but the first).
+        /// New tokens per sample (the steady decode steps measured are all but the first two).
         #[arg(long, default_value_t = 4)]
         new_tokens: usize,
         /// Prompt tokens per sample.

@@ -6,9 +6,11 @@
 //! emulated libraries (fake_gpu/fake_gpu.h's counters); elsewhere (a real GPU, the CPU) it says
 //! the counters are unavailable and reports wall time only.
 //!
-//! Per batch, two rollouts of the same prompts: one with a single new token (prefill and the
-//! first draw) and one with `--new-tokens`; their difference over the difference in
-//! `RolloutStats::steps` is the decode step alone. Host time is the wall time minus the time
+//! Per batch, three rollouts of the same prompts: with one new token (prefill and the first
+//! draw), with two (adding the first decode step, which on CUDA runs uncaptured and is then
+//! captured into its bucket's graph) and with `--new-tokens`; the difference of the last two
+//! over the difference in `RolloutStats::steps` is the steady decode step (on CUDA a graph
+//! launch), and that of the first two is reported as `first_decode_step`. Host time is the wall time minus the time
 //! inside the libraries (which on the emulated device includes the kernels themselves).
 //!
 //! Data flow: `decode` -> `measure` (per batch and path: `run` twice) -> `figures` -> the
@@ -256,9 +258,12 @@ pub fn measure(m: &Qwen3, batches: &[usize], setup: &Setup) -> Result<Value> {
     for &b in batches {
         let mut sides = vec![];
         for host in [false, true] {
-            let short = path(host, b, 1)?;
+            let one = path(host, b, 1)?;
+            let two = path(host, b, 2)?;
             let long = path(host, b, setup.new_tokens)?;
-            sides.push(figures(&long, &short)?);
+            let mut steady = figures(&long, &two)?;
+            steady["first_decode_step"] = figures(&two, &one)?;
+            sides.push(steady);
         }
         let [new, baseline]: [Value; 2] = sides.try_into().map_err(|_| {
             anyhow::anyhow!("bench decode: batch {b} lacks the new path or the baseline")
@@ -290,8 +295,8 @@ pub fn decode(
     if batches.is_empty() || batches.contains(&0) {
         bail!("--batches {batches:?}: give batch sizes of at least 1, e.g. --batches 1,64,256");
     }
-    if new_tokens < 2 {
-        bail!("--new-tokens {new_tokens}: at least 2 (one decode step after the prefill's draw)");
+    if new_tokens < 3 {
+        bail!("--new-tokens {new_tokens}: at least 3 (a decode step after the first, which captures)");
     }
     if prompt_tokens == 0 {
         bail!("--prompt-tokens 0: a prompt needs at least one token");
@@ -337,7 +342,7 @@ pub fn decode(
         "shape": if skeleton_shape { "skeleton" } else { "qwen3_0_6b" }, "model": shape,
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
         "counters": source,
-        "graphs": "none yet: graph launches are 0 on both paths",
+        "graphs": "the new path: one CUDA graph per batch bucket (powers of two), captured at the bucket's first decode step (first_decode_step); the baseline: none (TERSE_CUDA_GRAPHS=0)",
         "batches": rows,
     });
     if let Some(path) = out {

@@ -114,10 +114,10 @@ fn bad_arguments_are_refused_naming_them() {
         .expect_err("none")
         .to_string();
     assert!(e.contains("--batches []"), "{e}");
-    let e = decode(false, true, &[1], 1, 8, None)
-        .expect_err("one token")
+    let e = decode(false, true, &[1], 2, 8, None)
+        .expect_err("two tokens: only the capturing decode step")
         .to_string();
-    assert!(e.contains("--new-tokens 1"), "{e}");
+    assert!(e.contains("--new-tokens 2"), "{e}");
     let e = decode(false, true, &[1], 4, 0, None)
         .expect_err("no prompt")
         .to_string();
@@ -155,8 +155,9 @@ fn a_cpu_measurement_has_every_key_and_wall_time_only() {
     for b in ["1", "3"] {
         let row = &rows[b];
         for side in [row, &row["baseline"]] {
-            // Both rollouts prefill the same prompts: the difference is the 3 decode steps.
-            assert_eq!(side["decode_steps"], 3, "{row}");
+            // The rollouts prefill the same prompts: 2 steady decode steps after the first.
+            assert_eq!(side["decode_steps"], 2, "{row}");
+            assert_eq!(side["first_decode_step"]["decode_steps"], 1, "{row}");
             let wall = side["wall_ms_per_step"].as_f64();
             assert!(wall.is_some_and(|w| w >= 0.0), "{row}");
             for k in [

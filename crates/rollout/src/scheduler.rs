@@ -10,6 +10,9 @@
 //! sequence frees its blocks at once. When a sequence needs a block and none is free, the newest
 //! running sequence is preempted: its blocks are freed and it waits at the front of the queue,
 //! to be recomputed (prompt prefix, then its tokens so far, as a prefill) when there is room.
+//! On CUDA a pure decode step (every row feeding its one last token) runs as a graph launch
+//! that also draws each row's token (terse_model's `DecodeGraphs`), so the row holds its draw
+//! rather than logits; other steps run `forward_paged` and draw at the next `sample_ready`.
 //!
 //! Data flow: `generate` -> `run` -> `Qwen3::forward_paged` per step -> `Sample`s + `RolloutStats`.
 //!
@@ -26,6 +29,8 @@ use crate::types::{GenParams, KvCacheDtype, Prompt, RolloutStats, Row, Sample};
 use candle_core::{DType, Result};
 
 use std::collections::VecDeque;
+use terse_model::paged::DecodeGraphs;
+use terse_model::sample::Drawn;
 use terse_model::{BlockTable, DecodeWeights, PagedKvCache, PagedSeq, Qwen3};
 
 enum State {
@@ -43,6 +48,8 @@ struct Seq {
     pending: Vec<u32>,
     /// Logits to sample the next token from, once everything is fed.
     logits: Option<RowLogits>,
+    /// Or the token already drawn, by a decode graph (which samples in the step it feeds).
+    drawn: Option<Drawn>,
     state: State,
     /// Prefilling its prompt's prefix.
     owner: bool,
@@ -83,6 +90,9 @@ pub(crate) fn run(
             s.forward(&batch)?;
         }
     }
+    if let Some(g) = s.graphs.take() {
+        g.release(&mut s.cache);
+    }
     s.stats.peak_blocks = s.cache.peak_blocks();
     Ok((s.seqs.into_iter().map(|q| q.row.out).collect(), s.stats))
 }
@@ -107,6 +117,8 @@ struct Scheduler<'a> {
     stats: RolloutStats,
     /// `TERSE_HOST_SAMPLER=1`: logits to the host, sampled there (draw.rs).
     host_sampler: bool,
+    /// CUDA: pure decode steps as graph launches (terse_model's paged/graphs.rs).
+    graphs: Option<DecodeGraphs>,
 }
 
 impl<'a> Scheduler<'a> {
@@ -155,6 +167,7 @@ impl<'a> Scheduler<'a> {
                 table: BlockTable::default(),
                 pending: vec![],
                 logits: None,
+                drawn: None,
                 state: State::Waiting,
                 owner: false,
             })
@@ -166,6 +179,14 @@ impl<'a> Scheduler<'a> {
                 ..Prefix::default()
             })
             .collect();
+        let mut cache = model.new_paged_cache(bs, blocks, dtype)?;
+        // Only with a block to spare beyond one longest sequence and a probe: the padding rows'.
+        let graphs = if blocks > one + probe_blocks && !host_sampler() {
+            let w = params.sampling.warpers();
+            DecodeGraphs::new(model, &mut cache, pg.max_num_seqs, longest, w)?
+        } else {
+            None
+        };
         Ok(Scheduler {
             model,
             snap: model.decode_weights(),
@@ -174,7 +195,8 @@ impl<'a> Scheduler<'a> {
             detok,
             limit,
             probe_blocks,
-            cache: model.new_paged_cache(bs, blocks, dtype)?,
+            cache,
+            graphs,
             waiting: (0..seqs.len()).collect(),
             seqs,
             prefixes,
@@ -193,18 +215,25 @@ impl<'a> Scheduler<'a> {
     /// end it there); a finished one frees its blocks, and its prompt's prefix once the
     /// prompt's last sample is done.
     fn sample_ready(&mut self) -> Result<()> {
-        // Every ready row's draw at once, each with the next uniform of its own stream.
+        // Every ready row's draw at once, each with the next uniform of its own stream; a row
+        // a decode graph fed has its draw already (made with that same next uniform).
         let (mut ready, mut rows, mut us) = (vec![], vec![], vec![]);
         for &s in &self.running {
-            if let Some(logits) = self.seqs[s].logits.take() {
-                us.push(uniform(&mut self.seqs[s].row.rng));
+            let seq = &mut self.seqs[s];
+            if let Some(d) = seq.drawn.take() {
+                ready.push((s, Some(d)));
+            } else if let Some(logits) = seq.logits.take() {
+                us.push(uniform(&mut seq.row.rng));
                 rows.push(logits);
-                ready.push(s);
+                ready.push((s, None));
             }
         }
         let warpers = self.params.sampling.warpers();
-        let drawn = draw(&rows, &us, &warpers, self.host_sampler)?;
-        for (s, d) in ready.into_iter().zip(drawn) {
+        let mut drawn = draw(&rows, &us, &warpers, self.host_sampler)?.into_iter();
+        for (s, early) in ready {
+            let Some(d) = early.or_else(|| drawn.next()) else {
+                unreachable!("one draw per row with logits");
+            };
             let plen = self.prompts[self.seqs[s].p].tokens.len();
             let seq = &mut self.seqs[s];
             let next = record_next(&mut seq.row, d, self.params, self.detok, plen, self.limit);
@@ -345,6 +374,13 @@ impl<'a> Scheduler<'a> {
     /// One `forward_paged` over the batch; a prompt's owner that has fed the whole prompt
     /// leaves a fork of its table (and the logits) as the prompt's prefix.
     fn forward(&mut self, batch: &[(usize, usize)]) -> Result<()> {
+        // A pure decode step (each row feeds its one last token, no prompt prefix to keep) can
+        // run as a graph, which also draws: each row's next uniform is taken now.
+        let graphed = self.graphs.is_some()
+            && batch.iter().all(|&(s, n)| {
+                let seq = &self.seqs[s];
+                n == 1 && seq.pending.len() == 1 && !seq.owner
+            });
         let mut tables: Vec<(BlockTable, Vec<u32>)> = batch
             .iter()
             .map(|&(s, n)| {
@@ -362,6 +398,22 @@ impl<'a> Scheduler<'a> {
                 tokens: toks,
             })
             .collect();
+        if graphed && self.graphs.as_ref().is_some_and(|g| g.fits(&fw)) {
+            let us: Vec<f64> = batch
+                .iter()
+                .map(|&(s, _)| uniform(&mut self.seqs[s].row.rng))
+                .collect();
+            let g = self.graphs.as_mut().expect("checked");
+            let drawn = self.model.decode_graphed(g, &mut self.cache, &mut fw, &us)?;
+            drop(fw);
+            self.stats.steps += 1;
+            for ((&(s, _), (t, _)), d) in batch.iter().zip(tables).zip(drawn) {
+                let seq = &mut self.seqs[s];
+                seq.table = t;
+                seq.drawn = Some(d);
+            }
+            return Ok(());
+        }
         let logits = self
             .model
             .forward_paged(&self.snap, &mut self.cache, &mut fw)?; // (B, V)
@@ -392,6 +444,8 @@ impl<'a> Scheduler<'a> {
         self.cache.release(&mut seq.table);
         seq.pending = seq.row.out.tokens.clone();
         seq.logits = None;
+        // sample_ready records every graph's draw before anything can be preempted.
+        debug_assert!(seq.drawn.is_none());
         if seq.owner {
             seq.owner = false;
             self.prefixes[seq.p].owner = None;

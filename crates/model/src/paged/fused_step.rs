@@ -25,7 +25,6 @@ impl Qwen3 {
         cache: &PagedKvCache,
         seqs: &[(&BlockTable, &[u32])],
     ) -> Result<Tensor> {
-        let c = &self.config;
         let dev = &self.device;
         let mut rows = vec![];
         let (mut ids, mut last) = (vec![], vec![]);
@@ -40,17 +39,38 @@ impl Qwen3 {
         let meta = std::sync::Arc::new(PagedMeta::new(cache, &rows, dev)?);
         let pos: Vec<u32> = rows.iter().map(|&(_, p)| p as u32).collect();
         let pos = Tensor::from_vec(pos, (n, 1), dev)?;
-        let (cos, sin) = rope_tables(&pos, c.head_dim, c.rope_theta, self.compute_dtype)?;
-        let mut x = self.embed(&Tensor::from_vec(ids, (n, 1), dev)?, false)?;
+        let ids = Tensor::from_vec(ids, (n, 1), dev)?;
+        let x = self.paged_rows(cache, &meta, &ids, &pos)?; // (N, H)
+        // Each sequence's last token only: (N, H) -> (B, H).
+        let last = Tensor::from_vec(last, seqs.len(), dev)?;
+        self.paged_head(&x.index_select(&last, 0)?)
+    }
+
+    /// The layers over a step's rows: token ids and positions (N, 1) u32 (their K/V written
+    /// where `meta` says) -> the last layer's hidden states (N, H). Reads its inputs from the
+    /// tensors it is given and uploads nothing, so a decode graph can capture it (graphs.rs).
+    pub(crate) fn paged_rows(
+        &self,
+        cache: &PagedKvCache,
+        meta: &std::sync::Arc<PagedMeta>,
+        ids: &Tensor,
+        pos: &Tensor,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (cos, sin) = rope_tables(pos, c.head_dim, c.rope_theta, self.compute_dtype)?;
+        let mut x = self.embed(ids, false)?;
         for l in 0..c.num_hidden_layers {
             let (pk, pv) = cache.layer(l);
-            let kv = Some(LayerKv::Paged(pk, pv, &meta));
+            let kv = Some(LayerKv::Paged(pk, pv, meta));
             x = self.layer(l, &x, &cos, &sin, None, kv, false)?;
         }
-        // Each sequence's last token only: (N, 1, H) -> (B, H).
-        let last = Tensor::from_vec(last, seqs.len(), dev)?;
-        let x = x.squeeze(1)?.index_select(&last, 0)?;
-        let h = rms_norm(&x, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;
+        x.squeeze(1) // (N, 1, H) -> (N, H)
+    }
+
+    /// Hidden states (B, H) -> logits (B, V) in the accumulation dtype.
+    pub(crate) fn paged_head(&self, x: &Tensor) -> Result<Tensor> {
+        let c = &self.config;
+        let h = rms_norm(x, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;
         h.matmul(&self.w(self.head_name(), false)?.t()?)?
             .to_dtype(crate::ops::accum_dtype(self.compute_dtype)) // (B, V)
     }

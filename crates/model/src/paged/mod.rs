@@ -7,14 +7,17 @@
 //! prefixes and Step-GRPO probes; `fork_prefix`, a probe that leaves out the trigger) and
 //! releases them (`release`); `Qwen3::forward_paged` (forward.rs) writes each new token's
 //! K/V into its table's blocks and attends over them, through the CPU step (decode/paged.rs),
-//! the kernels (fused_step.rs, kernels/paged_attention.rs) or the composite reference.
+//! the kernels (fused_step.rs, kernels/paged_attention.rs) or the composite reference; on CUDA
+//! a pure decode step may run as a captured graph instead (graphs.rs, `Qwen3::decode_graphed`).
 
 mod forward;
 mod fused_step;
+mod graphs;
 
 pub use crate::kernels::paged_attention::PagedMeta;
 use candle_core::{DType, Device, Result, Tensor};
 pub use forward::PagedSeq;
+pub use graphs::DecodeGraphs;
 
 /// The blocks of one sequence, in order, and how many tokens they hold. Made empty
 /// (`BlockTable::default`), grown by `PagedKvCache::reserve` + `forward_paged`, copied only by
@@ -285,13 +288,32 @@ impl PagedMeta {
         rows: &[(&BlockTable, usize)],
         device: &candle_core::Device,
     ) -> Result<Self> {
+        let (flat, maxb, lens, slots) = Self::host_tables(cache, rows, 1)?;
+        let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
+        let dev = [up(&flat)?, up(&lens)?, up(&slots)?];
+        Ok(Self {
+            tables: flat,
+            maxb,
+            lens,
+            slots,
+            dev,
+        })
+    }
+
+    /// The step's tables on the host, checked: each row's blocks padded with block 0 to `maxb`
+    /// (the most any row uses, at least `min_width`), the slots each attends, where each writes.
+    pub(crate) fn host_tables(
+        cache: &PagedKvCache,
+        rows: &[(&BlockTable, usize)],
+        min_width: usize,
+    ) -> Result<(Vec<u32>, usize, Vec<u32>, Vec<u32>)> {
         let bs = cache.block_size();
         let maxb = rows
             .iter()
             .map(|(_, p)| (p + 1).div_ceil(bs))
             .max()
             .unwrap_or(1)
-            .max(1);
+            .max(min_width);
         let mut flat = Vec::with_capacity(rows.len() * maxb);
         let (mut lens, mut slots) = (vec![], vec![]);
         for &(t, pos) in rows {
@@ -314,14 +336,6 @@ impl PagedMeta {
             &slots,
             [cache.num_blocks(), bs],
         )?;
-        let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
-        let dev = [up(&flat)?, up(&lens)?, up(&slots)?];
-        Ok(Self {
-            tables: flat,
-            maxb,
-            lens,
-            slots,
-            dev,
-        })
+        Ok((flat, maxb, lens, slots))
     }
 }

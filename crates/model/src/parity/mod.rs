@@ -1,7 +1,8 @@
 //! GPU parity, in groups of rows (name, max |difference|, tolerance): each kernel family's op (kernels/)
 //! on a device against its CPU reference (kernels/), forward and backward, in f32 and in bf16
 //! (the dtype the model computes in on CUDA: inputs rounded to bf16, the reference run in f32
-//! on the rounded values; `ops.rs`), the paged ops (`paged.rs`), flash attention forward and
+//! on the rounded values; `ops.rs`), the paged ops (`paged.rs`), decode graphs against the
+//! uncaptured step (`graphs.rs`), flash attention forward and
 //! backward against its CPU implementation (`flash.rs`), a small random Qwen3 decoding 16 steps
 //! through the kernels against the composite path on the same device and the training path's
 //! log-probs and gradients in bf16 against f32 (`model.rs`). `cargo xtask gpu-check` runs the
@@ -11,6 +12,7 @@
 
 mod common;
 mod flash;
+mod graphs;
 mod model;
 mod ops;
 mod paged;
@@ -18,6 +20,7 @@ mod paged;
 use candle_core::{Device, Result};
 pub use common::{bf16_tolerance, diff, Group, Row};
 use flash::{flash_bf16, flash_f32};
+use graphs::decode_graphs;
 use model::{model_decode, model_decode_qwen2, model_training};
 use ops::{
     kv_cache_bf16, kv_cache_f32, logprob_f32, rmsnorm_bf16, rmsnorm_f32, rope_bf16, rope_f32,
@@ -31,6 +34,7 @@ pub fn groups() -> Vec<Group> {
     vec![
         ("flash attention bf16", flash_bf16),
         ("paged attention bf16", paged_bf16),
+        ("decode graphs bf16", decode_graphs),
         ("model decode bf16", model_decode),
         ("qwen2 model decode bf16", model_decode_qwen2),
         ("model training bf16 vs f32", model_training),

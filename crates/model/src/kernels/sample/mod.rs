@@ -24,25 +24,36 @@ pub fn sample_rows(logits: &Tensor, uniforms: &[f64], w: &Warpers) -> Result<Vec
     if n == 0 {
         return Ok(vec![]);
     }
-    let bits: Vec<u32> = uniforms
-        .iter()
-        .flat_map(|u| {
-            let b = u.to_bits();
-            [b as u32, (b >> 32) as u32]
-        })
-        .collect();
+    let bits: Vec<u32> = uniforms.iter().flat_map(|&u| uniform_words(u)).collect();
     let up = Tensor::from_vec(bits, (n, 2), logits.device())?;
-    let out = apply2(&logits.contiguous()?, &up, Sample(*w))?; // (B, 4) u32
-    Ok(out
-        .to_vec2::<u32>()?
-        .iter()
+    let out = sample_packed(logits, &up, w)?; // (B, 4) u32
+    Ok(unpack(&out.flatten_all()?.to_vec1::<u32>()?))
+}
+
+/// A uniform as the kernel reads it: its f64 bits, low word first.
+pub fn uniform_words(u: f64) -> [u32; 2] {
+    let b = u.to_bits();
+    [b as u32, (b >> 32) as u32]
+}
+
+/// The draws of logits (B, V) f32 with uniforms (B, 2) u32 (`uniform_words`), left on the
+/// device: (B, 4) u32, a row's token, both log-probs and entropy (`unpack` reads them). What a
+/// decode graph captures (paged/graphs.rs): it uploads and downloads nothing.
+pub fn sample_packed(logits: &Tensor, uniforms: &Tensor, w: &Warpers) -> Result<Tensor> {
+    apply2(&logits.contiguous()?, uniforms, Sample(*w)) // (B, 4) u32
+}
+
+/// `sample_packed`'s rows, read back (4 words a row).
+pub fn unpack(words: &[u32]) -> Vec<Drawn> {
+    words
+        .chunks_exact(4)
         .map(|o| Drawn {
             token: o[0],
             logp_sampled: f32::from_bits(o[1]),
             logp_plain: f32::from_bits(o[2]),
             entropy: f32::from_bits(o[3]),
         })
-        .collect())
+        .collect()
 }
 
 struct Sample(Warpers);
