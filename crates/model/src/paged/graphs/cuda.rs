@@ -11,6 +11,7 @@ use crate::kernels::sample::{sample_packed, uniform_words, unpack, Drawn, Warper
 use crate::kernels::PagedMeta;
 use crate::model::Qwen3;
 use crate::paged::{BlockTable, PagedKvCache, PagedSeq};
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph, PinnedHostSlice};
 use candle_core::{
     CpuStorage, CudaDevice, CudaStorage, DType, Device, InplaceOp1, Layout, Result, Tensor,
