@@ -183,7 +183,13 @@ enum Cmd {
     /// A performance model of kernels/flash_tc.cu read from its sm_90 SASS: per loop
     /// iteration, instructions, HMMA, shared-memory wavefronts, global accesses; the bound and
     /// the estimated share of the H200's bf16 peak (needs nvcc and nvdisasm: installs them).
-    KernelModel,
+    KernelModel {
+        /// Check the timing model against the committed H200 measurement
+        /// (docs/gpu/measured/2026-12-04/): measured, predicted and error per kernel; fails
+        /// when one is past 20 %. Needs no nvcc.
+        #[arg(long)]
+        check_measured: bool,
+    },
     /// Benchmarks; `bench model` measures the training forward/backward and the log-prob path.
     Bench {
         #[command(subcommand)]
@@ -226,7 +232,7 @@ fn main() -> ExitCode {
         Cmd::ConfigDocs => config_docs(),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
-        Cmd::KernelModel => kernel_model::run(),
+        Cmd::KernelModel { check_measured } => kernel_model::run(check_measured),
         Cmd::Plan {
             config,
             gpu_mem,
