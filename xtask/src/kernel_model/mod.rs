@@ -14,6 +14,7 @@ mod banks;
 mod latency;
 mod measured;
 mod model;
+mod optional;
 mod profile;
 mod sass;
 mod timing;
@@ -217,7 +218,8 @@ fn check_measured_run(root: &Path) -> Result<ExitCode> {
     let k = timing::H200_FIT;
     println!(
         "kernel-model --check-measured: {} (Nsight Compute durations; inputs from the SASS of \
-         the measured kernels: model-inputs.json). Fitted: contention {} cycles, block {} \
+         the measured kernels: model-inputs.json). Fitted: contention {} cycles^2 over the \
+         warps' latency, block {} \
          cycles, launch {:.1} us; mma.sync at {:.2} of the dense rate; L2 {:.1} TB/s",
         measured::DIR,
         k.contention,
@@ -265,10 +267,11 @@ fn timing_inputs(
         .with_context(|| format!("{}: no main loop", k.name))?;
     let p = k.profile.as_ref();
     let mma = model::H200.flop_per_clock / timing::SM90.schedulers * timing::H200_FIT.mma_rate;
+    let optional = optional::optional(f, &l, p);
     let latency = latency::cycles_per_instruction(
         f,
         &l,
-        &|i| p.is_optional(&i.chain),
+        &|i| optional.contains(&i.addr),
         &latency::HOPPER,
         sass::hmma_flops("HMMA.16816") / mma,
     )
