@@ -297,9 +297,12 @@ fn timing_inputs(
 }
 
 /// Prints the timing model's predictions for the FA2 kernels at gpu-check's shapes (causal,
-/// Hq 16, Hkv 8: the forward at T = 8192, the three kernels at T = 4096).
+/// Hq 16, Hkv 8: the forward at T = 8192, the three kernels at T = 4096): each launch's time,
+/// the forward's TFLOP/s as gpu-check counts them (4 Hq D T^2 / 2, over the dense peak) and the
+/// three kernels' sum per head size.
 fn predictions(inputs: &[measured::Inputs]) {
     println!("\npredicted (timing model, H200; causal, Hq 16, Hkv 8):");
+    let mut sums: Vec<(u64, u64, f64)> = vec![];
     for i in inputs {
         for t in [4096, 8192] {
             let s = measured::Shape { t, hq: 16, hkv: 8 };
@@ -310,8 +313,18 @@ fn predictions(inputs: &[measured::Inputs]) {
                 &timing::H200_FIT,
                 &timing::SM90,
             );
+            let rate = if i.role == Role::Forward {
+                let flops = 4.0 * (s.hq * i.d) as f64 * (t * t) as f64 / 2.0 / p.seconds;
+                format!(
+                    ", {:.0} TFLOP/s = {:.1} % of peak",
+                    flops / 1e12,
+                    100.0 * flops / model::H200.peak()
+                )
+            } else {
+                String::new()
+            };
             println!(
-                "  {:<26} T = {t:>5}: {:>8.1} us  ({} blocks/SM by {}, {:.2} waves, latency {:.2} cycles/instr)",
+                "  {:<26} T = {t:>5}: {:>8.1} us{rate}  ({} blocks/SM by {}, {:.2} waves, latency {:.2} cycles/instr)",
                 i.name,
                 p.seconds * 1e6,
                 p.blocks_per_sm,
@@ -319,7 +332,17 @@ fn predictions(inputs: &[measured::Inputs]) {
                 p.waves,
                 i.step.latency
             );
+            match sums.iter_mut().find(|(d, tt, _)| *d == i.d && *tt == t) {
+                Some(sum) => sum.2 += p.seconds,
+                None => sums.push((i.d, t, p.seconds)),
+            }
         }
+    }
+    for (d, t, seconds) in sums {
+        println!(
+            "  D = {d:>3}, T = {t:>5}: forward + dQ + dK/dV kernels {:.1} us",
+            seconds * 1e6
+        );
     }
 }
 
