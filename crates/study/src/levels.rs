@@ -20,7 +20,11 @@ fn mean_by_level(rows: &[&[f64]]) -> Option<Vec<f64>> {
     if rows.iter().any(|r| r.len() != n) {
         return None;
     }
-    Some((0..n).map(|l| mean(&rows.iter().map(|r| r[l]).collect::<Vec<_>>())).collect())
+    Some(
+        (0..n)
+            .map(|l| mean(&rows.iter().map(|r| r[l]).collect::<Vec<_>>()))
+            .collect(),
+    )
 }
 
 /// The row a method is compared with by level: `standard_g16` for a `*_g16` row when the study
@@ -39,11 +43,7 @@ fn baseline<'a, T>(method: &str, rows: &'a BTreeMap<String, Vec<T>>) -> Option<&
 
 /// Per level, the mean over paired seeds of method − baseline (None when a seed of either is
 /// missing, so only paired differences are printed).
-fn paired_by_level(
-    m: &[SeedRow],
-    b: &[SeedRow],
-    f: fn(&SeedRow) -> &[f64],
-) -> Option<Vec<f64>> {
+fn paired_by_level(m: &[SeedRow], b: &[SeedRow], f: fn(&SeedRow) -> &[f64]) -> Option<Vec<f64>> {
     if m.is_empty() || m.len() != b.len() || m.iter().zip(b).any(|(x, y)| x.seed != y.seed) {
         return None;
     }
@@ -83,7 +83,10 @@ pub fn section(
     traj: &BTreeMap<String, Vec<TrajRow>>,
 ) -> String {
     let mut md = String::new();
-    let _ = writeln!(md, "## By level and over training (descriptive, means over seeds)\n");
+    let _ = writeln!(
+        md,
+        "## By level and over training (descriptive, means over seeds)\n"
+    );
     let _ = writeln!(
         md,
         "Means over each method's seeds of seeds.csv's and trajectory.csv's columns, no test: the start is the step-0 evaluation (the SFT checkpoint under the run's sampling seed), growth the rollout length of the last 3 steps over the first 3 (×), CARE's counts its groups a step with d = −1 (shorter) and d = +1 (longer). The last table is per level method − Standard (a G = 16 row against Standard at G = 16), mean over paired seeds.\n"
@@ -124,7 +127,10 @@ pub fn section(
     header(&mut md, "Method", levels, &["pass@1", "tokens"]);
     // The start by level of Standard's runs only: every row starts from the same checkpoint.
     for (m, rows) in traj.iter().filter(|(m, _)| m.starts_with("standard")) {
-        let start: Vec<&[f64]> = rows.iter().map(|r| r.start_pass1_by_level.as_slice()).collect();
+        let start: Vec<&[f64]> = rows
+            .iter()
+            .map(|r| r.start_pass1_by_level.as_slice())
+            .collect();
         if let Some(p) = mean_by_level(&start).filter(|p| p.len() == levels) {
             let _ = writeln!(
                 md,
@@ -139,21 +145,33 @@ pub fn section(
         let t: Vec<&[f64]> = rows.iter().map(|r| r.tokens_by_level.as_slice()).collect();
         if let (Some(p), Some(t)) = (mean_by_level(&p), mean_by_level(&t)) {
             if p.len() == levels && t.len() == levels {
-                let _ = writeln!(md, "| `{m}` | {} | {} |", cells(&p, 3, false), cells(&t, 1, false));
+                let _ = writeln!(
+                    md,
+                    "| `{m}` | {} | {} |",
+                    cells(&p, 3, false),
+                    cells(&t, 1, false)
+                );
             }
         }
     }
     let _ = writeln!(md);
     header(&mut md, "Comparison", levels, &["Δ tokens", "Δ pass@1"]);
     for (m, rows) in seeds {
-        let Some(b) = baseline(m, seeds) else { continue };
+        let Some(b) = baseline(m, seeds) else {
+            continue;
+        };
         let d = |f| paired_by_level(rows, &seeds[b], f);
         if let (Some(t), Some(p)) = (
             d(|r: &SeedRow| r.tokens_by_level.as_slice()),
             d(|r: &SeedRow| r.pass1_by_level.as_slice()),
         ) {
             if t.len() == levels {
-                let _ = writeln!(md, "| {m} − {b} | {} | {} |", cells(&t, 1, true), cells(&p, 3, true));
+                let _ = writeln!(
+                    md,
+                    "| {m} − {b} | {} | {} |",
+                    cells(&t, 1, true),
+                    cells(&p, 3, true)
+                );
             }
         }
     }
@@ -202,9 +220,18 @@ mod tests {
             });
         }
         let md = section(&seeds, &traj);
-        assert!(md.contains("| `standard` | 0.700 | 40.5 | ×1.250 | - | - |"), "{md}");
-        assert!(md.contains("| `standard` at step 0 | 0.990 | 0.500 | - | - |"), "{md}");
-        assert!(md.contains("| `standard` | 1.000 | 0.550 | 20.5 | 60.0 |"), "{md}");
+        assert!(
+            md.contains("| `standard` | 0.700 | 40.5 | ×1.250 | - | - |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| `standard` at step 0 | 0.990 | 0.500 | - | - |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| `standard` | 1.000 | 0.550 | 20.5 | 60.0 |"),
+            "{md}"
+        );
         // Short-RL − Standard, paired: level 1 (14 − 20, 14 − 21), level 2 (58 − 60, 60 − 60).
         assert!(
             md.contains("| short_rl − standard | -6.5 | -1.0 | +0.000 | -0.050 |"),
