@@ -6,8 +6,9 @@
 //! CARE's premise checks (`premise`) and the effect sizes against the papers' (`effect`), the
 //! robustness cells side by side (`robust`), the descriptive tables by level (`levels`), the
 //! audit that a hand-written reading cites only printed numbers (`readings`), CARE's premise
-//! read from the testbed teacher before a condition's runs (`teacher_premise`); and whether
-//! outcome-only GRPO overthinks (`overthink`). Typed inputs, markdown out; `cargo xtask repro` reads the runs and writes
+//! read from the testbed teacher before a condition's runs (`teacher_premise`), v5's verbose
+//! start read from its teacher (`verbose_start`); and whether outcome-only GRPO overthinks
+//! (`overthink`). Typed inputs, markdown out; `cargo xtask repro` reads the runs and writes
 //! the reports with them, and research code can compute the same verdicts on its own runs.
 
 pub mod claims;
@@ -24,5 +25,6 @@ pub mod seeds;
 pub mod stats;
 pub mod teacher_premise;
 pub mod trajectory;
+pub mod verbose_start;
 
 pub use claims::{paired, Interval, RunStats, Verdict};
