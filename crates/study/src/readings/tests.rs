@@ -81,7 +81,7 @@ fn a_stale_report_is_named() {
     let report = "# R\n| 1.5 |\n## Reading\n1.5 kept\n";
     let part = generated_part(report, &[("r.md", "## Reading\n1.5 kept\n")]).expect("included");
     assert_eq!(part, "# R\n| 1.5 |\n");
-    let err = generated_part(report, &[("r.md", "## Reading\n1.6 kept\n")]).unwrap_err();
+    let err = generated_part(report, &[("r.md", "## Reading\n1.6 kept\n")]).expect_err("stale");
     assert!(err.to_string().contains("r.md"), "{err}");
 }
 
