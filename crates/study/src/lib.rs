@@ -11,6 +11,7 @@
 //! (`overthink`). Typed inputs, markdown out; `cargo xtask repro` reads the runs and writes
 //! the reports with them, and research code can compute the same verdicts on its own runs.
 
+pub mod checkpoints;
 pub mod claims;
 pub mod confirmatory;
 mod csv;
@@ -25,6 +26,8 @@ pub mod seeds;
 pub mod stats;
 pub mod teacher_premise;
 pub mod trajectory;
+pub mod twolevel;
+pub mod v5_tables;
 pub mod verbose_start;
 
 pub use claims::{paired, Interval, RunStats, Verdict};

@@ -437,6 +437,10 @@ pub struct EvalSection {
     pub per_level: usize,
     /// Samples per problem (pass@k uses k = n).
     pub samples: usize,
+    /// Validate before the first GRPO step. A study that evaluates its starting checkpoint
+    /// once for all its runs (docs/v5/plan.md section 5) sets it false; a run of 0 steps then
+    /// evaluates only that checkpoint, once.
+    pub at_start: bool,
 }
 
 impl Default for EvalSection {
@@ -445,6 +449,7 @@ impl Default for EvalSection {
             every: 0,
             per_level: 16,
             samples: 4,
+            at_start: true,
         }
     }
 }
