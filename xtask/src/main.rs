@@ -28,7 +28,9 @@ mod mem;
 mod methods;
 mod process;
 mod report_v4;
+mod report_v5;
 mod repro;
+mod repro_v5;
 mod summary;
 mod supervise;
 
