@@ -194,13 +194,16 @@ mod tests {
                 by_level: vec![0.1],
             },
         ];
-        let (a, b) = (seeds::write_csv(&rows).unwrap(), rechecks_csv(&re).unwrap());
-        let ck = parse(3, &a, &b, "ck3").unwrap();
-        assert_eq!(ck.base().unwrap().eval_tokens, 50.0);
-        assert!(ck.base().unwrap().len_avg.is_nan());
+        let (a, b) = (
+            seeds::write_csv(&rows).expect("test input"),
+            rechecks_csv(&re).expect("test input"),
+        );
+        let ck = parse(3, &a, &b, "ck3").expect("test input");
+        assert_eq!(ck.base().expect("test input").eval_tokens, 50.0);
+        assert!(ck.base().expect("test input").len_avg.is_nan());
         assert_eq!(ck.base_rechecks(), Some(&[2.25][..]));
         assert_eq!(ck.runs["standard"][0].accuracy, 0.8);
-        let e = parse(3, &a, "method,seed,rechecks_L1\nbase,0,x\n", "ck3").unwrap_err();
+        let e = parse(3, &a, "method,seed,rechecks_L1\nbase,0,x\n", "ck3").expect_err("must fail");
         assert!(format!("{e:#}").contains("ck3/rechecks.csv:2"), "{e:#}");
     }
 }

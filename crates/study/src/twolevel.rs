@@ -236,12 +236,10 @@ pub fn test(cks: &[Checkpoint], c: Claim) -> Option<Tested> {
 pub fn graph(ps: &[Option<f64>; 5], alpha: f64) -> ([bool; 5], [f64; 5]) {
     let mut w: [f64; 5] = CLAIMS.map(|c| c.weight);
     let mut done = [false; 5];
-    loop {
-        let Some(j) =
-            (0..5).find(|&j| !done[j] && w[j] > 0.0 && ps[j].is_some_and(|p| p <= w[j] * alpha))
-        else {
-            break;
-        };
+    let next = |done: &[bool; 5], w: &[f64; 5]| {
+        (0..5).find(|&j| !done[j] && w[j] > 0.0 && ps[j].is_some_and(|p| p <= w[j] * alpha))
+    };
+    while let Some(j) = next(&done, &w) {
         done[j] = true;
         let open: Vec<usize> = (0..4).filter(|&i| !done[i]).collect();
         let dler_open = !done[4];

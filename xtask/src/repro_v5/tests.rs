@@ -6,10 +6,10 @@ use super::*;
 
 #[test]
 fn checkpoints_parse_as_a_count_or_a_range() {
-    assert_eq!(parse_range("2").unwrap(), 0..2);
-    assert_eq!(parse_range("0-3").unwrap(), 0..4);
+    assert_eq!(parse_range("2").expect("test input"), 0..2);
+    assert_eq!(parse_range("0-3").expect("test input"), 0..4);
     assert!(parse_range("0").is_err());
-    let e = parse_range("a-3").unwrap_err();
+    let e = parse_range("a-3").expect_err("must fail");
     assert!(format!("{e:#}").contains("--checkpoints `a-3`"), "{e:#}");
 }
 
@@ -34,53 +34,53 @@ fn the_smoke_study_runs_end_to_end_and_its_report_follows_from_its_csvs() {
     let model = root.join("models/testbed").display().to_string();
     // Tiny settings: 2 problems a step in groups of 2, 2 problems x 1 sample a level.
     let tiny = "[grpo]\nprompts_per_step = 2\ngroup_size = 2\n[eval]\nper_level = 2\nsamples = 1\n";
-    let mut base: toml::Table = toml::from_str(&read("configs/repro-v5.toml")).unwrap();
-    merge(&mut base, toml::from_str(tiny).unwrap());
-    let mut sft: toml::Table = toml::from_str(&read("configs/v5.toml")).unwrap();
+    let mut base: toml::Table = toml::from_str(&read("configs/repro-v5.toml")).expect("test input");
+    merge(&mut base, toml::from_str(tiny).expect("test input"));
+    let mut sft: toml::Table = toml::from_str(&read("configs/v5.toml")).expect("test input");
     merge(
         &mut sft,
         toml::from_str(&format!(
             "[model]\npath = \"{model}\"\n[sft]\nbatch_size = 4\n"
         ))
-        .unwrap(),
+        .expect("test input"),
     );
     let (base, sft) = (
-        toml::to_string(&base).unwrap(),
-        toml::to_string(&sft).unwrap(),
+        toml::to_string(&base).expect("test input"),
+        toml::to_string(&sft).expect("test input"),
     );
     let plan = Plan {
         checkpoints: 0..2,
         seeds: 1,
-        methods: crate::methods::select(&[], Testbed::V5).unwrap(),
+        methods: crate::methods::select(&[], Testbed::V5).expect("test input"),
         steps: Some(1),
         sft_steps: Some(2),
     };
     assert!(!plan.planned());
-    let (sfts, runs) = jobs(&base, &sft, &dir, &plan, false).unwrap();
+    let (sfts, runs) = jobs(&base, &sft, &dir, &plan, false).expect("test input");
     assert_eq!((sfts.len(), runs.len()), (2, 2 * (1 + 6)), "{runs:?}");
     // The SFT seeds are the plan's 500 + k; the base run trains nothing and evaluates once.
-    let s1 = terse_train::RunConfig::from_file(&sfts[1].1).unwrap();
+    let s1 = terse_train::RunConfig::from_file(&sfts[1].1).expect("test input");
     assert_eq!((s1.run.seed, s1.sft.steps), (501, 2));
-    let b = terse_train::RunConfig::from_file(&runs[0].1).unwrap();
+    let b = terse_train::RunConfig::from_file(&runs[0].1).expect("test input");
     assert_eq!((b.grpo.steps, b.eval.at_start), (0, false));
     assert_eq!(b.model.path, dir.join("ck0/sft"));
     run_in_process(&sfts, &runs);
 
-    let md_path = crate::report_v5::write(&dir, &plan, &sft, &out).unwrap();
+    let md_path = crate::report_v5::write(&dir, &plan, &sft, &out).expect("test input");
     assert_eq!(md_path, out.join("smoke/results.md"));
-    let md = std::fs::read_to_string(&md_path).unwrap();
+    let md = std::fs::read_to_string(&md_path).expect("test input");
     // Recomputed from the CSVs alone: the same text.
     let tables = out.join("smoke/checkpoints");
-    let cks = terse_study::checkpoints::read(&tables).unwrap();
+    let cks = terse_study::checkpoints::read(&tables).expect("test input");
     assert_eq!(cks.len(), 2);
     assert!(
         cks.iter().all(|c| c.base().is_some() && c.runs.len() == 7),
         "{cks:?}"
     );
-    let plain = crate::report_v5::plain_l1(&sft).unwrap();
+    let plain = crate::report_v5::plain_l1(&sft).expect("test input");
     assert_eq!(
         md,
-        crate::report_v5::report(&cks, &plan, plain, &[]).unwrap()
+        crate::report_v5::report(&cks, &plan, plain, &[]).expect("test input")
     );
     for id in [
         "| P1 | Short-RL",
@@ -93,19 +93,19 @@ fn the_smoke_study_runs_end_to_end_and_its_report_follows_from_its_csvs() {
     }
     // ... and it follows them: one changed number in a CSV changes the report.
     let csv = tables.join("ck0/seeds.csv");
-    let text = std::fs::read_to_string(&csv).unwrap();
+    let text = std::fs::read_to_string(&csv).expect("test input");
     let std_line = text
         .lines()
         .find(|l| l.starts_with("standard,"))
-        .unwrap()
+        .expect("test input")
         .to_string();
     let mut f: Vec<String> = std_line.split(',').map(String::from).collect();
     f[3] = "999".into(); // eval_tokens
-    std::fs::write(&csv, text.replace(&std_line, &f.join(","))).unwrap();
-    let changed = terse_study::checkpoints::read(&tables).unwrap();
+    std::fs::write(&csv, text.replace(&std_line, &f.join(","))).expect("test input");
+    let changed = terse_study::checkpoints::read(&tables).expect("test input");
     assert_ne!(
         md,
-        crate::report_v5::report(&changed, &plan, plain, &[]).unwrap()
+        crate::report_v5::report(&changed, &plan, plain, &[]).expect("test input")
     );
-    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::remove_dir_all(&tmp).expect("test input");
 }

@@ -67,13 +67,13 @@ fn a_cut_below_the_minimum_cannot_hold_and_checkpoints_are_the_unit() {
         .map(|k| ck(k, "short_rl", &[0.03, 0.031, 0.029], 80.0))
         .collect();
     let t = test(&cks, p1).expect("tested");
-    assert!(t.p.unwrap() > 0.5 && t.fails, "{t:?}");
+    assert!(t.p.expect("test input") > 0.5 && t.fails, "{t:?}");
     // A 10 % cut on every checkpoint holds.
     let cks: Vec<Checkpoint> = (0..6)
         .map(|k| ck(k, "short_rl", &[0.10, 0.11 + 0.001 * k as f64, 0.09], 80.0))
         .collect();
     let t = test(&cks, p1).expect("tested");
-    assert!(t.p.unwrap() < 1e-4 && !t.fails, "{t:?}");
+    assert!(t.p.expect("test input") < 1e-4 && !t.fails, "{t:?}");
     // One checkpoint with a large cut and the rest none: many seeds agree within each
     // checkpoint, so the per-seed test is far smaller than the checkpoint-level one.
     let mut cks: Vec<Checkpoint> = (0..5)
@@ -83,7 +83,7 @@ fn a_cut_below_the_minimum_cannot_hold_and_checkpoints_are_the_unit() {
     let t = test(&cks, p1).expect("tested");
     assert_eq!(t.cut_means.len(), 6);
     assert!(
-        t.p.unwrap() > ALPHA,
+        t.p.expect("test input") > ALPHA,
         "one checkpoint cannot carry it: {t:?}"
     );
     // Against the base: 100 tokens from a 125-token base is a 20 % cut.
@@ -104,7 +104,7 @@ fn variance_components_split_the_spread() {
     );
     let d = 0.5f64.sqrt() / 2.0f64.sqrt(); // ± d gives a within variance of 2 d² = 0.5
     let g: Vec<Vec<f64>> = (0..3).map(|k| vec![k as f64 - d, k as f64 + d]).collect();
-    let (c, s) = components(&g).unwrap();
+    let (c, s) = components(&g).expect("test input");
     assert!(
         (s - 0.5).abs() < 1e-12 && (c - 0.75).abs() < 1e-12,
         "{c} {s}"
