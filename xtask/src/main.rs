@@ -222,6 +222,7 @@ fn main() -> ExitCode {
             println!("merged: {}\nadapter: {}", m.display(), a.display());
             ExitCode::SUCCESS
         }),
+        Cmd::Repro(args) if args.testbed == methods::Testbed::V5 => repro_v5::run(&args),
         Cmd::Repro(args) => repro::run(&args),
         Cmd::CudaToolchain { dir } => gpu::cuda_toolchain(dir),
         Cmd::BuildGpu { dir } => gpu::build_gpu(dir),

@@ -6,11 +6,35 @@
 //! variance components, exploratory rows). A study other than the plan's (a smoke run) writes
 //! into <out>/smoke/. Called by repro_v5.rs; the test recomputes the report from its CSVs.
 
-use crate::repro_v5::Plan;
+use crate::methods::{Method, Testbed};
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use terse_study::checkpoints::{self, Checkpoint, BASE};
+
+/// The plan's checkpoints (section 3: K = 14).
+pub const PLANNED_CHECKPOINTS: usize = 14;
+
+/// One v5 study: which checkpoints, seeds and rows, and the smoke overrides.
+pub struct Plan {
+    pub checkpoints: Range<usize>,
+    pub seeds: u64,
+    pub methods: Vec<&'static Method>,
+    /// GRPO and SFT steps when not the configs' (a smoke run).
+    pub steps: Option<u64>,
+    pub sft_steps: Option<u64>,
+}
+
+impl Plan {
+    /// Whether this is the plan's study (its report is docs/v5/results.md).
+    pub fn planned(&self) -> bool {
+        self.checkpoints == (0..PLANNED_CHECKPOINTS)
+            && self.seeds == Testbed::V5.default_seeds()
+            && self.steps.is_none()
+            && self.sft_steps.is_none()
+    }
+}
 
 /// Problems per level of the plain-teacher read behind V1's 1.25x (terse_study::verbose_start).
 const PLAIN_READ: usize = 2000;

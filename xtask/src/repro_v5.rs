@@ -12,32 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::methods::{merge, Method, Testbed};
+use crate::methods::{merge, Testbed};
+use crate::report_v5::{Plan, PLANNED_CHECKPOINTS};
 use crate::repro::{method_config, Args};
 
-/// The plan's checkpoints (section 3: K = 14) and first SFT seed.
-pub const PLANNED_CHECKPOINTS: usize = 14;
+/// The first SFT seed (section 3).
 const SFT_SEED: u64 = 500;
-
-/// One v5 study: which checkpoints, seeds and rows, and the smoke overrides.
-pub struct Plan {
-    pub checkpoints: Range<usize>,
-    pub seeds: u64,
-    pub methods: Vec<&'static Method>,
-    /// GRPO and SFT steps when not the configs' (a smoke run).
-    pub steps: Option<u64>,
-    pub sft_steps: Option<u64>,
-}
-
-impl Plan {
-    /// Whether this is the plan's study (its report is docs/v5/results.md).
-    pub fn planned(&self) -> bool {
-        self.checkpoints == (0..PLANNED_CHECKPOINTS)
-            && self.seeds == Testbed::V5.default_seeds()
-            && self.steps.is_none()
-            && self.sft_steps.is_none()
-    }
-}
 
 /// `--checkpoints`: `N` (0..N) or `a-b` (inclusive).
 pub fn parse_range(s: &str) -> Result<Range<usize>> {

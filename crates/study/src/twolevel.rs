@@ -5,7 +5,7 @@
 //! claim (the exact test of the fixed effect with a random checkpoint intercept and equal seeds),
 //! the minimum meaningful cut and accuracy margin, the plan's graphical gatekeeping (P1-P4 before
 //! DLER), the sign-flip and per-seed sensitivity tests and the variance components. Data flow:
-//! checkpoints.rs's tables -> [`test`] / [`graph`] -> v5_report.rs's markdown.
+//! checkpoints.rs's tables -> [`test`] / [`graph`] -> v5_tables.rs's markdown.
 
 use crate::checkpoints::{Checkpoint, BASE};
 use crate::stats::{sign_flip_p, t_cdf, t_quantile, MAX_FLIP_SEEDS};

@@ -2,7 +2,7 @@
 //! per-checkpoint tables alone: the premise checks V1-V2, the checkpoint means (the first
 //! level), the family P1-P5 with the graph's decisions, its sensitivity tests and the variance
 //! components (the second level), and the exploratory rows X1-X3. Data flow: checkpoints.rs's
-//! tables -> twolevel.rs's tests -> [`render`] -> xtask's report_v5.rs writes results.md.
+//! tables -> twolevel.rs's tests -> [`render`] -> xtask/src/report_v5.rs writes results.md.
 
 use crate::checkpoints::{Checkpoint, BASE};
 use crate::twolevel::{

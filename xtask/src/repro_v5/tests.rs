@@ -4,6 +4,30 @@
 
 use super::*;
 
+/// Checkpoint k's configs: its SFT config trains the model its base config starts from, on
+/// the same teacher, at SFT seed 500 + k.
+#[test]
+fn each_checkpoint_starts_from_the_model_its_sft_config_writes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let (base, sft) = (read(Testbed::V5.config()), read("configs/v5.toml"));
+    let dir = Path::new("runs/repro-v5");
+    for k in [0, 13] {
+        let b = ck_base(&base, dir, k, None).expect("ck base");
+        let b = terse_train::RunConfig::from_toml(&b, Path::new("base")).expect("base");
+        let s = sft_config(&sft, dir, k, None).expect("ck sft");
+        let s = terse_train::RunConfig::from_toml(&s, Path::new("sft")).expect("sft");
+        assert_eq!(b.model.path, s.run.dir.join(&s.run.name).join("sft"));
+        assert_eq!(b.data.teacher(), s.data.teacher());
+        assert_eq!(b.data.levels, s.data.levels);
+        assert_eq!(s.run.seed, 500 + k as u64);
+        assert_eq!(
+            (s.sft.steps, b.grpo.steps, b.eval.per_level, b.eval.samples),
+            (800, 60, 128, 8)
+        );
+    }
+}
+
 #[test]
 fn checkpoints_parse_as_a_count_or_a_range() {
     assert_eq!(parse_range("2").expect("test input"), 0..2);
