@@ -25,11 +25,7 @@ const DEADLINE_MS: u32 = 60_000;
 
 /// Runs `l` with `bufs` (in the description's buffer order) on the shim.
 pub(crate) fn launch(l: &Launch, bufs: Vec<Buf<'_>>) -> Result<(), String> {
-    assert!(
-        coverage::COVERED.contains(&l.kernel.as_str()),
-        "{} is launched but not listed in coverage::COVERED",
-        l.kernel
-    );
+    coverage::record(&l.kernel);
     let mut slots: Vec<Option<Buf<'_>>> = bufs.into_iter().map(Some).collect();
     let mut args = Vec::with_capacity(l.args.len());
     for a in &l.args {
