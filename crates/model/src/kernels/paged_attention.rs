@@ -1,6 +1,8 @@
 //! The paged cache's decode-step kernels (kernels/paged_attention.cu), everything about them in
 //! one place: `paged_kv_write` (a new token's K or V into its block, in place) and
-//! `paged_decode_attention` (one query per row over its block table), with `PagedMeta` (a step's
+//! `paged_decode_attention` (one query per row over its block table; on CUDA through
+//! paged_split.rs's flash-decoding kernels unless `TERSE_FLASH_DECODING=0`, then through the
+//! one-block-per-head reference kernel here), with `PagedMeta` (a step's
 //! block tables, lengths and write slots, checked on the host and uploaded once for every
 //! layer), their shape checks, f32 CPU references, launch descriptions and CUDA launches.
 //!
@@ -22,6 +24,31 @@ pub struct PagedMeta {
     /// The same three on the pools' device (u32, read as i32 by the kernels).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) dev: [Tensor; 3],
+}
+
+impl PagedMeta {
+    /// A step's meta from its flat tables (`maxb` per row), lengths and write slots, checked
+    /// against a pool of `nb` blocks of `bs` slots and uploaded to `device` (tests and gpu-check
+    /// build steps this way, without a `PagedKvCache`).
+    pub(crate) fn from_tables(
+        tables: Vec<u32>,
+        maxb: usize,
+        lens: Vec<u32>,
+        slots: Vec<u32>,
+        [nb, bs]: [usize; 2],
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        check::paged_tables(&tables, maxb, &lens, &slots, [nb, bs])?;
+        let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
+        let dev = [up(&tables)?, up(&lens)?, up(&slots)?];
+        Ok(Self {
+            tables,
+            maxb,
+            lens,
+            slots,
+            dev,
+        })
+    }
 }
 
 /// Writes src (B, Hkv, D), row r at `meta.slots[r]`, into the pool (NB, Hkv, BS, D), in place.
@@ -112,7 +139,13 @@ impl Kernel<3> for PagedAttention {
         &self,
         [(s1, l1), (s2, l2), (s3, l3)]: [Arg<candle_core::CudaStorage>; 3],
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
+        if crate::kernels::paged_split::flash_decoding() {
+            crate::kernels::paged_split::cuda::paged_decode_attention(
+                s1, l1, s2, l2, s3, l3, &self.meta,
+            )
+        } else {
+            cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
+        }
     }
 }
 
@@ -299,7 +332,11 @@ pub mod launch {
     }
 }
 
-/// The CUDA launches (the `cuda` feature only), each through its launch description.
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::meta_view;
+
+/// The CUDA launches (the `cuda` feature only), each through its launch description; the
+/// split kernels' (flash-decoding, the default) are paged_split.rs's.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
@@ -311,7 +348,7 @@ mod cuda {
     use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
     /// One of a paged step's u32 tensors (tables, lengths, slots) as a device view.
-    fn meta_view<'a>(
+    pub(crate) fn meta_view<'a>(
         storage: &'a candle_core::Storage,
         layout: &Layout,
         what: &str,
