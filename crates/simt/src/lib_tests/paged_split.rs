@@ -52,7 +52,7 @@ fn i32s(x: &[u32]) -> Vec<i32> {
 #[allow(clippy::too_many_arguments)]
 fn split<T: Clone + Default>(
     st: Storage,
-    wrap: fn(&mut Vec<T>) -> Buf<'_>,
+    wrap: fn(&mut [T]) -> Buf<'_>,
     [q, k, v]: [&[T]; 3],
     t: &Tables,
     [hq, hkv, d]: [usize; 3],
@@ -91,7 +91,7 @@ fn split<T: Clone + Default>(
 /// Today's kernel on the shim.
 fn whole<T: Clone + Default>(
     st: Storage,
-    wrap: fn(&mut Vec<T>) -> Buf<'_>,
+    wrap: fn(&mut [T]) -> Buf<'_>,
     [q, k, v]: [&[T]; 3],
     t: &Tables,
     [hq, hkv, d]: [usize; 3],
@@ -114,11 +114,11 @@ fn whole<T: Clone + Default>(
     out
 }
 
-fn f32_buf(v: &mut Vec<f32>) -> Buf<'_> {
+fn f32_buf(v: &mut [f32]) -> Buf<'_> {
     Buf::F32(v)
 }
 
-fn bf16_buf(v: &mut Vec<u16>) -> Buf<'_> {
+fn bf16_buf(v: &mut [u16]) -> Buf<'_> {
     Buf::Bf16(v)
 }
 
