@@ -139,13 +139,7 @@ impl Kernel<3> for PagedAttention {
         &self,
         [(s1, l1), (s2, l2), (s3, l3)]: [Arg<candle_core::CudaStorage>; 3],
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        if crate::kernels::paged_split::flash_decoding() {
-            crate::kernels::paged_split::cuda::paged_decode_attention(
-                s1, l1, s2, l2, s3, l3, &self.meta,
-            )
-        } else {
-            cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
-        }
+        cuda::paged_decode_attention(s1, l1, s2, l2, s3, l3, &self.meta)
     }
 }
 
@@ -332,11 +326,9 @@ pub mod launch {
     }
 }
 
-#[cfg(feature = "cuda")]
-pub(crate) use cuda::meta_view;
-
-/// The CUDA launches (the `cuda` feature only), each through its launch description; the
-/// split kernels' (flash-decoding, the default) are paged_split.rs's.
+/// The CUDA launches (the `cuda` feature only), each through its launch description; decode
+/// attention hands its checked step to paged_split.rs's split kernels (flash-decoding, the
+/// default) unless `TERSE_FLASH_DECODING=0`.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
@@ -348,7 +340,7 @@ mod cuda {
     use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
     /// One of a paged step's u32 tensors (tables, lengths, slots) as a device view.
-    pub(crate) fn meta_view<'a>(
+    fn meta_view<'a>(
         storage: &'a candle_core::Storage,
         layout: &Layout,
         what: &str,
@@ -407,15 +399,27 @@ mod cuda {
                 lv.dims(),
                 meta.lens.len(),
             )?;
-        let st = store(q.dtype(), "paged attention")?;
-        let l = launch::paged_decode_attention(st, [b, hq, hkv, bs, meta.maxb, d]);
-        let f = func!(dev, l)?;
         let (gt, gl) = (
             meta.dev[0].storage_and_layout(),
             meta.dev[1].storage_and_layout(),
         );
         let tables = meta_view(&gt.0, gt.1, "block tables")?;
         let lens = meta_view(&gl.0, gl.1, "lengths")?;
+        let dims = [b, hq, hkv, bs, meta.maxb, d];
+        if crate::kernels::paged_split::flash_decoding() {
+            let out = crate::kernels::paged_split::cuda::paged_decode_attention(
+                (q, lq),
+                (k, lk),
+                (v, lv),
+                dims,
+                &tables,
+                &lens,
+            )?;
+            return Ok((out, lq.shape().clone()));
+        }
+        let st = store(q.dtype(), "paged attention")?;
+        let l = launch::paged_decode_attention(st, dims);
+        let f = func!(dev, l)?;
         let out = by_dtype!(q.dtype(), "paged attention", T => {
             let (qv, kv, vv) = (
                 view::<T>(q, lq, "q")?,

@@ -11,7 +11,8 @@
 //! depend only on the batch size and fixed limits, and every per-step quantity (lengths,
 //! tables) is read on the device, so one captured launch serves every step of a batch size.
 //!
-//! Data flow: `paged_decode_attention` (paged_attention.rs, on CUDA with the switch on) -> here.
+//! Data flow: `paged_decode_attention` (paged_attention.rs: the op, its checks and the step's
+//! device tables; on CUDA with the switch on) -> here.
 
 /// Slots per split (a row of `len` slots has ceil(len / SPLIT_CHUNK) splits, at most
 /// [`MAX_SPLITS`]): 256 keeps a split's partial (D + 2 floats) below 1 % of the K/V it reads at
@@ -92,9 +93,9 @@ impl SplitPlan {
 
 /// The launch descriptions of the two kernels (crates/simt runs them on the CPU).
 pub mod launch {
-    use super::SplitPlan;
     use crate::kernels::describe::{bufs, ints, per_row, Arg, Launch, Storage};
     use crate::kernels::geometry::DECODE_WARPS;
+    use crate::kernels::paged_split::SplitPlan;
 
     /// The splits' partials. Buffers: q (B, Hq, D), k and v pools (NB, Hkv, BS, D), tables
     /// (B, maxb, i32), lens (B, i32), part_o (B · Hq, max_splits, D) f32, part_ms
@@ -137,15 +138,16 @@ pub mod launch {
     }
 }
 
-/// The CUDA launch (the `cuda` feature only): both kernels through their descriptions.
+/// The CUDA launch (the `cuda` feature only): both kernels through their descriptions, on the
+/// views paged_attention.rs made of a checked step (its shapes, block tables and lengths).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 pub(crate) mod cuda {
-    use super::{launch, SplitPlan};
     use crate::kernels::launching::{by_dtype, func, store, view, Described};
-    use crate::kernels::paged_attention::{check, meta_view, PagedMeta};
+    use crate::kernels::paged_split::{launch, SplitPlan};
     use candle_core::backend::BackendStorage;
-    use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
+    use candle_core::cuda_backend::cudarc::driver::CudaView;
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
     /// The device's SM count, read once (a driver call per launch would count in every step).
     fn sm_count(dev: &CudaDevice) -> Result<usize> {
@@ -163,36 +165,29 @@ pub(crate) mod cuda {
         Ok(*SMS.get_or_init(|| n.max(1) as usize))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// q (B, Hq, D) over the pools -> (B, Hq, D); `dims` [B, Hq, Hkv, BS, maxb, D] and the
+    /// tables and lengths as paged_attention.rs checked them.
     pub fn paged_decode_attention(
-        q: &CudaStorage,
-        lq: &Layout,
-        k: &CudaStorage,
-        lk: &Layout,
-        v: &CudaStorage,
-        lv: &Layout,
-        meta: &PagedMeta,
-    ) -> Result<(CudaStorage, Shape)> {
+        (q, lq): (&CudaStorage, &Layout),
+        (k, lk): (&CudaStorage, &Layout),
+        (v, lv): (&CudaStorage, &Layout),
+        dims: [usize; 6],
+        tables: &CudaView<'_, u32>,
+        lens: &CudaView<'_, u32>,
+    ) -> Result<CudaStorage> {
         let dev: &CudaDevice = q.device();
-        let [b, hq, hkv, _, bs, d] =
-            check::paged_decode_attention(lq.dims(), lk.dims(), lv.dims(), meta.lens.len())?;
+        let [b, hq, _, _, _, d] = dims;
         let plan = SplitPlan::new(sm_count(dev)?, b * hq);
         let st = store(q.dtype(), "paged attention")?;
-        let ls = launch::paged_decode_split(st, [b, hq, hkv, bs, meta.maxb, d], plan);
+        let ls = launch::paged_decode_split(st, dims, plan);
         let lm = launch::paged_decode_merge(st, [b, hq, d], plan);
         let (fs, fm) = (func!(dev, ls)?, func!(dev, lm)?);
-        let (gt, gl) = (
-            meta.dev[0].storage_and_layout(),
-            meta.dev[1].storage_and_layout(),
-        );
-        let tables = meta_view(&gt.0, gt.1, "block tables")?;
-        let lens = meta_view(&gl.0, gl.1, "lengths")?;
         let parts = b * hq * plan.max_splits;
         // SAFETY: the merge reads only the splits each row's length gives, which the split
         // kernel writes.
         let (mut part_o, mut part_ms) =
             unsafe { (dev.alloc::<f32>(parts * d)?, dev.alloc::<f32>(parts * 2)?) };
-        let out = by_dtype!(q.dtype(), "paged attention", T => {
+        Ok(by_dtype!(q.dtype(), "paged attention", T => {
             let (qv, kv, vv) = (
                 view::<T>(q, lq, "q")?,
                 view::<T>(k, lk, "k pool")?,
@@ -202,8 +197,8 @@ pub(crate) mod cuda {
             dsc.buf(0, &qv)?
                 .buf(1, &kv)?
                 .buf(2, &vv)?
-                .buf(3, &tables)?
-                .buf(4, &lens)?
+                .buf(3, tables)?
+                .buf(4, lens)?
                 .buf(5, &mut part_o)?
                 .buf(6, &mut part_ms)?;
             // SAFETY: the tables were checked to hold blocks of the pool and lengths within
@@ -214,19 +209,20 @@ pub(crate) mod cuda {
             let mut dsc = Described::new(fm.builder(), &lm);
             dsc.buf(0, &part_o)?
                 .buf(1, &part_ms)?
-                .buf(2, &lens)?
+                .buf(2, lens)?
                 .buf(3, &mut out)?;
             // SAFETY: as above; out is (B, Hq, D).
             unsafe { dsc.launch() }?;
             CudaStorage::wrap_cuda_slice(out, dev.clone())
-        });
-        Ok((out, lq.shape().clone()))
+        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{flash_decoding_by_default, SplitPlan, MAX_SPLITS, SPLIT_CHUNK};
+    use crate::kernels::paged_split::{
+        flash_decoding_by_default, SplitPlan, MAX_SPLITS, SPLIT_CHUNK,
+    };
 
     /// TERSE_FLASH_DECODING=0 (with or without spaces) keeps the reference kernel; unset or 1
     /// takes the split kernels.
