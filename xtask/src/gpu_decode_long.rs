@@ -75,7 +75,7 @@ fn time_steps(
     n: usize,
 ) -> Result<f64> {
     set_flash_decoding(flash);
-    let run = || -> Result<f64> {
+    let mut run = || -> Result<f64> {
         step(model, cache, tables, 7)?;
         dev.synchronize()?;
         let mut times = vec![];
