@@ -17,6 +17,8 @@ mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_bench;
 #[cfg(feature = "cuda")]
+mod gpu_decode_long;
+#[cfg(feature = "cuda")]
 mod gpu_long;
 #[cfg(feature = "cuda")]
 mod gpu_nccl;

@@ -13,6 +13,7 @@ mod forward;
 mod fused_step;
 
 pub use crate::kernels::paged_attention::PagedMeta;
+pub use crate::kernels::paged_split::{reset_flash_decoding, set_flash_decoding};
 use candle_core::{DType, Device, Result, Tensor};
 pub use forward::PagedSeq;
 

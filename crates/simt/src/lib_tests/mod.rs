@@ -5,7 +5,7 @@
 //! largest value in bf16 (inputs rounded to bf16 for both sides). Shapes stay small; the
 //! edge cases are what matters (padding, packed boundaries on and inside a 64-key tile, fully
 //! masked rows, length-1 sequences, GQA 1-8, head sizes 64 and 128, forked and copy-on-write
-//! blocks).
+//! blocks, flash-decoding's splits against today's paged kernel).
 
 mod coverage;
 mod decode;
@@ -14,6 +14,7 @@ mod flash_fa2;
 mod flash_fa2_bwd;
 mod fragments;
 mod norm;
+mod paged_split;
 mod sample;
 
 use crate::{run, Arg, Buf};
