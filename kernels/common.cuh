@@ -63,12 +63,13 @@ __device__ void decode_slot(DecodeState& st, const T* kr, const T* vr, int d) {
 }
 
 // The end of a single-query decode attention (kv_cache.cu, paged_attention.cu): one block of
-// 32 * TERSE_DECODE_WARPS threads per (row, query head), each warp holding an online-softmax
-// state (running max m, sum s, and its lanes' D / 32 output accumulators acc) over its subset
-// of the slots. Merges the warps' states and writes the normalised output row (zeros when no
-// slot was attended, like a fully masked softmax).
-template <typename T>
-__device__ void decode_merge_write(float m, float s, const float* acc, T* orow, int d) {
+// 32 * TERSE_DECODE_WARPS threads per (row, query head[, split]), each warp holding an
+// online-softmax state (running max m, sum s, and its lanes' D / 32 output accumulators acc)
+// over its subset of the slots. Merges the warps' states in a fixed order (warp 0 first) and
+// hands warp 0 the block's max M, sum S and, per dimension i < d, the unnormalised output o
+// (emit(M, S, i, o)); a warp with no slot (m = -inf) adds nothing.
+template <typename Emit>
+__device__ void decode_merge(float m, float s, const float* acc, int d, Emit emit) {
     const int warps = TERSE_DECODE_WARPS, per = TERSE_DECODE_MAX_HEAD_DIM / 32;
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     __shared__ float sm[warps], ss[warps], sacc[warps][TERSE_DECODE_MAX_HEAD_DIM];
@@ -89,6 +90,15 @@ __device__ void decode_merge_write(float m, float s, const float* acc, T* orow, 
         float o = 0.f;
         for (int k = 0; k < warps; k++)
             if (sm[k] != -INFINITY) o += sacc[k][i] * __expf(sm[k] - M);
-        orow[i] = from_f<T>(S > 0.f ? o / S : 0.f);
+        emit(M, S, i, o);
     }
+}
+
+// The warps' merge written as the normalised output row (zeros when no slot was attended, like
+// a fully masked softmax).
+template <typename T>
+__device__ void decode_merge_write(float m, float s, const float* acc, T* orow, int d) {
+    decode_merge(m, s, acc, d, [&](float, float S, int i, float o) {
+        orow[i] = from_f<T>(S > 0.f ? o / S : 0.f);
+    });
 }

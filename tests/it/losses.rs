@@ -12,7 +12,7 @@ use terse_train::{GrpoTrainer, RunConfig};
 fn a_gspo_run_raises_the_reward_and_gspo_token_steps_alike() {
     let root = crate::scratch("losses-gspo");
     let mut c = crate::from_sft(&root, "gspo", 20);
-    c.grpo.loss = PolicyLossKind::Gspo;
+    c.grpo.loss = PolicyLossKind::Gspo.into();
     c.grpo.loss_agg = terse_train::config::LossAgg::SeqMeanTokenMean;
     (c.grpo.prompts_per_step, c.grpo.group_size) = (4, 8);
     c.grpo.max_new_tokens = 96;
@@ -30,7 +30,7 @@ fn a_gspo_run_raises_the_reward_and_gspo_token_steps_alike() {
     one.grpo.steps = 1;
     let step = |kind| {
         let mut c = one.clone();
-        c.grpo.loss = kind;
+        c.grpo.loss = terse_train::config::Chosen::Builtin(kind);
         let mut t = GrpoTrainer::builder(c).build().expect("trainer");
         t.step().expect("step");
         t.policy().tensors()["model.norm.weight"]

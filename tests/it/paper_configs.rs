@@ -44,10 +44,13 @@ fn short_rl_configs_match_table_3() {
     let c = load("short_rl_logic_rl.toml");
     check_grpo("logic-rl", &c, (8, 8, 4096, 0.7, 1e-6, 0.001));
     assert_eq!(c.grpo.data_epochs, Some(3.0));
-    assert!(matches!(c.advantage, Advantage::ReinforcePp { .. }));
+    assert!(matches!(
+        c.advantage.builtin(),
+        Some(Advantage::ReinforcePp { .. })
+    ));
     assert_eq!(c.data.task, TaskKind::Kk);
-    match &c.reward.shaper {
-        Method::ShortRl(s) => {
+    match c.reward.shaper.builtin() {
+        Some(Method::ShortRl(s)) => {
             assert_eq!((s.tau_len, s.tau_acc), (200.0, 0.05));
             assert!(s.correct_only && s.nucleus && s.acc_gate);
         }
@@ -61,13 +64,16 @@ fn short_rl_configs_match_table_3() {
         (c.grpo.data_epochs, c.grpo.mini_batch_prompts),
         (Some(3.0), Some(64))
     );
-    assert!(matches!(c.advantage, Advantage::Grpo { std: true, .. }));
+    assert!(matches!(
+        c.advantage.builtin(),
+        Some(Advantage::Grpo { std: true, .. })
+    ));
     assert_eq!(
         (c.data.task, c.data.math_scorer),
         (TaskKind::Math, MathScorer::ShortRl)
     );
-    match &c.reward.shaper {
-        Method::ShortRl(s) => assert_eq!((s.tau_len, s.tau_acc), (100.0, 0.05)),
+    match c.reward.shaper.builtin() {
+        Some(Method::ShortRl(s)) => assert_eq!((s.tau_len, s.tau_acc), (100.0, 0.05)),
         m => panic!("deepscaler: {m:?}"),
     }
 }
@@ -88,8 +94,8 @@ fn grpo_lambda_config_matches_the_paper() {
     );
     assert!(c.model.path.ends_with("Qwen3-8B"));
     assert_eq!(c.data.math_scorer, MathScorer::Boxed);
-    match &c.reward.shaper {
-        Method::GrpoLambda(s) => assert_eq!((s.lambda, s.alpha), (0.2, 0.2)),
+    match c.reward.shaper.builtin() {
+        Some(Method::GrpoLambda(s)) => assert_eq!((s.lambda, s.alpha), (0.2, 0.2)),
         m => panic!("grpo-λ: {m:?}"),
     }
 }
@@ -109,8 +115,8 @@ fn care_config_matches_table_8() {
     assert_eq!((c.grpo.clip_low, c.grpo.clip_high), (0.2, 0.2));
     assert_eq!(c.grpo.loss_agg, LossAgg::SeqMeanTokenMean);
     assert!(c.model.path.ends_with("Qwen3-4B"));
-    match &c.reward.shaper {
-        Method::Care(s) => {
+    match c.reward.shaper.builtin() {
+        Some(Method::Care(s)) => {
             assert_eq!(
                 (s.l_max, s.coef, s.magnitude, s.fixed_direction),
                 (6144, 1.0, false, None)
@@ -144,8 +150,8 @@ fn step_grpo_config_matches_section_4_1() {
         c.grpo.step_triggers
     );
     assert!(se.induction.ends_with("\\boxed{") && se.include_trigger_on_exit);
-    match &c.reward.shaper {
-        Method::StepGrpo(s) => assert_eq!((s.alpha, s.beta, s.step_reward), (0.1, 0.5, true)),
+    match c.reward.shaper.builtin() {
+        Some(Method::StepGrpo(s)) => assert_eq!((s.alpha, s.beta, s.step_reward), (0.1, 0.5, true)),
         m => panic!("step-grpo: {m:?}"),
     }
 }
@@ -180,17 +186,17 @@ fn dler_config_matches_the_released_script() {
     assert_eq!(c.data.math_scorer, MathScorer::Boxed);
     assert_eq!(
         c.reward.shaper,
-        Method::None,
+        Method::None.into(),
         "no length term but truncation"
     );
     assert!(matches!(
-        c.advantage,
-        Advantage::Grpo {
+        c.advantage.builtin(),
+        Some(Advantage::Grpo {
             std: true,
             norm: Norm::Batch,
             difficulty: None,
             ..
-        }
+        })
     ));
 }
 

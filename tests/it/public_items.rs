@@ -5,7 +5,7 @@
 //! added anywhere a library user can reach fails here until the list says so (regenerate it
 //! with `TERSE_BLESS=1 cargo test --test it public_items`, and say in docs/library.md whether the
 //! item is for users), so the API grows on purpose. terse-train's façade is also checked
-//! item by item against docs/library.md (public_surface.rs).
+//! item by item against docs/library.md from this list (public_surface.rs).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -152,7 +152,7 @@ fn used_module(src: &Path, dir: &Path, path: &str) -> Option<(PathBuf, PathBuf)>
 }
 
 /// The `pub use` tree's leaves with their full paths: `a::{b, c as d}` -> (a::b, b), (a::c, d).
-pub(crate) fn use_leaves(tree: &str, prefix: &str, out: &mut Vec<(String, String)>) {
+fn use_leaves(tree: &str, prefix: &str, out: &mut Vec<(String, String)>) {
     let t = tree.trim();
     match t.find('{') {
         Some(open) if t.ends_with('}') => {

@@ -1,106 +1,33 @@
-//! terse-train's public surface is the façade of its lib.rs, and docs/library.md names every
-//! item of it: a `pub` item added to lib.rs (a `pub mod`, a `pub use`, a `pub fn`, ...) that
-//! the page does not list fails here, and so does a listed item lib.rs no longer has. The
-//! façade's own modules (`pub mod config;` ...) are listed by name; a façade group written in
-//! lib.rs (`pub mod step { pub use ... }`) lists each of its items as `group::item`.
+//! docs/library.md is checked against docs/public-items.txt, the list of every reachable public
+//! item that public_items.rs keeps equal to the code, so the page and the code have one list
+//! between them. The granularity: "Public items of terse-train" names every item of
+//! terse-train's root (by its name: `GrpoTrainer`), and every item of each module it lists item
+//! by item (a façade group: `step::gradients`); a module it names alone (`config`) is the crate's
+//! own, and its items are in docs/public-items.txt only. "The study (terse-study)" names every
+//! item of terse-study's root. An entry that names no listed item fails, and so does a listed
+//! item the page misses, so a `pub` item added to a root or a group fails here as soon as the
+//! list is regenerated.
 
 use std::collections::BTreeSet;
 
-/// `text` without `//` comments (lib.rs has no string holding `//`).
-fn strip_comments(text: &str) -> String {
-    text.lines()
-        .map(|l| l.split("//").next().unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("\n")
+/// The items of `krate` in the list, as their paths below the crate root (`step::gradients`).
+fn listed(list: &str, krate: &str) -> BTreeSet<String> {
+    let prefix = format!("{krate}::");
+    list.lines()
+        .filter_map(|l| l.split_whitespace().next()?.strip_prefix(&prefix))
+        .map(str::to_string)
+        .collect()
 }
 
-/// The names a `use` tree brings in: `a::b::{c, d as e, f::{g}}` -> c, e, g (public_items.rs
-/// splits the tree; this keeps the names).
-fn use_leaves(tree: &str) -> Vec<String> {
-    let mut out = vec![];
-    crate::public_items::use_leaves(tree, "", &mut out);
-    out.into_iter().map(|(_, name)| name).collect()
+/// A section of the page (its text up to the next `## `), by the start of its title.
+fn section<'a>(page: &'a str, title: &str) -> &'a str {
+    page.split("\n## ")
+        .find(|s| s.starts_with(title))
+        .unwrap_or_else(|| panic!("docs/library.md has no \"## {title}\" section"))
 }
 
-/// The public items one scope's text declares (nested `{ .. }` bodies of inline modules are
-/// handled by the caller): `pub use` leaves and `pub fn|struct|enum|trait|type|const|static`.
-fn scope_items(text: &str) -> Vec<String> {
-    let mut out = vec![];
-    let mut rest = text;
-    while let Some(i) = rest.find("pub use ") {
-        let after = &rest[i + "pub use ".len()..];
-        let end = after.find(';').expect("a `pub use` ends with `;`");
-        out.extend(use_leaves(&after[..end]));
-        rest = &after[end..];
-    }
-    for kw in ["fn", "struct", "enum", "trait", "type", "const", "static"] {
-        let pat = format!("pub {kw} ");
-        let mut rest = text;
-        while let Some(i) = rest.find(&pat) {
-            let after = &rest[i + pat.len()..];
-            let name: String = after
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            out.push(name);
-            rest = after;
-        }
-    }
-    out
-}
-
-/// Every public name lib.rs gives, façade groups' items as `group::item`.
-fn lib_surface(lib: &str) -> BTreeSet<String> {
-    let mut text = strip_comments(lib);
-    let mut names = BTreeSet::new();
-    // Inline groups first (cut out of the text), then the crate root.
-    let inline_group = |text: &str| {
-        text.match_indices("pub mod ").map(|(i, _)| i).find(|&i| {
-            let line_end = text[i..].find('\n').map_or(text.len(), |e| i + e);
-            text[i..line_end].trim_end().ends_with('{')
-        })
-    };
-    while let Some(i) = inline_group(&text) {
-        let header_end = i + text[i..].find('{').expect("a group's body");
-        let group = text[i + "pub mod ".len()..header_end].trim().to_string();
-        let mut depth = 0;
-        let mut close = header_end;
-        for (k, c) in text[header_end..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = header_end + k;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        names.insert(group.clone());
-        for item in scope_items(&text[header_end + 1..close]) {
-            names.insert(format!("{group}::{item}"));
-        }
-        text.replace_range(i..=close, "");
-    }
-    for line in text.lines() {
-        let l = line.trim();
-        if let Some(m) = l.strip_prefix("pub mod ") {
-            names.insert(m.trim_end_matches(';').trim().to_string());
-        }
-    }
-    names.extend(scope_items(&text));
-    names
-}
-
-/// The names docs/library.md lists under "## Public items of terse-train": each list entry's
-/// first `code` span.
-fn documented(page: &str) -> BTreeSet<String> {
-    let section = page
-        .split("\n## ")
-        .find(|s| s.starts_with("Public items of terse-train"))
-        .expect("docs/library.md has a \"## Public items of terse-train\" section");
+/// The names a section lists: each list entry's first `code` span.
+fn entries(section: &str) -> BTreeSet<String> {
     section
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- `"))
@@ -109,85 +36,101 @@ fn documented(page: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn differences(lib: &BTreeSet<String>, docs: &BTreeSet<String>) -> Vec<String> {
-    let mut out: Vec<String> = lib
-        .difference(docs)
-        .map(|n| {
-            format!(
-                "`{n}` is public in crates/train/src/lib.rs but docs/library.md does not list it"
-            )
-        })
+/// What the façade section gets wrong against the list: entries naming no listed item, root
+/// items it misses, and items it misses of the groups it lists item by item.
+fn differences(items: &BTreeSet<String>, documented: &BTreeSet<String>) -> Vec<String> {
+    let mut out: Vec<String> = documented
+        .iter()
+        .filter(|d| !items.contains(*d))
+        .map(|d| format!("docs/library.md lists `{d}`, which docs/public-items.txt does not have"))
         .collect();
-    out.extend(
-        docs.difference(lib)
-            .map(|n| format!("docs/library.md lists `{n}`, which lib.rs does not make public")),
-    );
+    let groups: BTreeSet<&str> = documented
+        .iter()
+        .filter_map(|d| d.split_once("::").map(|(g, _)| g))
+        .collect();
+    for item in items {
+        let wanted = match item.split_once("::") {
+            None => true,
+            Some((g, rest)) => groups.contains(g) && !rest.contains("::"),
+        };
+        if wanted && !documented.contains(item) {
+            out.push(format!(
+                "`{item}` is public in terse-train (docs/public-items.txt) but docs/library.md does not list it"
+            ));
+        }
+    }
     out
 }
 
-/// The wings whose folder's mod.rs carries façade items (`pub mod step;` in lib.rs, its
-/// `pub use` lines in step/mod.rs): lib.rs with each spliced in as an inline group, so the
-/// check reads every public item wherever it is written.
-const FACADE_WINGS: [&str; 2] = ["step", "records"];
-
-fn facade_text() -> String {
-    let lib =
-        std::fs::read_to_string(crate::train::repo("crates/train/src/lib.rs")).expect("lib.rs");
-    FACADE_WINGS.iter().fold(lib, |lib, wing| {
-        let file = format!("crates/train/src/{wing}/mod.rs");
-        let text = std::fs::read_to_string(crate::train::repo(&file)).expect("wing mod.rs");
-        // The wing's own module declarations are crate-private; its `pub` lines are the group.
-        let body: String = text
-            .lines()
-            .filter(|l| !l.starts_with("//!") && !l.starts_with("pub(crate) mod "))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let decl = format!("pub mod {wing};");
-        assert!(lib.contains(&decl), "lib.rs declares no `{decl}`");
-        lib.replace(&decl, &format!("pub mod {wing} {{\n{body}}}"))
-    })
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(crate::train::repo(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 #[test]
-fn terse_train_exposes_only_what_docs_library_md_lists() {
-    let lib = facade_text();
-    let page = std::fs::read_to_string(crate::train::repo("docs/library.md")).expect("library.md");
-    let (surface, listed) = (lib_surface(&lib), documented(&page));
+fn docs_library_md_lists_what_the_public_items_list_has() {
+    let (page, list) = (read("docs/library.md"), read("docs/public-items.txt"));
+    let items = listed(&list, "terse_train");
+    let documented = entries(section(&page, "Public items of terse-train"));
     assert!(
-        surface.contains("GrpoTrainer") && surface.contains("step::gradients"),
-        "{surface:?}"
+        documented.contains("GrpoTrainer") && documented.contains("step::gradients"),
+        "{documented:?}"
     );
-    let diff = differences(&surface, &listed);
+    let diff = differences(&items, &documented);
     assert!(diff.is_empty(), "{}", diff.join("\n"));
+
+    // The study's section names each item of terse-study's root in backticks.
+    let study = section(&page, "The study (terse-study)");
+    let named: BTreeSet<&str> = study.split('`').skip(1).step_by(2).collect();
+    let roots: Vec<String> = listed(&list, "terse_study")
+        .into_iter()
+        .filter(|i| !i.contains("::"))
+        .collect();
+    assert!(roots.len() >= 10, "{roots:?}");
+    let missing: Vec<&String> = roots
+        .iter()
+        .filter(|r| !named.contains(r.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/library.md's study section does not name {missing:?}"
+    );
 }
 
-/// The check sees what it must: a new `pub` item of any kind, in the root or in a group, is a
-/// difference; a crate-private one is not.
+/// The check sees what it must: a planted root item, a new item of a group, and an entry for
+/// an item that is gone are differences; an item inside a module listed by name is not.
 #[test]
 fn a_new_public_item_is_a_difference() {
-    let lib = facade_text();
-    let base = lib_surface(&lib);
-    for (added, name) in [
-        ("pub use crate::step::zero::Partition;", "Partition"),
-        (
-            "pub use crate::step::zero::{sharded_step as step_zero, Partition};",
-            "step_zero",
-        ),
-        ("pub fn extra() {}", "extra"),
-        ("pub mod zero_public;", "zero_public"),
-        (
-            "pub mod tools {\n    pub use crate::step::zero::Partition;\n}",
-            "tools::Partition",
-        ),
-    ] {
-        let grown = lib_surface(&format!("{lib}\n{added}\n"));
-        assert!(
-            grown.contains(name) && !base.contains(name),
-            "{added}: {grown:?}"
-        );
+    let items = |extra: &[&str]| -> BTreeSet<String> {
+        [
+            "train",
+            "config",
+            "config::RunConfig",
+            "step",
+            "step::gradients",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let documented: BTreeSet<String> = ["train", "config", "step", "step::gradients"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert!(differences(&items(&[]), &documented).is_empty());
+    for planted in ["planted", "step::planted"] {
+        let d = differences(&items(&[planted]), &documented);
+        assert!(d.len() == 1 && d[0].contains(planted), "{planted}: {d:?}");
     }
-    let same = lib_surface(&format!(
-        "{lib}\npub(crate) use crate::step::zero::Partition;\n"
-    ));
-    assert_eq!(same, base);
+    assert!(differences(&items(&["config::Planted"]), &documented).is_empty());
+    let mut gone = documented.clone();
+    gone.insert("step::removed".into());
+    let d = differences(&items(&[]), &gone);
+    assert!(d.len() == 1 && d[0].contains("step::removed"), "{d:?}");
+    // Lines of the list read as paths below the crate root.
+    let list = "terse_train::step mod\nterse_train::step::gradients use\nterse_model::x fn\n";
+    assert_eq!(
+        listed(list, "terse_train"),
+        ["step", "step::gradients"].map(String::from).into()
+    );
 }

@@ -170,9 +170,21 @@ pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode
     let d = &dev;
     // On the emulated device (`cargo xtask fake-gpu`) a time says nothing about a GPU: the
     // benchmark rows say so and report none; the NCCL row still runs its exact checks and its
-    // 2 training steps, with its timings removed.
+    // 2 training steps, and decode_long its agreement check at a small shape, with their
+    // timings removed.
     let emulated = std::env::var_os("TERSE_FAKE_GPU_KERNELS").is_some();
     for (key, expect_s) in BENCH_STEPS {
+        // The long-context decode row runs scaled down there (its own small model): its
+        // agreement check between the two kernels is exact work, its times are nulled.
+        if emulated && key == "decode_long" {
+            steps.push(Step::new(key, expect_s, move || {
+                let m = crate::gpu_decode_long::emulated_model(d)?;
+                Ok(emulated_row(Some(crate::gpu_decode_long::decode_long(
+                    d, &m, true,
+                )?)))
+            }));
+            continue;
+        }
         if emulated && key != "nccl" {
             steps.push(Step::new(key, expect_s, move || Ok(emulated_row(None))));
             continue;
@@ -185,6 +197,7 @@ pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode
         }
         steps.push(Step::new(key, expect_s, move || match key {
             "decode" => with_model(&|m| crate::gpu_bench::decode(d, m)),
+            "decode_long" => with_model(&|m| crate::gpu_decode_long::decode_long(d, m, false)),
             "fwd_bwd" => with_model(&|m| crate::gpu_bench::fwd_bwd(d, m)),
             "flash_kernel" => crate::gpu_long::flash_kernel(d),
             "attention_paths" => crate::gpu_long::attention_paths(d),

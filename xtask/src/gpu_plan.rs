@@ -32,8 +32,10 @@ impl<'a> Step<'a> {
 
 /// The steps after the parity groups, in order, with their expected seconds on an H200 (one
 /// table, so the plan's estimate is known without a GPU): gpu.rs gives each its closure.
-pub const BENCH_STEPS: [(&str, f64); 8] = [
+pub const BENCH_STEPS: [(&str, f64); 9] = [
     ("decode", 50.0),
+    // Batch 64 at an 8k mean context: filling 60 GB of cache, then 20 steps.
+    ("decode_long", 15.0),
     ("fwd_bwd", 15.0),
     ("flash_kernel", 10.0),
     ("attention_paths", 30.0),

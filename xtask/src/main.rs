@@ -17,6 +17,8 @@ mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_bench;
 #[cfg(feature = "cuda")]
+mod gpu_decode_long;
+#[cfg(feature = "cuda")]
 mod gpu_long;
 #[cfg(feature = "cuda")]
 mod gpu_nccl;
@@ -28,7 +30,9 @@ mod mem;
 mod methods;
 mod process;
 mod report_v4;
+mod report_v5;
 mod repro;
+mod repro_v5;
 mod summary;
 mod supervise;
 
@@ -183,7 +187,13 @@ enum Cmd {
     /// A performance model of kernels/flash_tc.cu read from its sm_90 SASS: per loop
     /// iteration, instructions, HMMA, shared-memory wavefronts, global accesses; the bound and
     /// the estimated share of the H200's bf16 peak (needs nvcc and nvdisasm: installs them).
-    KernelModel,
+    KernelModel {
+        /// Check the timing model against the committed H200 measurement
+        /// (docs/gpu/measured/2026-12-04/): measured, predicted and error per kernel; fails
+        /// when one is past 20 %. Needs no nvcc.
+        #[arg(long)]
+        check_measured: bool,
+    },
     /// Benchmarks; `bench model` measures the training forward/backward and the log-prob path.
     Bench {
         #[command(subcommand)]
@@ -214,6 +224,7 @@ fn main() -> ExitCode {
             println!("merged: {}\nadapter: {}", m.display(), a.display());
             ExitCode::SUCCESS
         }),
+        Cmd::Repro(args) if args.testbed == methods::Testbed::V5 => repro_v5::run(&args),
         Cmd::Repro(args) => repro::run(&args),
         Cmd::CudaToolchain { dir } => gpu::cuda_toolchain(dir),
         Cmd::BuildGpu { dir } => gpu::build_gpu(dir),
@@ -226,7 +237,7 @@ fn main() -> ExitCode {
         Cmd::ConfigDocs => config_docs(),
         Cmd::Eval(args) => eval::run(&args),
         Cmd::Bench { what } => bench::run(&what),
-        Cmd::KernelModel => kernel_model::run(),
+        Cmd::KernelModel { check_measured } => kernel_model::run(check_measured),
         Cmd::Plan {
             config,
             gpu_mem,

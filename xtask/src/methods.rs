@@ -148,7 +148,23 @@ pub enum Testbed {
     /// per-level overturn profile that P-CARE's straight line could not draw, its own checkpoint
     /// (configs/v4-care-levels.toml), into docs/v4/care-levels/.
     V4CareLevels,
+    /// Study v5 (docs/v5/plan.md): a verbose start, fresh SFT checkpoints of configs/v5.toml as
+    /// the unit, each row x GRPO seeds 200-202 from each, into docs/v5/ (repro_v5.rs).
+    V5,
 }
+
+/// v5's rows (docs/v5/plan.md section 3): Standard and the five claims' rows.
+const V5_MAIN: [&str; 6] = [
+    "standard",
+    "short_rl",
+    "grpo_lambda",
+    "care",
+    "step_grpo_paper",
+    "dler",
+];
+
+/// `--methods v5-new` (plan section 10, X4): the four v4 newer methods beside Standard.
+const V5_NEW: [&str; 5] = ["standard", "laser_d", "gfpo", "think_prune", "grpo_lead"];
 
 impl Testbed {
     pub fn config(self) -> &'static str {
@@ -158,6 +174,7 @@ impl Testbed {
             Testbed::V4 => "configs/repro-v4.toml",
             Testbed::V4Care => "configs/repro-v4-care.toml",
             Testbed::V4CareLevels => "configs/repro-v4-care-levels.toml",
+            Testbed::V5 => "configs/repro-v5.toml",
         }
     }
 
@@ -168,6 +185,7 @@ impl Testbed {
             Testbed::V4 => "docs/v4",
             Testbed::V4Care => "docs/v4/care",
             Testbed::V4CareLevels => "docs/v4/care-levels",
+            Testbed::V5 => "docs/v5",
         }
     }
 
@@ -179,6 +197,7 @@ impl Testbed {
             Testbed::V4 => " v4",
             Testbed::V4Care => " v4-care",
             Testbed::V4CareLevels => " v4-care-levels",
+            Testbed::V5 => " v5",
         }
     }
 
@@ -189,6 +208,7 @@ impl Testbed {
             Testbed::V3 | Testbed::V4 => Some("configs/v3.toml"),
             Testbed::V4Care => Some("configs/v4-care.toml"),
             Testbed::V4CareLevels => Some("configs/v4-care-levels.toml"),
+            Testbed::V5 => Some("configs/v5.toml"),
         }
     }
 
@@ -197,6 +217,7 @@ impl Testbed {
         match self {
             Testbed::V2 | Testbed::V3 => DEFAULT_SEEDS,
             Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels => 9,
+            Testbed::V5 => 3,
         }
     }
 
@@ -206,6 +227,7 @@ impl Testbed {
         match self {
             Testbed::V2 | Testbed::V3 => i,
             Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels => 100 + i,
+            Testbed::V5 => 200 + i,
         }
     }
 
@@ -241,6 +263,7 @@ impl Testbed {
             }
             Testbed::V4 => named(&V4_MAIN),
             Testbed::V4Care | Testbed::V4CareLevels => named(&V4_CARE),
+            Testbed::V5 => named(&V5_MAIN),
         }
     }
 }
@@ -269,6 +292,9 @@ pub fn select(names: &[String], testbed: Testbed) -> anyhow::Result<Vec<&'static
     }
     if names == ["v4-new"] {
         return Ok(named(&V4_NEW));
+    }
+    if names == ["v5-new"] {
+        return Ok(named(&V5_NEW));
     }
     if let Some(bad) = names
         .iter()

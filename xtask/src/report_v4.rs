@@ -4,8 +4,9 @@
 //! `terse_study::confirmatory` (raw and Holm-adjusted decisions, each claim's rule in words),
 //! CARE's premise checks (`terse_study::premise`, the premise condition) or the effect sizes
 //! against the papers' (`terse_study::effect`, the main design and its robustness cells), the cells
-//! side by side (`terse_study::robust`, the main design's report), a per-method summary and the
-//! deviations from the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl -> seeds.csv +
+//! side by side (`terse_study::robust`, the main design's report), the means by level and over
+//! training (`terse_study::levels`, every report), a per-method summary and the deviations from
+//! the plan. Data flow: runs/<study>/<method>-s<i>/metrics.jsonl -> seeds.csv +
 //! trajectory.csv -> results.md, which `terse_study::recompute::check_report` audits against
 //! seeds.csv. Called by repro.rs for `--testbed v4` (with or without `--cell`) and `v4-care` /
 //! `v4-care-levels`; summary/ writes v2's and v3's reports.
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use terse_study::confirmatory::{self, Scope, CLAIMS};
 use terse_study::seeds::{self, SeedRow};
 use terse_study::trajectory::{self, TrajRow};
-use terse_study::{effect, premise, robust};
+use terse_study::{effect, levels, premise, robust};
 
 /// The seeds per method the plan fixes (section 6).
 const PLANNED_SEEDS: u64 = 9;
@@ -345,6 +346,7 @@ pub fn write(
     if sc == Scope::Main && !study.quick && study.seeds == PLANNED_SEEDS {
         md.push_str(&robust_section(out, &runs, &traj)?);
     }
+    md.push_str(&levels::section(&runs, &traj));
     writeln!(md, "## Deviations from docs/v4/plan.md\n")?;
     let found = deviations(study, sc, &runs, out, notes);
     for d in &found {

@@ -18,24 +18,24 @@ pub struct Args {
     /// design, seeds 100-108, docs/v4/results.md and seeds.csv) or v4-care (v4's CARE premise
     /// condition, docs/v4/care/).
     #[arg(long, value_enum, default_value = "v2")]
-    testbed: Testbed,
+    pub testbed: Testbed,
     /// Base run config; each method adds its overrides [default: the testbed's,
     /// configs/repro.toml, configs/repro-v3.toml, configs/repro-v4.toml or
     /// configs/repro-v4-care.toml].
     #[arg(long)]
-    config: Option<PathBuf>,
+    pub config: Option<PathBuf>,
     /// Seeds per method [default: 5 for v2 and v3 (the claims' paired t intervals need
     /// several; 5 fit in 30 minutes), 9 for v4 (its plan fixes them)]. Another count writes
     /// results-seeds<N>.md, so results.md stays the default study's.
     #[arg(long)]
-    seeds: Option<u64>,
+    pub seeds: Option<u64>,
     /// Runs trained at once (each on one thread).
     #[arg(long, default_value_t = 2)]
-    jobs: usize,
+    pub jobs: usize,
     /// Where results.md and the curves go [default: the testbed's, docs, docs/v3, docs/v4 or
     /// docs/v4/care].
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub out: Option<PathBuf>,
     /// A smaller study for a quick look: 1 seed, 12 steps, 4 problems per level; writes
     /// results-quick.md instead of results.md.
     #[arg(long)]
@@ -44,20 +44,20 @@ pub struct Args {
     /// study with none finished there, a fresh clone's, rewrites from its committed
     /// seeds.csv and trajectory.csv).
     #[arg(long)]
-    report_only: bool,
+    pub report_only: bool,
     /// Study only these methods (comma-separated names, e.g. `standard,cos_fn`); the report
     /// goes to results-focus.md, so more seeds for one claim leave results.md as it is.
     /// `all`: every method and variant, reported in results-all.md. `v4-new`: v4's five newer
     /// methods with Standard (`--testbed v4 --methods v4-new --keep` after the default v4
     /// study; v4's report reads every finished run of its run directory).
     #[arg(long, value_delimiter = ',')]
-    methods: Vec<String>,
+    pub methods: Vec<String>,
     /// Keep a run that already finished with the same config (the study's configs/<run>.toml
     /// is byte-identical and its last evaluation is at the last step) instead of training it
     /// again: runs are deterministic on the CPU, so `--seeds 10` after a 5-seed study trains
     /// seeds 5..9 only. Runs from an older build are trusted as they are.
     #[arg(long)]
-    keep: bool,
+    pub keep: bool,
     /// A robustness cell of docs/v4/plan.md section 8 (with `--testbed v4`): Standard and
     /// P1-P4 on seeds 100-108 from another SFT checkpoint (sft1, sft2), with one knob of the
     /// sensitivity grid moved (overturn-mid, overturn-flat, rounds1, rounds3, g16), or on v3's
@@ -66,6 +66,16 @@ pub struct Args {
     /// first when it needs one and it is missing. Exploratory: Holm within the cell.
     #[arg(long, value_enum)]
     cell: Option<crate::cells::Cell>,
+    /// v5 only: the fresh SFT checkpoints, a count `N` (0..N-1) or a range `a-b` [default: the
+    /// plan's 14, 0-13]; SFT seed 500 + k.
+    #[arg(long)]
+    pub checkpoints: Option<String>,
+    /// v5 only: GRPO steps per run (a smoke run; the plan's 60 otherwise).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// v5 only: SFT steps per checkpoint (a smoke run; configs/v5.toml's otherwise).
+    #[arg(long)]
+    pub sft_steps: Option<u64>,
 }
 
 /// The run config TOML of `method`'s run `index` (named `<method>-s<index>`, the pairing key
@@ -198,7 +208,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         }
     }
     if !jobs.is_empty() {
-        run_children(&jobs, a.jobs.max(1), &root)?;
+        run_children(&jobs, a.jobs.max(1), &root, "train")?;
     }
     let elapsed = t0.elapsed().as_secs_f64();
 
@@ -265,14 +275,15 @@ fn ensure_sft(sft: Option<&Path>, model: &Path) -> Result<()> {
 }
 
 /// Whether the run at `run_dir` already finished from exactly `text` (see `--keep`).
-fn finished(cfg_path: &Path, text: &str, run_dir: &Path, steps: u64) -> bool {
+pub fn finished(cfg_path: &Path, text: &str, run_dir: &Path, steps: u64) -> bool {
     let same = std::fs::read_to_string(cfg_path).is_ok_and(|t| t == text);
     same && terse_train::report::read_evals(&run_dir.join("metrics.jsonl"))
         .is_ok_and(|e| e.last().is_some_and(|l| l.step == steps))
 }
 
-/// Runs `xtask train --config` for every job, `jobs` at a time, logs in `<root>/logs`.
-fn run_children(jobs: &[(String, PathBuf)], max: usize, root: &Path) -> Result<()> {
+/// Runs `xtask <cmd> --config` (`train` or `sft`) for every job, `jobs` at a time, logs in
+/// `<root>/logs`.
+pub fn run_children(jobs: &[(String, PathBuf)], max: usize, root: &Path, cmd: &str) -> Result<()> {
     let exe = std::env::current_exe().context("locating the xtask binary")?;
     let logs = root.join("logs");
     std::fs::create_dir_all(&logs)?;
@@ -286,7 +297,7 @@ fn run_children(jobs: &[(String, PathBuf)], max: usize, root: &Path) -> Result<(
             };
             let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
             let child = Command::new(&exe)
-                .args(["train", "--config"])
+                .args([cmd, "--config"])
                 .arg(cfg)
                 .env("RAYON_NUM_THREADS", "1")
                 .stdout(log.try_clone()?)
@@ -345,6 +356,10 @@ mod tests {
                 let text = std::fs::read_to_string(root.join(sft)).expect("sft config");
                 let cfg = terse_train::RunConfig::from_toml(&text, Path::new(sft)).expect(sft);
                 // The base config starts from the checkpoint the SFT config writes.
+                // v5 derives each checkpoint's configs (repro_v5.rs's test checks them).
+                if testbed == Testbed::V5 {
+                    continue;
+                }
                 let base_cfg =
                     terse_train::RunConfig::from_toml(&base, Path::new("base")).expect("base");
                 assert_eq!(

@@ -1,10 +1,10 @@
 //! The robustness cells side by side (docs/v4/plan.md section 8): for the main design and each
-//! cell that has run, Standard's length and how much of it its training added, then P1-P4's
-//! cut and both tests' decisions, raw and after Holm over P1-P4 within the cell, one row per
-//! cell; then, per claim, in how many cells it holds. Every cell is exploratory; the row shows
-//! where a primary claim carries over and where it does not. Data flow: each cell's
-//! seeds.csv + trajectory.csv (docs/v4/robust/<cell>/, and the main design's) -> [`section`]
-//! -> docs/v4/results.md.
+//! cell that has run, Standard's length, accuracy and level-1 length and how much of its length
+//! its training added, then P1-P4's cut and both tests' decisions, raw and after Holm over P1-P4
+//! within the cell, one row per cell; then, per claim, in how many cells it holds. Every cell is
+//! exploratory; the row shows where a primary claim carries over and where it does not. Data
+//! flow: each cell's seeds.csv + trajectory.csv (docs/v4/robust/<cell>/, and the main
+//! design's) -> [`section`] -> docs/v4/results.md.
 
 use super::confirmatory::{
     decide, holds, holm_confirmed, verdict, Scope, ALPHA, ROBUSTNESS_CLAIMS,
@@ -41,11 +41,11 @@ pub fn section(cells: &[CellTables]) -> String {
     );
     let _ = writeln!(
         s,
-        "Each cell's own report (docs/v4/robust/<cell>/results.md) has the full rows; here, per cell, Standard's final eval tokens (mean over seeds) and the share of them its GRPO training added (the ceiling of plan item 10.3, mean over seeds), then for each primary claim its Δ eval tokens and Δ accuracy (method − Standard, mean over paired seeds) and the t and sign-flip decisions at one-sided α = {ALPHA}: raw, or \"holds (Holm)\" when Holm's step-down over P1-P4 within the cell confirms it. The main design's row is decided the same way (Holm over P1-P4, not the confirmatory family's nine claims, so the rows compare); its confirmatory decisions are in the Claims section above.\n"
+        "Each cell's own report (docs/v4/robust/<cell>/results.md) has the full rows; here, per cell, Standard's final eval tokens, accuracy and level-1 eval tokens (means over seeds) and the share of them its GRPO training added (the ceiling of plan item 10.3, mean over seeds), then for each primary claim its Δ eval tokens and Δ accuracy (method − Standard, mean over paired seeds) and the t and sign-flip decisions at one-sided α = {ALPHA}: raw, or \"holds (Holm)\" when Holm's step-down over P1-P4 within the cell confirms it. The main design's row is decided the same way (Holm over P1-P4, not the confirmatory family's nine claims, so the rows compare); its confirmatory decisions are in the Claims section above.\n"
     );
     let _ = writeln!(
         s,
-        "| Cell | Standard eval tokens | Added by training | P1 Short-RL | P2 GRPO-λ | P3 CARE | P4 Step-GRPO (paper) |\n|---|---|---|---|---|---|---|"
+        "| Cell | Standard eval tokens | Standard accuracy | Standard level-1 tokens | Added by training | P1 Short-RL | P2 GRPO-λ | P3 CARE | P4 Step-GRPO (paper) |\n|---|---|---|---|---|---|---|---|---|"
     );
     // Per claim: cells decided, raw holds by t, holds by both tests, confirmed by Holm (t).
     let mut tally: BTreeMap<&str, [usize; 4]> = BTreeMap::new();
@@ -55,15 +55,26 @@ pub fn section(cells: &[CellTables]) -> String {
         let complete = rows.len() == ROBUSTNESS_CLAIMS.len();
         let ht = holm_confirmed(&rows, complete, |d| d.t.0);
         let hf = holm_confirmed(&rows, complete, |d| d.flip.0);
-        let standard = c.seeds.get("standard").map_or("not run".into(), |r| {
-            format!(
-                "{:.1}",
-                r.iter().map(|r| r.eval_tokens).sum::<f64>() / r.len() as f64
-            )
-        });
+        // Standard's mean over seeds of one seeds.csv column, at `prec` decimals.
+        let standard_mean = |f: fn(&SeedRow) -> Option<f64>, prec: usize| {
+            c.seeds.get("standard").map_or("not run".into(), |r| {
+                let v: Vec<f64> = r.iter().filter_map(f).collect();
+                if v.is_empty() {
+                    return "-".into();
+                }
+                format!("{:.prec$}", v.iter().sum::<f64>() / v.len() as f64)
+            })
+        };
+        let standard = standard_mean(|r| Some(r.eval_tokens), 1);
+        let accuracy = standard_mean(|r| Some(r.accuracy), 3);
+        let level1 = standard_mean(|r| r.tokens_by_level.first().copied(), 1);
         let added = super::effect::ceiling(c.seeds, c.traj)
             .map_or("-".into(), |i| format!("{:.1} %", 100.0 * i.mean));
-        let _ = write!(s, "| `{}` ({}) | {standard} | {added} |", c.name, c.what);
+        let _ = write!(
+            s,
+            "| `{}` ({}) | {standard} | {accuracy} | {level1} | {added} |",
+            c.name, c.what
+        );
         for id in ROBUSTNESS_CLAIMS {
             let Some(k) = rows.iter().position(|d| d.claim.id == id) else {
                 let _ = write!(s, " not run |");
@@ -178,7 +189,7 @@ mod tests {
         let md = section(&cells);
         let line = |c: &str| md.lines().find(|l| l.starts_with(c)).unwrap_or_default();
         // 40 -> 50 tokens: training added 20 % of Standard's final length.
-        assert!(line("| `main`").starts_with("| `main` (design 3) | 50.0 | 20.0 % | -5.0 tok, +0.000 acc; t **holds (Holm)**, sign-flip **holds (Holm)** |"), "{md}");
+        assert!(line("| `main`").starts_with("| `main` (design 3) | 50.0 | 0.800 | 50.0 | 20.0 % | -5.0 tok, +0.000 acc; t **holds (Holm)**, sign-flip **holds (Holm)** |"), "{md}");
         assert!(
             line("| `flat`").contains("+3.0 tok, +0.000 acc; t fails, sign-flip fails |"),
             "{md}"

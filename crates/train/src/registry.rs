@@ -3,14 +3,14 @@
 //! entries, which `register_shaper`, `register_estimator` and `register_loss` add (as verl's
 //! `register_adv_est` / `register_policy_loss` do). A name is taken once: registering a
 //! built-in's name or a name twice is refused with one line. One key chooses among a kind's
-//! names: `reward.shaper.method`, `advantage.estimator`, `grpo.loss` (config/registered.rs; a
+//! names: `reward.shaper.method`, `advantage.estimator`, `grpo.loss` (`config::Chosen`, config/registered.rs; a
 //! registered method's factory gets the other keys of its table, `[grpo.loss_params]` for a
 //! loss); the builder (builder.rs) looks them up, and an unknown name is an error that lists
 //! the kind's names, raised before anything is loaded or written. A built-in and a registered
 //! method come out alike, as the kind's trait object (`LengthShaper`, `AdvantageEstimator`,
 //! `PolicyLoss`): the trainer holds no fallback of its own.
 
-use crate::config::{builtin_estimators, builtin_losses, builtin_shapers, RunConfig};
+use crate::config::{builtin_estimators, builtin_losses, builtin_shapers, Chosen, RunConfig};
 use crate::step::gspo::GspoParams;
 use crate::step::loss::{PolicyLoss, PpoParams};
 use anyhow::{bail, Result};
@@ -146,13 +146,13 @@ pub fn register_loss(name: &str, factory: LossFactory) -> Result<()> {
 /// The shaper a config names: a registered one by `reward.shaper.method`, else the built-in
 /// `[reward]` method (validated once, here).
 pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn LengthShaper>> {
-    match &cfg.registered().shaper {
-        Some(c) => {
+    match &cfg.reward.shaper {
+        Chosen::Registered(c) => {
             let f = registry().shapers.factory(&c.name)?;
             f(&c.params)
         }
-        None => Ok(Box::new(
-            terse_reward::BuiltinShaper::new(cfg.reward.clone())
+        Chosen::Builtin(_) => Ok(Box::new(
+            terse_reward::BuiltinShaper::new(cfg.reward.builtin())
                 .map_err(|e| anyhow::anyhow!("reward: {e}"))?,
         )),
     }
@@ -161,24 +161,25 @@ pub fn configured_shaper(cfg: &RunConfig) -> Result<Box<dyn LengthShaper>> {
 /// The estimator a config names by `advantage.estimator`: a registered one, else the
 /// built-in `[advantage]` estimator (the same trait object either way).
 pub(crate) fn configured_estimator(cfg: &RunConfig) -> Result<Box<dyn AdvantageEstimator>> {
-    match &cfg.registered().estimator {
-        Some(c) => {
+    match &cfg.advantage {
+        Chosen::Registered(c) => {
             let f = registry().estimators.factory(&c.name)?;
             f(&c.params)
         }
-        None => Ok(Box::new(cfg.advantage)),
+        Chosen::Builtin(a) => Ok(Box::new(*a)),
     }
 }
 
-/// The policy loss a config names by `grpo.loss`: a registered one, else the built-in PPO-clip
-/// or GSPO with `[grpo]`'s settings (the same trait object either way).
+/// The policy loss a config names by `grpo.loss`: a registered one (its parameters:
+/// `[grpo.loss_params]`), else the built-in PPO-clip or GSPO with `[grpo]`'s settings (the same
+/// trait object either way).
 pub(crate) fn configured_loss(cfg: &RunConfig) -> Result<Box<dyn PolicyLoss>> {
-    match &cfg.registered().loss {
-        Some(c) => {
+    match &cfg.grpo.loss {
+        Chosen::Registered(c) => {
             let f = registry().losses.factory(&c.name)?;
-            f(&c.params)
+            f(cfg.grpo.loss_params.as_ref().unwrap_or(&c.params))
         }
-        None => Ok(match GspoParams::of_grpo(&cfg.grpo) {
+        Chosen::Builtin(_) => Ok(match GspoParams::of_grpo(&cfg.grpo) {
             Some(gspo) => Box::new(gspo),
             None => Box::new(PpoParams::from(&cfg.grpo)),
         }),
@@ -188,15 +189,14 @@ pub(crate) fn configured_loss(cfg: &RunConfig) -> Result<Box<dyn PolicyLoss>> {
 /// Every registered name the config gives is registered: the builder checks this before
 /// anything is loaded or written, so a misspelt name loses nothing.
 pub fn check(cfg: &RunConfig) -> Result<()> {
-    let chosen = cfg.registered();
     let r = registry();
-    if let Some(c) = &chosen.shaper {
+    if let Some(c) = cfg.reward.shaper.registered() {
         r.shapers.factory(&c.name)?;
     }
-    if let Some(c) = &chosen.estimator {
+    if let Some(c) = cfg.advantage.registered() {
         r.estimators.factory(&c.name)?;
     }
-    if let Some(c) = &chosen.loss {
+    if let Some(c) = cfg.grpo.loss.registered() {
         r.losses.factory(&c.name)?;
     }
     Ok(())
@@ -264,7 +264,8 @@ mod tests {
                 "{n}"
             );
             let g: crate::config::GrpoSection = toml::from_str(&format!("loss = {n:?}")).expect(n);
-            assert_eq!(builtin_losses()[g.loss as usize], *n);
+            let kind = g.loss.builtin().copied().expect(n);
+            assert_eq!(builtin_losses()[kind as usize], *n);
         }
     }
 }

@@ -5,11 +5,19 @@
 //! loop iteration (sass.rs, model.rs), the shared-memory wavefronts of each access (banks.rs,
 //! with the lane addresses of profile/), and prints per kernel the bound and the estimated share
 //! of the H200's dense bf16 peak, with a summary per family and a JSON copy under target/.
+//! The FA2 kernels' inputs to the timing model (timing.rs: the main loop's counts, the warp's
+//! dependency latency from latency.rs, registers, shared memory) go to
+//! target/kernel-model/model-inputs.json; `--check-measured` (measured.rs) checks the timing model
+//! against the committed H200 measurement.
 
 mod banks;
+mod latency;
+mod measured;
 mod model;
+mod optional;
 mod profile;
 mod sass;
+mod timing;
 
 use anyhow::{bail, Context, Result};
 use profile::{Kernel, Role};
@@ -43,12 +51,25 @@ fn tools(root: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((dir.join("bin/nvcc"), dir.join("bin/nvdisasm")))
 }
 
-/// The SASS of kernels/`file` for sm_90, with inlined line info (the cubin under `out`).
-fn disassemble(root: &Path, defines: &[(String, u64)], out: &Path, file: &str) -> Result<String> {
+/// The SASS of kernels/`file` for sm_90, with inlined line info and control bits (the cubin
+/// under `out`), and each function's registers as ptxas reports them.
+fn disassemble(
+    root: &Path,
+    defines: &[(String, u64)],
+    out: &Path,
+    file: &str,
+) -> Result<(String, Vec<(String, u64)>)> {
     let (nvcc, nvdisasm) = tools(root)?;
     let cubin = out.join(Path::new(file).with_extension("cubin"));
     let mut cmd = Command::new(&nvcc);
-    cmd.args(["-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-lineinfo"]);
+    cmd.args([
+        "-arch=sm_90",
+        "-cubin",
+        "-O3",
+        "-std=c++17",
+        "-lineinfo",
+        "--resource-usage",
+    ]);
     for (k, v) in defines {
         cmd.arg(format!("-D{k}={v}"));
     }
@@ -64,15 +85,44 @@ fn disassemble(root: &Path, defines: &[(String, u64)], out: &Path, file: &str) -
             String::from_utf8_lossy(&o.stderr)
         );
     }
+    let registers = ptxas_registers(&format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    ));
     let o = Command::new(&nvdisasm)
-        .args(["-c", "-gi"])
+        .args(["-c", "-gi", "-hex"])
         .arg(&cubin)
         .output()
         .with_context(|| format!("running {}", nvdisasm.display()))?;
     if !o.status.success() {
         bail!("nvdisasm failed: {}", String::from_utf8_lossy(&o.stderr));
     }
-    String::from_utf8(o.stdout).context("nvdisasm printed something that is not UTF-8")
+    let sass =
+        String::from_utf8(o.stdout).context("nvdisasm printed something that is not UTF-8")?;
+    Ok((sass, registers))
+}
+
+/// (function, registers) from ptxas's `--resource-usage` lines: `Function properties for F`
+/// followed by `Used N registers`.
+fn ptxas_registers(text: &str) -> Vec<(String, u64)> {
+    let mut out = vec![];
+    let mut function = None;
+    for line in text.lines() {
+        if let Some(f) = line.split("Function properties for ").nth(1) {
+            function = Some(f.trim().to_string());
+        } else if let (Some(f), Some(n)) = (
+            function.as_ref(),
+            line.split("Used ")
+                .nth(1)
+                .and_then(|r| r.split(" registers").next())
+                .and_then(|n| n.trim().parse().ok()),
+        ) {
+            out.push((f.clone(), n));
+            function = None;
+        }
+    }
+    out
 }
 
 fn define(defines: &[(String, u64)], name: &str) -> Result<u64> {
@@ -93,8 +143,11 @@ struct Main {
     counts: model::Counts,
 }
 
-pub fn run() -> Result<ExitCode> {
+pub fn run(check_measured: bool) -> Result<ExitCode> {
     let root = std::env::current_dir()?;
+    if check_measured {
+        return check_measured_run(&root);
+    }
     let defines = kernel_defines(&root)?;
     let (warps, keys) = (
         define(&defines, "TERSE_FLASH_TC_WARPS")?,
@@ -123,15 +176,28 @@ pub fn run() -> Result<ExitCode> {
     );
     let mut records = vec![];
     let mut mains = vec![];
+    let mut inputs = vec![];
     for s in &sources {
-        let functions = sass::parse(&disassemble(&root, &defines, &out, s.file)?)?;
+        let (text, registers) = disassemble(&root, &defines, &out, s.file)?;
+        let functions = sass::parse(&text)?;
         for k in &s.kernels {
             let (rows, main) = kernel(k, &functions, &g)?;
             records.push(json!({"kernel": k.name, "file": s.file, "family": k.family,
                 "d": k.d, "main_loop_line": k.main_line, "loops": rows}));
+            if k.family == "FA2" {
+                inputs.push(timing_inputs(k, &functions, &main, &registers, warps)?);
+            }
             mains.extend(main);
         }
     }
+    predictions(&inputs);
+    let path = out.join("model-inputs.json");
+    let doc = json!({"produced_by": "cargo xtask kernel-model (xtask/src/kernel_model/)",
+        "shape": {"hq": 16, "hkv": 8},
+        "kernels": inputs.iter().map(measured::Inputs::json).collect::<Vec<_>>()});
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("written: {}", path.display());
     let summary = summary(&mains, &g)?;
     let path = out.join("flash.json");
     let doc = json!({"estimate": true, "gpu": {"name": "H200 SXM", "sms": g.sms,
@@ -143,6 +209,141 @@ pub fn run() -> Result<ExitCode> {
         .with_context(|| format!("writing {}", path.display()))?;
     println!("\nwritten: {}", path.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// `cargo xtask kernel-model --check-measured`: the timing model against the committed
+/// measurement, failing when a kernel is past 20 %.
+fn check_measured_run(root: &Path) -> Result<ExitCode> {
+    let dir = root.join(measured::DIR);
+    let k = timing::H200_FIT;
+    println!(
+        "kernel-model --check-measured: {} (Nsight Compute durations; inputs from the SASS of \
+         the measured kernels: model-inputs.json). Fitted: contention {} cycles^2 over the \
+         warps' latency, block {} \
+         cycles, launch {:.1} us; mma.sync at {:.2} of the dense rate; L2 {:.1} TB/s",
+        measured::DIR,
+        k.contention,
+        k.block_cycles,
+        k.launch_s * 1e6,
+        k.mma_rate,
+        k.l2_bytes_per_s / 1e12
+    );
+    let rows = measured::check(&dir, &model::H200, &k, &timing::SM90)?;
+    if measured::print(&rows) {
+        println!("every kernel within 20 %");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("a kernel is past 20 %: the model does not reproduce the measurement");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// The timing model's inputs of FA2 kernel `k`: its main loop's counts (without the optional
+/// blocks), a lone warp's cycles per instruction over that loop, its registers (ptxas) and
+/// shared memory (its layout, fa2.rs).
+fn timing_inputs(
+    k: &Kernel,
+    functions: &[sass::Function],
+    mains: &[Main],
+    registers: &[(String, u64)],
+    warps: u64,
+) -> Result<measured::Inputs> {
+    let f = functions
+        .iter()
+        .find(|f| f.name == k.name)
+        .with_context(|| format!("no function {} in the SASS", k.name))?;
+    let main = mains
+        .iter()
+        .find(|m| m.base)
+        .with_context(|| format!("{}: no main loop", k.name))?;
+    let l = f
+        .loops()
+        .into_iter()
+        .find(|l| {
+            f.back_edge(l)
+                .and_then(|b| b.lines_in(k.profile.file()).first().copied())
+                == Some(k.main_line)
+        })
+        .with_context(|| format!("{}: no main loop", k.name))?;
+    let p = k.profile.as_ref();
+    let mma = model::H200.flop_per_clock / timing::SM90.schedulers * timing::H200_FIT.mma_rate;
+    let optional = optional::optional(f, &l, p);
+    let latency = latency::cycles_per_instruction(
+        f,
+        &l,
+        &|i| optional.contains(&i.addr),
+        &latency::HOPPER,
+        sass::hmma_flops("HMMA.16816") / mma,
+    )
+    .with_context(|| format!("{}: the SASS has no control bits", k.name))?;
+    let registers = registers
+        .iter()
+        .find(|(n, _)| *n == k.name)
+        .map(|&(_, r)| r)
+        .with_context(|| format!("ptxas reported no registers for {}", k.name))?;
+    Ok(measured::Inputs {
+        name: k.name.clone(),
+        role: k.role,
+        d: k.d,
+        warps,
+        registers,
+        shared: profile::fa2::shared_bytes(k.role, k.d),
+        area: k.area,
+        step: timing::Step {
+            counts: main.counts,
+            latency,
+        },
+    })
+}
+
+/// Prints the timing model's predictions for the FA2 kernels at gpu-check's shapes (causal,
+/// Hq 16, Hkv 8: the forward at T = 8192, the three kernels at T = 4096): each launch's time,
+/// the forward's TFLOP/s as gpu-check counts them (4 Hq D T^2 / 2, over the dense peak) and the
+/// three kernels' sum per head size.
+fn predictions(inputs: &[measured::Inputs]) {
+    println!("\npredicted (timing model, H200; causal, Hq 16, Hkv 8):");
+    let mut sums: Vec<(u64, u64, f64)> = vec![];
+    for i in inputs {
+        for t in [4096, 8192] {
+            let s = measured::Shape { t, hq: 16, hkv: 8 };
+            let p = timing::predict(
+                &measured::launch(i, s),
+                &i.step,
+                &model::H200,
+                &timing::H200_FIT,
+                &timing::SM90,
+            );
+            let rate = if i.role == Role::Forward {
+                let flops = 4.0 * (s.hq * i.d) as f64 * (t * t) as f64 / 2.0 / p.seconds;
+                format!(
+                    ", {:.0} TFLOP/s = {:.1} % of peak",
+                    flops / 1e12,
+                    100.0 * flops / model::H200.peak()
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "  {:<26} T = {t:>5}: {:>8.1} us{rate}  ({} blocks/SM by {}, {:.2} waves, latency {:.2} cycles/instr)",
+                i.name,
+                p.seconds * 1e6,
+                p.blocks_per_sm,
+                p.limit,
+                p.waves,
+                i.step.latency
+            );
+            match sums.iter_mut().find(|(d, tt, _)| *d == i.d && *tt == t) {
+                Some(sum) => sum.2 += p.seconds,
+                None => sums.push((i.d, t, p.seconds)),
+            }
+        }
+    }
+    for (d, t, seconds) in sums {
+        println!(
+            "  D = {d:>3}, T = {t:>5}: forward + dQ + dK/dV kernels {:.1} us",
+            seconds * 1e6
+        );
+    }
 }
 
 /// Prints kernel `k`'s table (the loops that do tensor work) and returns every loop's JSON and

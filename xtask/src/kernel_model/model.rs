@@ -9,7 +9,7 @@ use super::banks;
 use super::profile::{Chain, Profile, Trips};
 use super::sass::{class, hmma_flops, is_store, width, Class, Function, Instr, Loop};
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// H200 SXM. Sources: NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200: 4.8 TB/s HBM3e,
 /// 1,979 TFLOP/s bf16 *with sparsity*, so 989 dense); NVIDIA H100 Tensor Core GPU Architecture
@@ -211,8 +211,19 @@ fn peel(f: &Function, own: &[&Instr], back: &Chain, t: &Trips) -> Option<(Vec<u3
     Some((region.iter().map(|i| i.addr).collect(), iterations))
 }
 
-/// Counts of one iteration of `l` in `f`.
+/// Counts of one iteration of `l` in `f`, its optional code (optional.rs) apart.
 pub fn count(f: &Function, l: &Loop, all: &[Loop], p: &dyn Profile) -> LoopCounts {
+    count_with(f, l, all, p, &super::optional::optional(f, l, p))
+}
+
+/// `count` with the addresses of the optional code of the outermost loop counted.
+fn count_with(
+    f: &Function,
+    l: &Loop,
+    all: &[Loop],
+    p: &dyn Profile,
+    optional: &HashSet<u32>,
+) -> LoopCounts {
     let children = Function::children(l, all);
     let own = direct(f, l, all);
     let mut out = LoopCounts::default();
@@ -251,7 +262,7 @@ pub fn count(f: &Function, l: &Loop, all: &[Loop], p: &dyn Profile) -> LoopCount
         }));
     }
     for i in own {
-        let bucket = if p.is_optional(&i.chain) {
+        let bucket = if optional.contains(&i.addr) {
             &mut out.optional
         } else {
             &mut out.base
@@ -262,14 +273,13 @@ pub fn count(f: &Function, l: &Loop, all: &[Loop], p: &dyn Profile) -> LoopCount
         );
     }
     for (c, trips) in children.iter().zip(iterations) {
-        let inner = count(f, c, all, p);
-        let back = f.back_edge(c).map(|b| b.chain.clone()).unwrap_or_default();
+        let inner = count_with(f, c, all, p, optional);
         let trips = trips.unwrap_or_else(|| {
             out.unknown_trips += 1;
             1.0
         });
         let whole = inner.base.plus(&inner.optional);
-        if p.is_optional(&back) {
+        if optional.contains(&c.back) {
             out.optional.add(&whole, trips);
         } else {
             out.base.add(&inner.base, trips);

@@ -1,5 +1,6 @@
-//! The SASS side of `cargo xtask kernel-model`: parses `nvdisasm -c -gi` text into functions
-//! (instructions with their address, opcode, branch target and inlined source-line chain), finds
+//! The SASS side of `cargo xtask kernel-model`: parses `nvdisasm -c -gi -hex` text into functions
+//! (instructions with their address, opcode, branch target, inlined source-line chain and the
+//! scheduling control bits ptxas encodes beside each instruction), finds
 //! the loops from back-edges and classes each instruction. Pure functions over text: the tests
 //! run on a fixture cut from real nvdisasm output, without nvcc.
 
@@ -19,6 +20,38 @@ pub struct Instr {
     /// Its source position, innermost first: (file name, line) for the code itself, then each
     /// call site it was inlined at.
     pub chain: Vec<(String, u32)>,
+    /// Its control bits, when the text carries the encodings (`-hex`).
+    pub control: Option<Control>,
+}
+
+/// The scheduling control ptxas encodes in bits 105-125 of each sm_70+ instruction (the high
+/// 64-bit word's bits 41-61): the cycles the warp stalls before its next instruction (the
+/// fixed-latency dependencies ptxas resolved statically), the scoreboard a variable-latency
+/// result (shared or global load, MUFU, shuffle) or a source read releases, and the scoreboards
+/// it waits on before issuing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Control {
+    pub stall: u32,
+    /// Scoreboard set until the result is written (None: fixed latency).
+    pub write: Option<u8>,
+    /// Scoreboard set until the sources are read.
+    pub read: Option<u8>,
+    /// Scoreboards (bit k: number k) it waits for.
+    pub wait: u8,
+}
+
+impl Control {
+    /// From the high 64-bit word of an instruction's encoding.
+    pub fn from_high(word: u64) -> Control {
+        let c = word >> 41;
+        let board = |v: u64| (v != 7).then_some(v as u8);
+        Control {
+            stall: (c & 0xf) as u32,
+            write: board((c >> 5) & 7),
+            read: board((c >> 8) & 7),
+            wait: ((c >> 11) & 0x3f) as u8,
+        }
+    }
 }
 
 impl Instr {
@@ -171,6 +204,19 @@ pub fn parse(text: &str) -> Result<Vec<Function>> {
             chain.push((file.rsplit('/').next().unwrap_or(file).to_string(), num));
         } else if line.starts_with(".L_x_") && line.ends_with(':') {
             pending_labels.push(line.trim_end_matches(':').to_string());
+        } else if let Some(hex) = line
+            .strip_prefix("/* 0x")
+            .and_then(|r| r.strip_suffix("*/"))
+        {
+            // `-hex` prints an instruction's two 64-bit words: the low one on its line, the
+            // high one (with the control bits) alone on the next.
+            let word = u64::from_str_radix(hex.trim(), 16)
+                .with_context(|| format!("SASS line {}: encoding `{hex}`", n + 1))?;
+            if let Some(i) = out.last_mut().and_then(|f| f.instrs.last_mut()) {
+                if i.control.is_none() {
+                    i.control = Some(Control::from_high(word));
+                }
+            }
         } else if let Some(rest) = line.strip_prefix("/*") {
             chain_open = false;
             let Some(f) = out.last_mut() else {
@@ -184,7 +230,8 @@ pub fn parse(text: &str) -> Result<Vec<Function>> {
                 .with_context(|| format!("SASS line {}: no address in `{line}`", n + 1))?;
             let addr = u32::from_str_radix(hex.trim(), 16)
                 .with_context(|| format!("SASS line {}: address `{hex}`", n + 1))?;
-            let body = body.trim().trim_end_matches(';').trim();
+            // The instruction, without the `;` and the low word `-hex` prints after it.
+            let body = body.split(';').next().unwrap_or_default().trim();
             let mut words = body.split_whitespace();
             let mut op = words.next().unwrap_or_default();
             let mut guard = None;
@@ -208,6 +255,7 @@ pub fn parse(text: &str) -> Result<Vec<Function>> {
                 guard,
                 target,
                 chain: chain.clone(),
+                control: None,
             });
         }
     }

@@ -321,6 +321,12 @@ fn the_committed_v4_reports_follow_from_their_csv() {
             _ => effect::section(&runs, &traj),
         };
         assert!(md.contains(&part), "{}: recomputed:\n{part}", dir.display());
+        let by_level = levels::section(&runs, &traj);
+        assert!(
+            md.contains(&by_level),
+            "{}: recomputed:\n{by_level}",
+            dir.display()
+        );
         // The main report's side-by-side table follows from every committed cell's tables.
         if scope == Scope::Main {
             let side = robust_section(&dir, &runs, &traj).expect("the cells' tables");

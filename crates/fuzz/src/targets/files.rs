@@ -15,6 +15,7 @@ pub fn dataset() -> Target {
         about: "dataset::load of .jsonl and .parquet files with three column layouts (flat, \
                 verl's nested ground truth, Logic-RL's K&K), bad rows refused and skipped",
         dict: include_str!("../../dict/dataset.dict"),
+        words: None,
         max_len: 256 << 10,
         planted: false,
         builtin: &[],
@@ -61,6 +62,7 @@ pub fn tokenizer() -> Target {
         about: "load::load_tokenizer (tokenizers::Tokenizer from tokenizer.json), then \
                 load::encode of chat text, decode of the ids and of ids past the vocabulary",
         dict: include_str!("../../dict/tokenizer.dict"),
+        words: None,
         max_len: 256 << 10,
         planted: false,
         builtin: &[],
@@ -102,6 +104,7 @@ pub fn metrics() -> Target {
                 repro summary read), tensorboard::scalars_of per record, and MetricsWriter::open \
                 of a resume keeping the lines it will not write again",
         dict: include_str!("../../dict/metrics.dict"),
+        words: None,
         max_len: 256 << 10,
         planted: false,
         builtin: &[],

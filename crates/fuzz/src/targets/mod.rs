@@ -41,6 +41,9 @@ pub struct Target {
     /// The hand-written dictionary (crates/fuzz/dict/<name>.dict, libFuzzer's format); the
     /// corpus's own words are added to it.
     pub dict: &'static str,
+    /// Dictionary tokens derived from the code rather than written in `dict` (the config's
+    /// method names, from the enums that define them).
+    pub words: Option<fn() -> Vec<String>>,
     /// Inputs are truncated to this many bytes.
     pub max_len: usize,
     /// A harness self-test target, run only when named.
@@ -70,9 +73,10 @@ impl Target {
             .collect())
     }
 
-    /// The dictionary: the hand-written tokens, then the corpus's words.
+    /// The dictionary: the hand-written tokens, the derived ones, then the corpus's words.
     pub fn dictionary(&self, corpus: &[Entry]) -> Vec<String> {
         let mut d = corpus::parse_dict(self.dict);
+        d.extend(self.words.map(|w| w()).unwrap_or_default());
         d.extend(corpus::words(corpus));
         d
     }
@@ -135,6 +139,7 @@ fn planted_target(name: &'static str, about: &'static str, run: fn(&Input, &Ctx)
         name,
         about,
         dict: "\"bug\"\n",
+        words: None,
         max_len: 4096,
         planted: true,
         builtin: SEED,
@@ -227,5 +232,32 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), all.len());
+    }
+
+    /// The config dictionary holds every method name, read from the enums that define them,
+    /// and config.dict repeats none by hand (`short_rl` is also a math scorer's value there).
+    #[test]
+    fn the_config_dictionary_names_every_method_from_its_enum() {
+        let t = find("config").expect("the config target");
+        let d = t.dictionary(&[]);
+        for n in [
+            "\"laser_d\"",
+            "\"grpo_lead\"",
+            "\"reinforce_pp\"",
+            "\"gspo-token\"",
+        ] {
+            assert!(d.iter().any(|w| w == n), "{n} is not in the dictionary");
+        }
+        let hand = corpus::parse_dict(t.dict);
+        let derived = t.words.map(|w| w()).unwrap_or_default();
+        assert!(derived.len() > 15, "{derived:?}");
+        let repeated: Vec<&String> = derived
+            .iter()
+            .filter(|w| hand.contains(w) && w.as_str() != "\"short_rl\"")
+            .collect();
+        assert!(
+            repeated.is_empty(),
+            "config.dict lists {repeated:?} by hand"
+        );
     }
 }

@@ -17,11 +17,25 @@ pub fn config() -> Target {
                 ModelSection::forward_options, plan::plan, and the resolved config.toml a run \
                 saves parsed back to the same config",
         dict: include_str!("../../dict/config.dict"),
+        words: Some(method_names),
         max_len: 64 << 10,
         planted: false,
         builtin: &[],
         run: run_config,
     }
+}
+
+/// Every name `reward.shaper.method`, `advantage.estimator` and `grpo.loss` take, quoted as a
+/// TOML string: the built-ins' enums list them (`terse_train::config::builtin_shapers` and its
+/// siblings), so a new method reaches the dictionary without an edit here.
+pub(super) fn method_names() -> Vec<String> {
+    use terse_train::config::{builtin_estimators, builtin_losses, builtin_shapers};
+    builtin_shapers()
+        .iter()
+        .chain(builtin_estimators())
+        .chain(builtin_losses())
+        .map(|n| format!("{n:?}"))
+        .collect()
 }
 
 fn run_config(input: &Input, _: &Ctx) {
@@ -61,6 +75,7 @@ pub fn template() -> Target {
         about: "ChatTemplate::from_tokenizer_config and render (three conversations, generation \
                 prompt and thinking on and off); render_plain for .txt seeds",
         dict: include_str!("../../dict/template.dict"),
+        words: None,
         max_len: 64 << 10,
         planted: false,
         builtin: &[],
@@ -96,6 +111,7 @@ pub fn kk() -> Target {
         name: "kk",
         about: "kk::score on a completion against a solution text, and kk::parse_solution",
         dict: include_str!("../../dict/kk.dict"),
+        words: None,
         max_len: 64 << 10,
         planted: false,
         builtin: &[],
@@ -122,6 +138,7 @@ pub fn math() -> Target {
         about: "math::extract_boxed / extract_final_boxed / extract_gsm8k / extract_answer_tag, \
                 normalize, numeric_value, equivalent, score_short_rl, score_easyr1",
         dict: include_str!("../../dict/math.dict"),
+        words: None,
         max_len: 64 << 10,
         planted: false,
         builtin: &[],

@@ -30,6 +30,7 @@ pub fn safetensors() -> Target {
                 against config.json), candle's load_buffer, checkpoint::first_non_finite_weight, \
                 AdamW::from_safetensors",
         dict: include_str!("../../dict/safetensors.dict"),
+        words: None,
         max_len: 256 << 10,
         planted: false,
         builtin: &[],
@@ -68,6 +69,7 @@ pub fn checkpoint() -> Target {
                 shaper's restore, load_checkpoint_model (config.json, weights or LoRA adapters), \
                 first_non_finite, AdamW::from_safetensors, load_tokenizer, last_good",
         dict: include_str!("../../dict/checkpoint.dict"),
+        words: None,
         max_len: 256 << 10,
         planted: false,
         builtin: &[],

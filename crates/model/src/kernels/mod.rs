@@ -1,5 +1,5 @@
 //! The CUDA kernels of kernels/*.cu as candle custom ops, one file per kernel family (one per
-//! .cu file): rmsnorm.rs, rope.rs, logprob.rs, kv_cache.rs, paged_attention.rs, sample/ and flash/. Each
+//! .cu file): rmsnorm.rs, rope.rs, logprob.rs, kv_cache.rs, paged_attention.rs (with paged_split.rs, its flash-decoding launch), sample/ and flash/. Each
 //! holds the family's op (its [`op::Kernel`] impl: the CPU path runs the family's f32 reference,
 //! the CUDA path launches the kernel), its shape checks (run before every launch, on every
 //! device, so a wrong shape is an error, never an out-of-bounds read), its reference, its launch
@@ -21,6 +21,7 @@ mod launching;
 pub(crate) mod logprob;
 pub(crate) mod op;
 pub(crate) mod paged_attention;
+pub(crate) mod paged_split;
 pub(crate) mod rmsnorm;
 pub(crate) mod rope;
 pub mod sample;
@@ -45,6 +46,8 @@ pub mod launch {
     pub use crate::kernels::kv_cache::launch::*;
     pub use crate::kernels::logprob::launch::*;
     pub use crate::kernels::paged_attention::launch::*;
+    pub use crate::kernels::paged_split::launch::*;
+    pub use crate::kernels::paged_split::{SplitPlan, MAX_SPLITS, SPLIT_CHUNK};
     pub use crate::kernels::rmsnorm::launch::*;
     pub use crate::kernels::rope::launch::*;
     pub use crate::kernels::sample::launch::*;

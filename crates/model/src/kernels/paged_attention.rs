@@ -1,6 +1,8 @@
 //! The paged cache's decode-step kernels (kernels/paged_attention.cu), everything about them in
 //! one place: `paged_kv_write` (a new token's K or V into its block, in place) and
-//! `paged_decode_attention` (one query per row over its block table), with `PagedMeta` (a step's
+//! `paged_decode_attention` (one query per row over its block table; on CUDA through
+//! paged_split.rs's flash-decoding kernels unless `TERSE_FLASH_DECODING=0`, then through the
+//! one-block-per-head reference kernel here), with `PagedMeta` (a step's
 //! block tables, lengths and write slots, checked on the host and uploaded once for every
 //! layer), their shape checks, f32 CPU references, launch descriptions and CUDA launches.
 //!
@@ -22,6 +24,31 @@ pub struct PagedMeta {
     /// The same three on the pools' device (u32, read as i32 by the kernels).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) dev: [Tensor; 3],
+}
+
+impl PagedMeta {
+    /// A step's meta from its flat tables (`maxb` per row), lengths and write slots, checked
+    /// against a pool of `nb` blocks of `bs` slots and uploaded to `device` (tests and gpu-check
+    /// build steps this way, without a `PagedKvCache`).
+    pub(crate) fn from_tables(
+        tables: Vec<u32>,
+        maxb: usize,
+        lens: Vec<u32>,
+        slots: Vec<u32>,
+        [nb, bs]: [usize; 2],
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        check::paged_tables(&tables, maxb, &lens, &slots, [nb, bs])?;
+        let up = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
+        let dev = [up(&tables)?, up(&lens)?, up(&slots)?];
+        Ok(Self {
+            tables,
+            maxb,
+            lens,
+            slots,
+            dev,
+        })
+    }
 }
 
 /// Writes src (B, Hkv, D), row r at `meta.slots[r]`, into the pool (NB, Hkv, BS, D), in place.
@@ -299,7 +326,9 @@ pub mod launch {
     }
 }
 
-/// The CUDA launches (the `cuda` feature only), each through its launch description.
+/// The CUDA launches (the `cuda` feature only), each through its launch description; decode
+/// attention hands its checked step to paged_split.rs's split kernels (flash-decoding, the
+/// default) unless `TERSE_FLASH_DECODING=0`.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
@@ -370,15 +399,27 @@ mod cuda {
                 lv.dims(),
                 meta.lens.len(),
             )?;
-        let st = store(q.dtype(), "paged attention")?;
-        let l = launch::paged_decode_attention(st, [b, hq, hkv, bs, meta.maxb, d]);
-        let f = func!(dev, l)?;
         let (gt, gl) = (
             meta.dev[0].storage_and_layout(),
             meta.dev[1].storage_and_layout(),
         );
         let tables = meta_view(&gt.0, gt.1, "block tables")?;
         let lens = meta_view(&gl.0, gl.1, "lengths")?;
+        let dims = [b, hq, hkv, bs, meta.maxb, d];
+        if crate::kernels::paged_split::flash_decoding() {
+            let out = crate::kernels::paged_split::cuda::paged_decode_attention(
+                (q, lq),
+                (k, lk),
+                (v, lv),
+                dims,
+                &tables,
+                &lens,
+            )?;
+            return Ok((out, lq.shape().clone()));
+        }
+        let st = store(q.dtype(), "paged attention")?;
+        let l = launch::paged_decode_attention(st, dims);
+        let f = func!(dev, l)?;
         let out = by_dtype!(q.dtype(), "paged attention", T => {
             let (qv, kv, vv) = (
                 view::<T>(q, lq, "q")?,

@@ -15,6 +15,7 @@ mod fused_step;
 mod graphs;
 
 pub use crate::kernels::paged_attention::PagedMeta;
+pub use crate::kernels::paged_split::{reset_flash_decoding, set_flash_decoding};
 use candle_core::{DType, Device, Result, Tensor};
 pub use forward::PagedSeq;
 pub use graphs::DecodeGraphs;

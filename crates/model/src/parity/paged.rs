@@ -2,9 +2,13 @@
 //! `kernels::paged_decode_attention`): K/V written token
 //! by token into blocks scattered over the pool (four sequences growing in turn, so their
 //! blocks interleave), then one decode attention over the block tables, on the device against
-//! the CPU reference, in f32 and in bf16. Part of `parity::groups`.
+//! the CPU reference, in f32 and in bf16; then rows of 1 to 8,300 slots in one batch (up to
+//! flash-decoding's 32 splits) through the split kernels and through today's one-block-per-head
+//! kernel (`TERSE_FLASH_DECODING=0`), and each row alone against the same row in the batch, bit
+//! for bit. Part of `parity::groups`.
 
 use super::common::{bf16_round, bf16_tolerance, rnd, row, Row};
+use crate::kernels::paged_split::{reset_flash_decoding, set_flash_decoding};
 use crate::kernels::{paged_decode_attention, paged_kv_write, PagedMeta};
 use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{DType, Device, Result, Tensor};
@@ -53,17 +57,109 @@ fn paged_attention(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
     paged_decode_attention(&prep(rnd(&[4, hq, d], 7)?)?, &pk, &pv, &meta)
 }
 
+/// Context lengths of the long step: one slot, one split exactly, one past it, several splits,
+/// and more than 32 · 256 (the split count capped, longer splits).
+const LONG: [usize; 5] = [1, 256, 257, 1500, 8300];
+
+/// Slots per block of the long step's pool.
+const LONG_BS: usize = 16;
+
+/// Decode attention of rows `LONG[rows]` over pools of random K/V, each row's blocks scattered
+/// over the pool (ids by a fixed permutation) -> (rows, Hq, D).
+fn long_step(dev: &Device, dt: DType, round: bool, rows: std::ops::Range<usize>) -> Result<Tensor> {
+    let (hq, hkv, d, bs) = (16, 8, 128, LONG_BS);
+    let prep = |t: Tensor| -> Result<Tensor> {
+        let t = if round { bf16_round(&t)? } else { t };
+        t.to_device(dev)?.to_dtype(dt)
+    };
+    let used: Vec<usize> = LONG.iter().map(|l| l.div_ceil(bs)).collect();
+    let nb = used.iter().sum::<usize>() + 1;
+    let maxb = used.iter().copied().max().unwrap_or(1);
+    let mut ids = (0..nb).map(|i| ((i * 7919 + 3) % nb) as u32);
+    let all: Vec<Vec<u32>> = used
+        .iter()
+        .map(|&u| ids.by_ref().take(u).collect())
+        .collect();
+    let (mut tables, mut lens, mut slots) = (vec![], vec![], vec![]);
+    for r in rows.clone() {
+        let len = LONG[r];
+        tables.extend(&all[r]);
+        tables.extend(std::iter::repeat_n(0, maxb - all[r].len()));
+        lens.push(len as u32);
+        slots.push(all[r][(len - 1) / bs] * bs as u32 + ((len - 1) % bs) as u32);
+    }
+    let meta = PagedMeta::from_tables(tables, maxb, lens, slots, [nb, bs], dev)?;
+    let k = prep(rnd(&[nb, hkv, bs, d], 31)?)?;
+    let v = prep(rnd(&[nb, hkv, bs, d], 32)?)?;
+    let q = prep(rnd(&[LONG.len(), hq, d], 33)?)?.narrow(0, rows.start, rows.len())?;
+    let q = q.contiguous()?;
+    paged_decode_attention(&q, &k, &v, &std::sync::Arc::new(meta))
+}
+
+/// The long step's rows with flash-decoding on or off (the process's setting put back after),
+/// and with it on, each row alone (the same values, a batch of one) concatenated.
+fn long_attention(
+    dev: &Device,
+    dt: DType,
+    round: bool,
+    flash: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    set_flash_decoding(flash);
+    let run = || -> Result<(Tensor, Option<Tensor>)> {
+        let batch = long_step(dev, dt, round, 0..LONG.len())?;
+        if !flash {
+            return Ok((batch, None));
+        }
+        let alone = (0..LONG.len())
+            .map(|r| long_step(dev, dt, round, r..r + 1))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((batch, Some(Tensor::cat(&alone, 0)?)))
+    };
+    let out = run();
+    reset_flash_decoding();
+    out
+}
+
+/// The long step's rows: each path against the CPU reference (1e-4, or bf16's tolerance on
+/// rounded inputs), and flash-decoding's rows alone against the batch, exactly.
+fn long_rows(dev: &Device, dt: DType, round: bool, what: &str) -> Result<Vec<Row>> {
+    let c = long_step(&Device::Cpu, DType::F32, round, 0..LONG.len())?;
+    let tol = if round { bf16_tolerance(&c)? } else { 1e-4 };
+    let (flash, alone) = long_attention(dev, dt, round, true)?;
+    let (today, _) = long_attention(dev, dt, round, false)?;
+    let Some(alone) = alone else {
+        crate::fail!("parity: flash-decoding's rows alone were not run");
+    };
+    Ok(vec![
+        row(
+            &format!("{what}paged flash-decoding, rows of 1 to 8300 slots"),
+            &flash,
+            &c,
+            tol,
+        )?,
+        row(
+            &format!("{what}paged one block per head, rows of 1 to 8300 slots"),
+            &today,
+            &c,
+            tol,
+        )?,
+        row(
+            &format!("{what}paged flash-decoding, each row alone = in the batch"),
+            &alone,
+            &flash,
+            0.0,
+        )?,
+    ])
+}
+
 pub(crate) fn paged_f32(dev: &Device) -> Result<Vec<Row>> {
     let (g, c) = (
         paged_attention(dev, DType::F32, false)?,
         paged_attention(&Device::Cpu, DType::F32, false)?,
     );
-    Ok(vec![row(
-        "paged kv write + decode attention",
-        &g,
-        &c,
-        1e-4,
-    )?])
+    let mut rows = vec![row("paged kv write + decode attention", &g, &c, 1e-4)?];
+    rows.extend(long_rows(dev, DType::F32, false, "")?);
+    Ok(rows)
 }
 
 /// `paged_*_bf16` against the f32 reference on bf16-rounded inputs.
@@ -75,10 +171,12 @@ pub(crate) fn paged_bf16(dev: &Device) -> Result<Vec<Row>> {
     };
     let c = paged_attention(&Device::Cpu, DType::F32, true)?;
     let g = paged_attention(dev, dt, true)?;
-    Ok(vec![row(
+    let mut rows = vec![row(
         "bf16 paged kv write + decode attention",
         &g,
         &c,
         bf16_tolerance(&c)?,
-    )?])
+    )?];
+    rows.extend(long_rows(dev, dt, true, "bf16 ")?);
+    Ok(rows)
 }

@@ -63,6 +63,12 @@ impl GrpoSection {
 
     /// The policy loss's clips, rollout correction, KL and gradient clip.
     fn validate_loss(&self) -> Result<()> {
+        if self.loss_params.is_some() && self.loss.builtin().is_some() {
+            bail!(
+                "grpo.loss_params is for a registered grpo.loss; a built-in loss ({}) is configured by [grpo]'s own keys",
+                super::builtin_losses().join(", ")
+            );
+        }
         if !(0.0..1.0).contains(&self.gspo_clip_low) || self.gspo_clip_high < 0.0 {
             bail!(
                 "grpo.gspo_clip_low must be in [0, 1) and gspo_clip_high >= 0, got {} and {}",

@@ -167,10 +167,15 @@ pub fn markdown(mod_rs: &str, sections_rs: &str) -> String {
                 }
             }
             None => {
+                // `Chosen<T>`: the built-in `T`, or a registered method by name (registered.rs).
+                let ty = section
+                    .ty
+                    .strip_prefix("Chosen<")
+                    .and_then(|t| t.strip_suffix('>'))
+                    .unwrap_or(&section.ty);
                 let _ = writeln!(
                     s,
-                    "Typed `{}` (its crate's docs list every key; docs/methods.md explains the methods). Default:\n",
-                    section.ty
+                    "Typed `{ty}` (its crate's docs list every key; docs/methods.md explains the methods). Default:\n"
                 );
                 if let Some(d) = default {
                     let _ = writeln!(s, "```toml\n{}```", toml::to_string(d).unwrap_or_default());

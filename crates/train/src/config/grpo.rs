@@ -2,7 +2,8 @@
 //! defaults and the closed enums that spell its string values; mod.rs assembles it into
 //! `RunConfig`, length.rs reads the length methods' keys.
 
-use serde::{Deserialize, Serialize};
+use super::Chosen;
+use serde::{Deserialize, Deserializer, Serialize};
 use terse_optim::Schedule;
 use terse_rollout::{KvCacheDtype, KvPaging, SamplingParams, StepExit};
 
@@ -80,6 +81,16 @@ fn default_cap() -> f64 {
     2.0
 }
 
+/// `grpo.loss_params`: a table, or one line saying that it must be.
+fn loss_params<'de, D: Deserializer<'de>>(d: D) -> Result<Option<toml::Table>, D::Error> {
+    match toml::Value::deserialize(d)? {
+        toml::Value::Table(t) => Ok(Some(t)),
+        v => Err(serde::de::Error::custom(format!(
+            "grpo.loss_params must be a table of the loss's parameters, got {v}"
+        ))),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoSection {
@@ -110,7 +121,10 @@ pub struct GrpoSection {
     /// Dual-clip constant c (> 1) bounding the loss of negative advantages; None = off.
     pub dual_clip: Option<f64>,
     /// The policy loss: "ppo", "gspo" or "gspo-token", or a registered one by its name (its parameters: `[grpo.loss_params]`).
-    pub loss: PolicyLossKind,
+    pub loss: Chosen<PolicyLossKind>,
+    /// A registered loss's parameters, the table its factory gets; refused with a built-in loss.
+    #[serde(deserialize_with = "loss_params")]
+    pub loss_params: Option<toml::Table>,
     /// GSPO's clip of the sequence ratio below 1 (the paper's 3e-4).
     pub gspo_clip_low: f64,
     /// GSPO's clip of the sequence ratio above 1 (the paper's 4e-4).
@@ -222,7 +236,8 @@ impl Default for GrpoSection {
             clip_low: 0.2,
             clip_high: 0.28,
             dual_clip: Some(3.0),
-            loss: PolicyLossKind::Ppo,
+            loss: Chosen::Builtin(PolicyLossKind::Ppo),
+            loss_params: None,
             gspo_clip_low: 3e-4,
             gspo_clip_high: 4e-4,
             rollout_correction: None,

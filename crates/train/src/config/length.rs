@@ -6,9 +6,9 @@
 //! unbroken one; step/trainer.rs and step/collect.rs apply them to each step's rollout and groups
 //! (step/length_control.rs tests them).
 
-use super::{GrpoSection, RunConfig, TruncatedReward};
+use super::{Chosen, GrpoSection, RewardSection, RunConfig, TruncatedReward};
 use anyhow::{bail, Result};
-use terse_reward::{Method, RewardConfig};
+use terse_reward::Method;
 use terse_rollout::StepExit;
 
 impl GrpoSection {
@@ -99,7 +99,7 @@ struct LMaxSlot<'a> {
 /// CosFn's and DAPO overlong's L_max, ALP's normaliser N, DAST's budget ceiling, CARE's
 /// L_max and LASER-D's largest target (a target at or above the limit rewards every right
 /// completion alike). A method's name is its serde tag, as the config spells it.
-fn l_max_slots(reward: &mut RewardConfig) -> Vec<LMaxSlot<'_>> {
+fn l_max_slots(reward: &mut RewardSection) -> Vec<LMaxSlot<'_>> {
     let method = serde_json::to_value(&reward.shaper)
         .ok()
         .and_then(|v| v.get("method")?.as_str().map(str::to_string))
@@ -110,11 +110,11 @@ fn l_max_slots(reward: &mut RewardConfig) -> Vec<LMaxSlot<'_>> {
         value,
     };
     let mut slots = match &mut reward.shaper {
-        Method::CosFn(m) => vec![shaper(&mut m.l_max)],
-        Method::Alp(m) => vec![shaper(&mut m.l_max)],
-        Method::Dast(m) => vec![shaper(&mut m.l_max)],
-        Method::Care(m) => vec![shaper(&mut m.l_max)],
-        Method::LaserD(m) => vec![shaper(&mut m.l_max)],
+        Chosen::Builtin(Method::CosFn(m)) => vec![shaper(&mut m.l_max)],
+        Chosen::Builtin(Method::Alp(m)) => vec![shaper(&mut m.l_max)],
+        Chosen::Builtin(Method::Dast(m)) => vec![shaper(&mut m.l_max)],
+        Chosen::Builtin(Method::Care(m)) => vec![shaper(&mut m.l_max)],
+        Chosen::Builtin(Method::LaserD(m)) => vec![shaper(&mut m.l_max)],
         _ => vec![],
     };
     if let Some(o) = &mut reward.overlong {
@@ -194,7 +194,7 @@ mod tests {
         }
         let c = parse("[grpo]\nmax_new_tokens = 50\n[reward.shaper]\nmethod = \"alp\"\nbeta = 1\n");
         match &c.reward.shaper {
-            Method::Alp(a) => assert_eq!(a.l_max, 50),
+            Chosen::Builtin(Method::Alp(a)) => assert_eq!(a.l_max, 50),
             m => panic!("{m:?}"),
         }
     }
@@ -206,7 +206,7 @@ mod tests {
             "[grpo]\nmax_new_tokens = 64\n[reward.shaper]\nmethod = \"cos_fn\"\nl_max = 100\n[reward.overlong]\nl_max = 64\nl_cache = 8\n",
         );
         match &c.reward.shaper {
-            Method::CosFn(m) => assert_eq!(m.l_max, 100),
+            Chosen::Builtin(Method::CosFn(m)) => assert_eq!(m.l_max, 100),
             m => panic!("{m:?}"),
         }
         assert_eq!(

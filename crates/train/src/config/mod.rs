@@ -11,14 +11,14 @@ mod registered;
 mod sections;
 
 pub use grpo::*;
-pub use registered::{builtin_estimators, builtin_losses, builtin_shapers, Choice, Registered};
+pub use registered::{builtin_estimators, builtin_losses, builtin_shapers, Choice, Chosen};
 pub use sections::*;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use terse_optim::AdamWConfig;
-use terse_reward::{Advantage, RewardConfig};
+use terse_reward::Advantage;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -28,17 +28,14 @@ pub struct RunConfig {
     pub data: DataSection,
     pub sft: SftSection,
     pub grpo: GrpoSection,
-    pub reward: RewardConfig,
-    pub advantage: Advantage,
+    pub reward: RewardSection,
+    /// The advantage estimator: a built-in `Advantage` or a registered one by
+    /// `advantage.estimator` (registered.rs).
+    pub advantage: Chosen<Advantage>,
     pub optim: AdamWConfig,
     pub checkpoint: CheckpointSection,
     pub eval: EvalSection,
     pub log: LogSection,
-    /// Research code's registered methods, chosen by `reward.shaper.method`,
-    /// `advantage.estimator` and `grpo.loss` (registered.rs): taken out of the TOML before the
-    /// typed sections read it, and put back by `to_toml`.
-    #[serde(skip)]
-    pub(crate) registered: Registered,
 }
 
 impl Default for RunConfig {
@@ -49,8 +46,8 @@ impl Default for RunConfig {
             data: DataSection::default(),
             sft: SftSection::default(),
             grpo: GrpoSection::default(),
-            reward: RewardConfig::default(),
-            advantage: Advantage::default(),
+            reward: RewardSection::default(),
+            advantage: Chosen::default(),
             optim: AdamWConfig {
                 weight_decay: 0.0,
                 ..AdamWConfig::default()
@@ -58,7 +55,6 @@ impl Default for RunConfig {
             checkpoint: CheckpointSection::default(),
             eval: EvalSection::default(),
             log: LogSection::default(),
-            registered: Registered::default(),
         }
     }
 }
@@ -80,35 +76,14 @@ impl RunConfig {
         Ok(cfg)
     }
 
-    /// Parses TOML without validating (the resolved config rank 0 sends): registered methods
-    /// are taken out of their keys first (registered.rs); a config that names none is read
-    /// as written.
+    /// Parses TOML without validating (the resolved config rank 0 sends).
     pub(crate) fn parse(text: &str) -> std::result::Result<Self, String> {
-        let message = |e: toml::de::Error| e.message().trim().to_string();
-        let mut table: toml::Table = toml::from_str(text).map_err(message)?;
-        let registered = registered::take(&mut table)?;
-        let mut cfg: RunConfig = if registered == Registered::default() {
-            toml::from_str(text).map_err(message)?
-        } else {
-            table.try_into().map_err(message)?
-        };
-        cfg.registered = registered;
-        Ok(cfg)
+        toml::from_str(text).map_err(|e: toml::de::Error| e.message().trim().to_string())
     }
 
     /// The config as TOML, registered methods at their keys: what `parse` reads back.
     pub fn to_toml(&self) -> Result<String> {
-        if self.registered == Registered::default() {
-            return toml::to_string_pretty(self).context("serialising the config");
-        }
-        let mut table = toml::Table::try_from(self).context("serialising the config")?;
-        registered::put(&mut table, &self.registered);
-        toml::to_string_pretty(&table).context("serialising the config")
-    }
-
-    /// The registered methods this config chooses.
-    pub fn registered(&self) -> &Registered {
-        &self.registered
+        toml::to_string_pretty(self).context("serialising the config")
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -130,9 +105,12 @@ impl RunConfig {
         self.model.validate()?;
         self.grpo.validate(self.data.train.is_some())?;
         self.reward
+            .builtin()
             .validate()
             .map_err(|e| anyhow::anyhow!("reward.{e}"))?;
-        self.advantage.validate().map_err(anyhow::Error::msg)?;
+        if let Chosen::Builtin(a) = &self.advantage {
+            a.validate().map_err(anyhow::Error::msg)?;
+        }
         self.optim
             .validate()
             .map_err(|e| anyhow::anyhow!("optim.{}", e.to_string().trim_start_matches("adamw.")))?;
@@ -150,6 +128,9 @@ const MOVED: [(&[&str], &str); 1] = [(
 
 /// The first moved key `raw` sets, as a one-line error naming its replacement.
 fn moved_key(raw: &toml::Table) -> Option<String> {
+    if raw.contains_key("plugins") {
+        return Some("[plugins] is gone: name a registered shaper in reward.shaper.method, an estimator in advantage.estimator and a loss in grpo.loss (the other keys of their tables, and [grpo.loss_params] for a loss, go to the factory)".into());
+    }
     MOVED.iter().find_map(|(path, new)| {
         let (last, parents) = path.split_last()?;
         let mut t = raw;

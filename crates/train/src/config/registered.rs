@@ -1,33 +1,35 @@
-//! Research code's registered methods in a run config, chosen by the keys that choose the
-//! built-ins: `reward.shaper.method`, `advantage.estimator`, `grpo.loss`. A name the built-ins
-//! do not have is a registered one (registry.rs): the other keys of its table (for a loss, the
-//! table `[grpo.loss_params]`) are handed to its factory. `RunConfig::from_toml` takes such
-//! choices out of the TOML before the typed sections read it (the built-ins' enums stay
-//! closed, and a config naming only built-ins is read exactly as before) and
-//! `RunConfig::to_toml` puts them back where they were, so the resolved config.toml and the
-//! ranks' start header say what the file said. The `[plugins]` section of earlier versions is
-//! refused with one line saying where its names now go.
+//! The choice among a kind's methods at the key that chooses it: `reward.shaper.method`,
+//! `advantage.estimator`, `grpo.loss`. A name among the kind's serde enum (`terse_reward::Method`,
+//! `terse_reward::Advantage`, `PolicyLossKind`) is a built-in and its table is read as that enum;
+//! any other name is a registered method (registry.rs), whose factory gets the other keys of its
+//! table (for a loss, the table `[grpo.loss_params]`, grpo.rs). The enums' own serde names are
+//! the one list of built-in names (`builtin_shapers` and its siblings read them from serde), so
+//! the config's typed fields (`Chosen`) hold either kind as written and write it back the same
+//! way: the resolved config.toml and the ranks' start header say what the file said.
 
 use serde::de::value::{MapDeserializer, StrDeserializer};
-use serde::de::DeserializeOwned;
-use serde::Deserialize as _;
-use std::collections::BTreeSet;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::ser::SerializeMap as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use terse_reward::{Advantage, Method};
+
+use super::PolicyLossKind;
 
 /// The built-in shapers, by `reward.shaper.method`: `terse_reward::Method`'s names.
 pub fn builtin_shapers() -> &'static [&'static str] {
-    tagged_names::<terse_reward::Method>("method")
+    tagged_names::<Method>("method")
 }
 
 /// The built-in advantage estimators, by `advantage.estimator`: `terse_reward::Advantage`'s.
 pub fn builtin_estimators() -> &'static [&'static str] {
-    tagged_names::<terse_reward::Advantage>("estimator")
+    tagged_names::<Advantage>("estimator")
 }
 
 /// The built-in policy losses, by `grpo.loss`: `PolicyLossKind`'s, in its variants' order.
 pub fn builtin_losses() -> &'static [&'static str] {
-    caught(super::PolicyLossKind::deserialize(
-        StrDeserializer::<Names>::new(""),
-    ))
+    caught(PolicyLossKind::deserialize(StrDeserializer::<Names>::new(
+        "",
+    )))
 }
 
 /// What deserializing an unknown name reports: serde's list of the enum's names (its
@@ -67,143 +69,186 @@ fn caught<T>(read: Result<T, Names>) -> &'static [&'static str] {
     }
 }
 
-/// One registered method a config chooses: its name and its factory's parameters.
+/// One registered method a config chooses: its name and its factory's parameters (the other
+/// keys of its table; empty for a loss, whose parameters are `grpo.loss_params`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
     pub name: String,
     pub params: toml::Table,
 }
 
-/// The registered methods a config chooses (None: the built-in its section configures).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Registered {
-    pub shaper: Option<Choice>,
-    pub estimator: Option<Choice>,
-    pub loss: Option<Choice>,
+/// A kind's method as a config chooses it: a built-in, configured by its serde enum, or a
+/// registered one by name (built by its factory, registry.rs).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Chosen<T> {
+    Builtin(T),
+    Registered(Choice),
 }
 
-fn table_mut<'a>(t: &'a mut toml::Table, key: &str) -> Option<&'a mut toml::Table> {
-    t.get_mut(key).and_then(toml::Value::as_table_mut)
-}
-
-/// `t[key]` when it is a string that is not one of `builtins`.
-fn registered_name(t: &toml::Table, key: &str, builtins: &[&str]) -> Option<String> {
-    let name = t.get(key)?.as_str()?;
-    let known: BTreeSet<&str> = builtins.iter().copied().collect();
-    (!known.contains(name)).then(|| name.to_string())
-}
-
-/// Takes the registered choices out of a parsed config, leaving what the typed sections read.
-pub(crate) fn take(t: &mut toml::Table) -> Result<Registered, String> {
-    if t.contains_key("plugins") {
-        return Err("[plugins] is gone: name a registered shaper in reward.shaper.method, an estimator in advantage.estimator and a loss in grpo.loss (the other keys of their tables, and [grpo.loss_params] for a loss, go to the factory)".into());
+impl<T: Default> Default for Chosen<T> {
+    fn default() -> Self {
+        Chosen::Builtin(T::default())
     }
-    let mut r = Registered::default();
-    if let Some(reward) = table_mut(t, "reward") {
-        let name = reward
-            .get("shaper")
-            .and_then(toml::Value::as_table)
-            .and_then(|s| registered_name(s, "method", builtin_shapers()));
-        if let Some(name) = name {
-            let mut params = match reward.remove("shaper") {
-                Some(toml::Value::Table(s)) => s,
+}
+
+impl<T> From<T> for Chosen<T> {
+    fn from(t: T) -> Self {
+        Chosen::Builtin(t)
+    }
+}
+
+impl<T> Chosen<T> {
+    /// The built-in, or None for a registered method.
+    pub fn builtin(&self) -> Option<&T> {
+        match self {
+            Chosen::Builtin(t) => Some(t),
+            Chosen::Registered(_) => None,
+        }
+    }
+
+    /// The registered method, or None for a built-in.
+    pub fn registered(&self) -> Option<&Choice> {
+        match self {
+            Chosen::Builtin(_) => None,
+            Chosen::Registered(c) => Some(c),
+        }
+    }
+}
+
+/// Reads one choice from its TOML value at `key`: `tag` names the method inside the table
+/// (None: the value is the name itself, and must be a string). A name outside `builtins` is registered; anything else (a built-in
+/// name, a missing or non-string name) is the enum's to read, with the enum's own error.
+fn read<'de, T, D>(
+    d: D,
+    key: &str,
+    tag: Option<&str>,
+    builtins: &[&str],
+) -> Result<Chosen<T>, D::Error>
+where
+    T: DeserializeOwned,
+    D: Deserializer<'de>,
+{
+    let value = toml::Value::deserialize(d)?;
+    if let (None, v) = (tag, &value) {
+        if !v.is_str() {
+            return Err(D::Error::custom(format!(
+                "{key} must be a name (a string), got {v}"
+            )));
+        }
+    }
+    let name = match (tag, &value) {
+        (Some(tag), toml::Value::Table(t)) => t.get(tag).and_then(toml::Value::as_str),
+        (None, v) => v.as_str(),
+        _ => None,
+    }
+    .map(str::to_string);
+    match name {
+        Some(name) if !builtins.contains(&name.as_str()) => {
+            let mut params = match value {
+                toml::Value::Table(t) => t,
                 _ => toml::Table::new(),
             };
-            params.remove("method");
-            r.shaper = Some(Choice { name, params });
-        }
-    }
-    let name = t
-        .get("advantage")
-        .and_then(toml::Value::as_table)
-        .and_then(|a| registered_name(a, "estimator", builtin_estimators()));
-    if let Some(name) = name {
-        let mut params = match t.remove("advantage") {
-            Some(toml::Value::Table(a)) => a,
-            _ => toml::Table::new(),
-        };
-        params.remove("estimator");
-        r.estimator = Some(Choice { name, params });
-    }
-    if let Some(grpo) = table_mut(t, "grpo") {
-        match registered_name(grpo, "loss", builtin_losses()) {
-            Some(name) => {
-                grpo.remove("loss");
-                let params = match grpo.remove("loss_params") {
-                    Some(toml::Value::Table(p)) => p,
-                    Some(v) => {
-                        return Err(format!(
-                            "grpo.loss_params must be a table of the loss's parameters, got {v}"
-                        ))
-                    }
-                    None => toml::Table::new(),
-                };
-                r.loss = Some(Choice { name, params });
+            if let Some(tag) = tag {
+                params.remove(tag);
             }
-            None if grpo.contains_key("loss_params") => {
-                return Err(
-                    "grpo.loss_params is for a registered grpo.loss; a built-in loss (ppo, gspo, gspo-token) is configured by [grpo]'s own keys".into(),
-                )
-            }
-            None => {}
+            Ok(Chosen::Registered(Choice { name, params }))
         }
+        _ => T::deserialize(value)
+            .map(Chosen::Builtin)
+            .map_err(|e| D::Error::custom(e.message().trim())),
     }
-    Ok(r)
 }
 
-/// Puts the registered choices back at their keys (the inverse of [`take`]).
-pub(crate) fn put(t: &mut toml::Table, r: &Registered) {
-    let section = |t: &mut toml::Table, key: &str| -> toml::Table {
-        match t.remove(key) {
-            Some(toml::Value::Table(s)) => s,
-            _ => toml::Table::new(),
+/// Writes one choice as `read` reads it: a built-in as its enum, a registered method as its
+/// name at `tag` followed by its parameters (or the bare name, with no tag).
+fn write<T: Serialize, S: Serializer>(
+    c: &Chosen<T>,
+    tag: Option<&'static str>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match (c, tag) {
+        (Chosen::Builtin(t), _) => t.serialize(s),
+        (Chosen::Registered(c), None) => s.serialize_str(&c.name),
+        (Chosen::Registered(c), Some(tag)) => {
+            let mut m = s.serialize_map(Some(c.params.len() + 1))?;
+            m.serialize_entry(tag, &c.name)?;
+            for (k, v) in &c.params {
+                m.serialize_entry(k, v)?;
+            }
+            m.end()
         }
-    };
-    if let Some(c) = &r.shaper {
-        let mut reward = section(t, "reward");
-        let mut shaper = c.params.clone();
-        shaper.insert("method".into(), c.name.clone().into());
-        reward.insert("shaper".into(), shaper.into());
-        t.insert("reward".into(), reward.into());
-    }
-    if let Some(c) = &r.estimator {
-        let mut advantage = c.params.clone();
-        advantage.insert("estimator".into(), c.name.clone().into());
-        t.insert("advantage".into(), advantage.into());
-    }
-    if let Some(c) = &r.loss {
-        let mut grpo = section(t, "grpo");
-        grpo.insert("loss".into(), c.name.clone().into());
-        if !c.params.is_empty() {
-            grpo.insert("loss_params".into(), c.params.clone().into());
-        }
-        t.insert("grpo".into(), grpo.into());
     }
 }
+
+/// Each kind's serde: its tag and its enum's names.
+macro_rules! chosen_serde {
+    ($t:ty, $key:expr, $tag:expr, $names:path) => {
+        impl<'de> Deserialize<'de> for Chosen<$t> {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                read(d, $key, $tag, $names())
+            }
+        }
+        impl Serialize for Chosen<$t> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                write(self, $tag, s)
+            }
+        }
+    };
+}
+
+chosen_serde!(Method, "reward.shaper", Some("method"), builtin_shapers);
+chosen_serde!(
+    Advantage,
+    "advantage",
+    Some("estimator"),
+    builtin_estimators
+);
+chosen_serde!(PolicyLossKind, "grpo.loss", None, builtin_losses);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RunConfig;
+    use std::path::Path;
 
     #[test]
-    fn registered_names_are_taken_out_and_put_back() {
+    fn registered_names_are_read_at_their_keys_and_written_back() {
         let text = "[reward.shaper]\nmethod = \"mine\"\nper_token = 0.02\n\n[reward.overlong]\nl_max = 9\nl_cache = 2\n\n\
                     [advantage]\nestimator = \"ranks\"\nscale = 2\n\n[grpo]\nsteps = 3\nloss = \"my_loss\"\n\n[grpo.loss_params]\nbeta = 0.5\n";
-        let mut t: toml::Table = toml::from_str(text).expect("toml");
-        let original = t.clone();
-        let r = take(&mut t).expect("registered");
-        assert_eq!(r.shaper.as_ref().map(|c| c.name.as_str()), Some("mine"));
+        let cfg = RunConfig::parse(text).expect("registered");
+        let shaper = cfg.reward.shaper.registered().expect("a registered shaper");
+        assert_eq!(shaper.name, "mine");
         assert_eq!(
-            r.shaper.as_ref().and_then(|c| c.params.get("per_token")),
+            shaper.params.get("per_token"),
             Some(&toml::Value::Float(0.02))
         );
-        assert_eq!(r.estimator.as_ref().map(|c| c.name.as_str()), Some("ranks"));
-        assert_eq!(r.loss.as_ref().map(|c| c.name.as_str()), Some("my_loss"));
-        assert!(t.get("advantage").is_none());
-        assert!(t["reward"].get("shaper").is_none() && t["reward"].get("overlong").is_some());
-        assert_eq!(t["grpo"].as_table().map(|g| g.len()), Some(1));
-        put(&mut t, &r);
-        assert_eq!(t, original);
+        assert_eq!(shaper.params.len(), 1, "the tag is not a parameter");
+        let estimator = cfg.advantage.registered().expect("a registered estimator");
+        assert_eq!(estimator.name, "ranks");
+        assert_eq!(
+            estimator.params.get("scale"),
+            Some(&toml::Value::Integer(2))
+        );
+        assert_eq!(
+            cfg.grpo.loss.registered().map(|c| c.name.as_str()),
+            Some("my_loss")
+        );
+        assert_eq!(
+            cfg.grpo.loss_params.as_ref().and_then(|p| p.get("beta")),
+            Some(&toml::Value::Float(0.5))
+        );
+        assert_eq!(cfg.reward.overlong.as_ref().map(|o| o.l_max), Some(9));
+        // Written back where the file had them, and read back the same.
+        let written = cfg.to_toml().expect("toml");
+        let (original, back): (toml::Table, toml::Table) = (
+            toml::from_str(text).expect("toml"),
+            toml::from_str(&written).expect("toml"),
+        );
+        assert_eq!(back["reward"]["shaper"], original["reward"]["shaper"]);
+        assert_eq!(back["advantage"], original["advantage"]);
+        assert_eq!(back["grpo"]["loss"], original["grpo"]["loss"]);
+        assert_eq!(back["grpo"]["loss_params"], original["grpo"]["loss_params"]);
+        assert_eq!(RunConfig::parse(&written), Ok(cfg));
     }
 
     #[test]
@@ -221,28 +266,50 @@ mod tests {
                 "method = {n:?}\n{}",
                 if *n == "alp" { "beta = 1" } else { "" }
             );
-            let m: Result<terse_reward::Method, _> = toml::from_str(&t);
-            assert!(m.is_ok(), "{n}: {m:?}");
+            let m: Result<Chosen<Method>, _> = toml::from_str(&t);
+            assert!(matches!(m, Ok(Chosen::Builtin(_))), "{n}: {m:?}");
         }
     }
 
     #[test]
-    fn built_ins_stay_and_plugins_is_refused_in_one_line() {
+    fn built_ins_are_read_by_their_enums_with_their_errors() {
         let text = "[reward.shaper]\nmethod = \"short_rl\"\n[advantage]\nestimator = \"rloo\"\n[grpo]\nloss = \"gspo\"\n";
-        let mut t: toml::Table = toml::from_str(text).expect("toml");
-        let before = t.clone();
-        assert_eq!(take(&mut t), Ok(Registered::default()));
-        assert_eq!(t, before);
-        let mut t: toml::Table = toml::from_str("[plugins]\nshaper = \"x\"\n").expect("toml");
-        let e = take(&mut t).expect_err("[plugins]");
+        let cfg = RunConfig::parse(text).expect("built-ins");
+        assert!(matches!(
+            cfg.reward.shaper,
+            Chosen::Builtin(Method::ShortRl(_))
+        ));
+        assert!(matches!(cfg.advantage, Chosen::Builtin(Advantage::Rloo)));
+        assert_eq!(cfg.grpo.loss, Chosen::Builtin(PolicyLossKind::Gspo));
+        assert_eq!(RunConfig::parse(&cfg.to_toml().expect("toml")), Ok(cfg));
+        // A built-in's table is its enum's: an unknown key is its error, in one line.
+        let e = RunConfig::parse("[advantage]\nestimator = \"grpo\"\nbogus = 1\n")
+            .expect_err("an unknown key");
+        assert!(e.contains("bogus") && !e.contains('\n'), "{e}");
+        let e = RunConfig::parse("[reward.shaper]\nmethod = 3\n").expect_err("a number");
+        assert!(!e.contains('\n'), "{e}");
+        let e = RunConfig::parse("[grpo]\nloss = 3\n").expect_err("a number");
+        assert_eq!(e, "grpo.loss must be a name (a string), got 3");
+        let origin = Path::new("c.toml");
+        let e = RunConfig::from_toml("[plugins]\nshaper = \"x\"\n", origin).expect_err("[plugins]");
+        let e = format!("{e:#}");
         assert!(
-            e.starts_with("[plugins] is gone") && !e.contains('\n'),
+            e.starts_with("c.toml: [plugins] is gone") && !e.contains('\n'),
             "{e}"
         );
-        let mut t: toml::Table =
-            toml::from_str("[grpo]\nloss = \"ppo\"\n[grpo.loss_params]\nx = 1\n").expect("toml");
-        assert!(take(&mut t)
-            .expect_err("params of a built-in")
-            .contains("grpo.loss_params"));
+        let e = RunConfig::from_toml(
+            "[grpo]\nloss = \"ppo\"\n[grpo.loss_params]\nx = 1\n",
+            origin,
+        )
+        .expect_err("params of a built-in");
+        let e = format!("{e:#}");
+        assert!(e.contains("grpo.loss_params") && !e.contains('\n'), "{e}");
+        let e = RunConfig::from_toml("[grpo]\nloss = \"mine\"\nloss_params = 1\n", origin)
+            .expect_err("params not a table");
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("grpo.loss_params must be a table") && !e.contains('\n'),
+            "{e}"
+        );
     }
 }

@@ -1,10 +1,35 @@
-//! The sections of a run config (`[run]`, `[model]`, `[data]`, `[sft]`, `[checkpoint]`,
-//! `[eval]`, `[log]`; `[grpo]` is in grpo.rs) with their defaults and the closed enums that spell
+//! The sections of a run config (`[run]`, `[model]`, `[data]`, `[sft]`, `[reward]`,
+//! `[checkpoint]`, `[eval]`, `[log]`; `[grpo]` is in grpo.rs) with their defaults and the closed enums that spell
 //! their string values; mod.rs assembles them into `RunConfig` and validates it.
 
+use super::Chosen;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use terse_optim::Schedule;
+use terse_reward::baselines::DapoOverlong;
+use terse_reward::{Method, RewardConfig};
+
+/// The reward's length method: `terse_reward::RewardConfig` (docs/methods.md) whose method may
+/// also be a registered shaper.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardSection {
+    /// The shaper: a built-in by `method` (`terse_reward::Method`, docs/methods.md) or a registered one by its name (the table's other keys go to its factory).
+    pub shaper: Chosen<Method>,
+    /// DAPO's soft overlong punishment (`{ l_max, l_cache }`), which the papers combine with the others; absent = off.
+    pub overlong: Option<DapoOverlong>,
+}
+
+impl RewardSection {
+    /// The built-in reward: the method (`none` when a registered shaper replaces it) and the
+    /// overlong punishment.
+    pub fn builtin(&self) -> RewardConfig {
+        RewardConfig {
+            shaper: self.shaper.builtin().cloned().unwrap_or_default(),
+            overlong: self.overlong.clone(),
+        }
+    }
+}
 
 /// Where a run's records go besides metrics.jsonl and the plots.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -437,6 +462,10 @@ pub struct EvalSection {
     pub per_level: usize,
     /// Samples per problem (pass@k uses k = n).
     pub samples: usize,
+    /// Validate before the first GRPO step. A study that evaluates its starting checkpoint
+    /// once for all its runs (docs/v5/plan.md section 5) sets it false; a run of 0 steps then
+    /// evaluates only that checkpoint, once.
+    pub at_start: bool,
 }
 
 impl Default for EvalSection {
@@ -445,6 +474,7 @@ impl Default for EvalSection {
             every: 0,
             per_level: 16,
             samples: 4,
+            at_start: true,
         }
     }
 }

@@ -119,7 +119,7 @@ fn run_steps(
     }
     observers.push(Box::new(Progress::new(steps, start_step)));
     observers.push(Box::new(Plots));
-    let before = if start_step == 0 {
+    let before = if start_step == 0 && trainer.cfg.eval.at_start {
         Some(eval_at(0, trainer)?)
     } else {
         None

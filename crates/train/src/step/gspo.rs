@@ -10,7 +10,7 @@
 //! sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)]: the same value and clipping, a per-token gradient path;
 //! with one advantage per sequence (GRPO's) its gradient equals GSPO's (paper §4.3).
 
-use crate::config::{GrpoSection, KlEstimator, PolicyLossKind};
+use crate::config::{Chosen, GrpoSection, KlEstimator, PolicyLossKind};
 use crate::step::loss::{clip_counts, finish, LossInputs, LossStats, PolicyLoss};
 use candle_core::{Result, Tensor};
 
@@ -27,12 +27,12 @@ pub struct GspoParams {
 }
 
 impl GspoParams {
-    /// The config's GSPO loss, or None when `grpo.loss` is PPO.
+    /// The config's GSPO loss, or None when `grpo.loss` is PPO or a registered loss.
     pub fn of_grpo(g: &GrpoSection) -> Option<Self> {
         let token = match g.loss {
-            PolicyLossKind::Ppo => return None,
-            PolicyLossKind::Gspo => false,
-            PolicyLossKind::GspoToken => true,
+            Chosen::Builtin(PolicyLossKind::Gspo) => false,
+            Chosen::Builtin(PolicyLossKind::GspoToken) => true,
+            Chosen::Builtin(PolicyLossKind::Ppo) | Chosen::Registered(_) => return None,
         };
         Some(Self {
             clip_low: g.gspo_clip_low,

@@ -7,7 +7,7 @@
 
 use super::super::banks::{copy_rows, ldmatrix_rows};
 use super::marks::Marks;
-use super::{Chain, Trips};
+use super::{Chain, Role, Trips};
 use anyhow::Result;
 use std::ops::RangeInclusive;
 
@@ -82,6 +82,30 @@ pub fn row_bytes(d: u64) -> u64 {
 }
 
 /// The LDGSTS destinations: chunk e % (D / 8) of row e / (D / 8), e = threadIdx.x + i * threads.
+/// The backward's queries per dK/dV step (`bwd_queries<D>()` in flash_fa2_bwd.cu).
+pub fn bwd_queries(d: u64) -> u64 {
+    if d == 64 {
+        32
+    } else {
+        16
+    }
+}
+
+/// A block's dynamic shared memory, bytes, from the kernels' layouts: the forward and dQ hold
+/// two stages of K and V tiles (`[2][FA2_KEYS][LD]` each); dK/dV holds the block's K and V, two
+/// stages of Q and dO (`[2][QT][LD]`), dS^T (`[FA2_ROWS][QT + FA2_PAD]`) and per stage the QT
+/// queries' lse, delta and start (4 bytes each).
+pub fn shared_bytes(role: Role, d: u64) -> u64 {
+    let row = row_bytes(d);
+    match role {
+        Role::Forward | Role::Dq => 4 * KEYS * row,
+        Role::Dkdv => {
+            let qt = bwd_queries(d);
+            2 * KEYS * row + 4 * qt * row + KEYS * (qt + PAD) * 2 + 3 * 2 * qt * 4
+        }
+    }
+}
+
 pub fn copy_site(d: u64) -> Vec<Vec<u64>> {
     vec![copy_rows(row_bytes(d), d / 8)]
 }
@@ -102,6 +126,18 @@ pub fn ldsm_cols_major(stride: u64) -> Vec<u64> {
 mod tests {
     use super::super::marks::assert_tags;
     use super::*;
+
+    #[test]
+    fn shared_memory_is_what_the_launches_asked_for() {
+        // Nsight Compute on the H200 (docs/gpu/measured/2026-12-04/ncu_flash.csv): 69,632 B
+        // for the forward and dQ, 55,680 B for dK/dV, at D = 128.
+        assert_eq!(shared_bytes(Role::Forward, 128), 69_632);
+        assert_eq!(shared_bytes(Role::Dq, 128), 69_632);
+        assert_eq!(shared_bytes(Role::Dkdv, 128), 55_680);
+        let src = include_str!("../../../../kernels/flash_fa2_bwd.cu");
+        assert!(src.contains(&format!("#define FA2_BWD_QT_D128 {}", bwd_queries(128))));
+        assert!(src.contains(&format!("#define FA2_BWD_QT_D64 {}", bwd_queries(64))));
+    }
 
     const SRC: &str = include_str!("../../../../kernels/fa2.cuh");
 
