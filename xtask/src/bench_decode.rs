@@ -296,7 +296,9 @@ pub fn decode(
         bail!("--batches {batches:?}: give batch sizes of at least 1, e.g. --batches 1,64,256");
     }
     if new_tokens < 3 {
-        bail!("--new-tokens {new_tokens}: at least 3 (a decode step after the first, which captures)");
+        bail!(
+            "--new-tokens {new_tokens}: at least 3 (a decode step after the first, which captures)"
+        );
     }
     if prompt_tokens == 0 {
         bail!("--prompt-tokens 0: a prompt needs at least one token");

@@ -404,7 +404,9 @@ impl<'a> Scheduler<'a> {
                 .map(|&(s, _)| uniform(&mut self.seqs[s].row.rng))
                 .collect();
             let g = self.graphs.as_mut().expect("checked");
-            let drawn = self.model.decode_graphed(g, &mut self.cache, &mut fw, &us)?;
+            let drawn = self
+                .model
+                .decode_graphed(g, &mut self.cache, &mut fw, &us)?;
             drop(fw);
             self.stats.steps += 1;
             for ((&(s, _), (t, _)), d) in batch.iter().zip(tables).zip(drawn) {

@@ -41,7 +41,7 @@ impl Qwen3 {
         let pos = Tensor::from_vec(pos, (n, 1), dev)?;
         let ids = Tensor::from_vec(ids, (n, 1), dev)?;
         let x = self.paged_rows(cache, &meta, &ids, &pos)?; // (N, H)
-        // Each sequence's last token only: (N, H) -> (B, H).
+                                                            // Each sequence's last token only: (N, H) -> (B, H).
         let last = Tensor::from_vec(last, seqs.len(), dev)?;
         self.paged_head(&x.index_select(&last, 0)?)
     }

@@ -55,9 +55,7 @@ pub(super) fn decode_graphs(dev: &Device) -> Result<Vec<Row>> {
     }
     let (mut differ, mut rows_drawn) = (0usize, 0usize);
     for step in 0..12u64 {
-        let live: Vec<usize> = (0..prompts.len())
-            .filter(|&r| r != 3 || step < 6)
-            .collect();
+        let live: Vec<usize> = (0..prompts.len()).filter(|&r| r != 3 || step < 6).collect();
         let us: Vec<f64> = live
             .iter()
             .map(|&r| ((step * 31 + r as u64 * 17) % 97) as f64 / 97.0)

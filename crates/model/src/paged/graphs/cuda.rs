@@ -62,7 +62,9 @@ impl Bucket {
         };
         let ctx = dev.cuda_stream().context().clone();
         // SAFETY: both are written (staged, or downloaded into) before they are read.
-        let up = driver("pinned upload buffer", unsafe { ctx.alloc_pinned::<u32>(words) })?;
+        let up = driver("pinned upload buffer", unsafe {
+            ctx.alloc_pinned::<u32>(words)
+        })?;
         let down = driver("pinned download buffer", unsafe {
             ctx.alloc_pinned_with_flags::<u32>(rows * 4, 0)
         })?;
@@ -186,8 +188,7 @@ impl DecodeGraphs {
                     lens: lens.clone(),
                     slots: slots.clone(),
                 };
-                self.buckets
-                    .push(Bucket::new(dev, rows, self.width, host)?);
+                self.buckets.push(Bucket::new(dev, rows, self.width, host)?);
                 self.buckets.len() - 1
             }
         };
