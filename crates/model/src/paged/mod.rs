@@ -280,6 +280,9 @@ impl PagedKvCache {
     }
 }
 
+/// A step's tables on the host: the flat padded tables, their width, the lengths, the slots.
+pub(crate) type HostTables = (Vec<u32>, usize, Vec<u32>, Vec<u32>);
+
 impl PagedMeta {
     /// One row per new token: `rows[i]` = (its sequence's table, its position). The row writes
     /// its K/V at that position and attends to positions 0..=it of its table, so a prefill
@@ -307,7 +310,7 @@ impl PagedMeta {
         cache: &PagedKvCache,
         rows: &[(&BlockTable, usize)],
         min_width: usize,
-    ) -> Result<(Vec<u32>, usize, Vec<u32>, Vec<u32>)> {
+    ) -> Result<HostTables> {
         let bs = cache.block_size();
         let maxb = rows
             .iter()
