@@ -1,4 +1,4 @@
-//! The CUDA half of decode graphs (graphs.rs): a bucket's static buffers (the device input and
+//! The CUDA half of decode graphs (paged/graphs.rs): a bucket's static buffers (the device input and
 //! output it was captured with, a pinned upload and a pinned download buffer), the one upload,
 //! the capture and the launch.
 //!
