@@ -29,7 +29,14 @@ pub struct Plan {
 impl Plan {
     /// Whether this is the plan's study (its report is docs/v5/results.md).
     pub fn planned(&self) -> bool {
-        self.checkpoints == (0..PLANNED_CHECKPOINTS)
+        self.checkpoints == (0..PLANNED_CHECKPOINTS) && self.plans_runs()
+    }
+
+    /// Whether its runs are the plan's (seeds, GRPO and SFT steps) over some of the plan's
+    /// checkpoints: the whole study, or a part of it run in its own session, whose tables go
+    /// beside the other parts' (docs/v5/checkpoints/).
+    pub fn plans_runs(&self) -> bool {
+        self.checkpoints.end <= PLANNED_CHECKPOINTS
             && self.seeds == Testbed::V5.default_seeds()
             && self.steps.is_none()
             && self.sft_steps.is_none()
@@ -51,7 +58,7 @@ pub fn plain_l1(sft: &str) -> Result<f64> {
 
 /// Where the tables and the report of `plan` go: `out` for the plan's study, `out`/smoke else.
 pub fn out_dir(plan: &Plan, out: &Path) -> PathBuf {
-    if plan.planned() {
+    if plan.plans_runs() {
         out.to_path_buf()
     } else {
         out.join("smoke")
@@ -144,13 +151,30 @@ pub fn report(cks: &[Checkpoint], plan: &Plan, plain: f64, notes: &[String]) -> 
 
 /// Writes the study's tables and results.md from the finished runs under `dir`; returns the
 /// report's path. Hand-written deviations.md and results-reading.md beside it are appended.
-pub fn write(dir: &Path, plan: &Plan, sft: &str, out: &Path) -> Result<PathBuf> {
+pub fn write(dir: &Path, plan: &Plan, sft: &str, out: &Path) -> Result<Written> {
     let out = out_dir(plan, out);
     let tables = out.join("checkpoints");
     let mut notes = vec![];
     for k in plan.checkpoints.clone() {
         notes.extend(collect(dir, k, plan, &tables)?);
     }
+    // A part of the plan's study: the analysis runs once, when every checkpoint's table is in
+    // (this part's and the committed earlier parts'), so no part's results are read early.
+    let whole;
+    let plan = if plan.plans_runs() && !plan.planned() {
+        let missing = missing(&tables)?;
+        if !missing.is_empty() {
+            return Ok(Written::Waiting(missing));
+        }
+        whole = Plan {
+            checkpoints: 0..PLANNED_CHECKPOINTS,
+            methods: plan.methods.clone(),
+            ..*plan
+        };
+        &whole
+    } else {
+        plan
+    };
     let cks: Vec<Checkpoint> = checkpoints::read(&tables)?
         .into_iter()
         .filter(|c| plan.checkpoints.contains(&c.index))
@@ -168,5 +192,20 @@ pub fn write(dir: &Path, plan: &Plan, sft: &str, out: &Path) -> Result<PathBuf> 
     }
     let path = out.join("results.md");
     std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+    Ok(Written::Report(path))
+}
+
+/// What `write` wrote: the report, or (a part of the plan's study) only its checkpoints'
+/// tables, with the planned checkpoints that still have none.
+#[derive(Debug, PartialEq)]
+pub enum Written {
+    Report(PathBuf),
+    Waiting(Vec<usize>),
+}
+
+/// The plan's checkpoints with no table under `tables` (no ck<k>/seeds.csv).
+pub fn missing(tables: &Path) -> Result<Vec<usize>> {
+    Ok((0..PLANNED_CHECKPOINTS)
+        .filter(|k| !tables.join(format!("ck{k}")).join("seeds.csv").is_file())
+        .collect())
 }

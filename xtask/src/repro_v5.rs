@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use crate::methods::{merge, Testbed};
-use crate::report_v5::{Plan, PLANNED_CHECKPOINTS};
+use crate::report_v5::{Plan, Written, PLANNED_CHECKPOINTS};
 use crate::repro::{method_config, Args};
 
 /// The first SFT seed (section 3).
@@ -181,8 +181,15 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             crate::repro::run_children(&runs, a.jobs.max(1), &dir, "train")?;
         }
     }
-    let md = crate::report_v5::write(&dir, &plan, &sft, &out)?;
-    println!("wrote {}", md.display());
+    match crate::report_v5::write(&dir, &plan, &sft, &out)? {
+        Written::Report(md) => println!("wrote {}", md.display()),
+        Written::Waiting(missing) => println!(
+            "wrote the tables of checkpoint(s) {:?} under {}; results.md waits for the plan's {} (none yet: {missing:?})",
+            plan.checkpoints,
+            crate::report_v5::out_dir(&plan, &out).join("checkpoints").display(),
+            PLANNED_CHECKPOINTS
+        ),
+    }
     if !a.report_only {
         println!(
             "{} SFT and {} runs in {:.1} min ({} at a time, one thread each)",

@@ -37,6 +37,42 @@ fn checkpoints_parse_as_a_count_or_a_range() {
     assert!(format!("{e:#}").contains("--checkpoints `a-3`"), "{e:#}");
 }
 
+/// A part of the plan's study (its checkpoints a-b, the plan's seeds and steps) writes its
+/// tables beside the other parts', and the analysis waits until every checkpoint has one.
+#[test]
+fn a_part_of_the_plan_writes_where_the_plan_does_and_waits_for_the_rest() {
+    let part = |checkpoints| Plan {
+        checkpoints,
+        seeds: Testbed::V5.default_seeds(),
+        methods: crate::methods::select(&[], Testbed::V5).expect("test input"),
+        steps: None,
+        sft_steps: None,
+    };
+    let out = Path::new("docs/v5");
+    assert!(part(0..PLANNED_CHECKPOINTS).planned());
+    let p = part(3..6);
+    assert!(p.plans_runs() && !p.planned());
+    assert_eq!(crate::report_v5::out_dir(&p, out), out);
+    assert!(!part(0..PLANNED_CHECKPOINTS + 1).plans_runs());
+    let smoke = Plan {
+        steps: Some(1),
+        ..part(0..2)
+    };
+    assert_eq!(crate::report_v5::out_dir(&smoke, out), out.join("smoke"));
+
+    let tables = std::env::temp_dir().join(format!("terse-v5-parts-{}", std::process::id()));
+    for k in 0..PLANNED_CHECKPOINTS - 1 {
+        let ck = tables.join(format!("ck{k}"));
+        std::fs::create_dir_all(&ck).expect("test dir");
+        if k != 4 {
+            std::fs::write(ck.join("seeds.csv"), "row\n").expect("test file");
+        }
+    }
+    let missing = crate::report_v5::missing(&tables).expect("test input");
+    assert_eq!(missing, vec![4, PLANNED_CHECKPOINTS - 1]);
+    std::fs::remove_dir_all(&tables).expect("test dir");
+}
+
 /// Runs the smoke plan's jobs in this process (the child processes' work, without the binary).
 fn run_in_process(sfts: &Jobs, runs: &Jobs) {
     for (name, cfg) in sfts {
@@ -90,7 +126,10 @@ fn the_smoke_study_runs_end_to_end_and_its_report_follows_from_its_csvs() {
     assert_eq!(b.model.path, dir.join("ck0/sft"));
     run_in_process(&sfts, &runs);
 
-    let md_path = crate::report_v5::write(&dir, &plan, &sft, &out).expect("test input");
+    let md_path = match crate::report_v5::write(&dir, &plan, &sft, &out).expect("test input") {
+        Written::Report(p) => p,
+        w => panic!("a smoke study writes its report: {w:?}"),
+    };
     assert_eq!(md_path, out.join("smoke/results.md"));
     let md = std::fs::read_to_string(&md_path).expect("test input");
     // Recomputed from the CSVs alone: the same text.
