@@ -22,6 +22,8 @@ namespace {
 // The one context's handle: a distinct address nobody dereferences.
 int context_tag;
 CUcontext const kContext = reinterpret_cast<CUcontext>(&context_tag);
+int pool_tag;
+CUmemoryPool const kPool = reinterpret_cast<CUmemoryPool>(&pool_tag);
 thread_local CUcontext current = nullptr;
 bool initialised = false;
 
@@ -185,6 +187,7 @@ CUresult cuCtxSynchronize() {
     REFUSE_WHILE_CAPTURING("cuCtxSynchronize");
     count(kSyncs);
     sync_all();
+    pool_synchronised();
     return CUDA_SUCCESS;
 }
 CUresult cuCtxSetFlags(unsigned int) {
@@ -229,9 +232,30 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
         return CUDA_SUCCESS;
     }
     if (p) {
-        enqueue(s, [p] { release(p, "cuMemFreeAsync"); });
+        enqueue(s, [p] { pool_freed(release(p, "cuMemFreeAsync")); });
         count(kFrees);
     }
+    return CUDA_SUCCESS;
+}
+// The default memory pool (kPool): one per device; its release threshold is the one attribute
+// kept.
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice) {
+    ENTER("cuDeviceGetDefaultMemPool");
+    *pool = kPool;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void* v) {
+    ENTER("cuMemPoolSetAttribute");
+    if (pool != kPool || !v) return CUDA_ERROR_INVALID_VALUE;
+    if (a != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return CUDA_ERROR_NOT_SUPPORTED;
+    set_pool_threshold(*static_cast<const cuuint64_t*>(v));
+    return CUDA_SUCCESS;
+}
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void* v) {
+    ENTER("cuMemPoolGetAttribute");
+    if (pool != kPool || !v) return CUDA_ERROR_INVALID_VALUE;
+    if (a != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return CUDA_ERROR_NOT_SUPPORTED;
+    *static_cast<cuuint64_t*>(v) = pool_threshold();
     return CUDA_SUCCESS;
 }
 CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
@@ -379,6 +403,7 @@ CUresult cuStreamSynchronize(CUstream s) {
     REFUSE_ON_CAPTURING(s, "cuStreamSynchronize");
     count(kSyncs);
     sync_stream(s);
+    pool_synchronised();
     return CUDA_SUCCESS;
 }
 CUresult cuStreamQuery(CUstream s) {
@@ -410,6 +435,7 @@ CUresult cuEventSynchronize(CUevent e) {
     ENTER("cuEventSynchronize");
     count(kSyncs);
     sync_event(e);
+    pool_synchronised();
     return CUDA_SUCCESS;
 }
 CUresult cuEventQuery(CUevent e) {

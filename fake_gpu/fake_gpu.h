@@ -34,7 +34,8 @@ int device_attribute(int a);
 // A device pointer is the host address of the block's first byte.
 uint64_t alloc(size_t bytes);
 // Frees `ptr` (which must be the start of a live block): poisons it and puts it in quarantine.
-void release(uint64_t ptr, const char* function);
+// Returns the block's size.
+size_t release(uint64_t ptr, const char* function);
 // Checks that [ptr, ptr + bytes) lies inside one live block; dies naming `function` otherwise.
 void check_range(uint64_t ptr, size_t bytes, const char* function);
 // True when `ptr` points into a live block (used to tell device pointers from host ones).
@@ -43,6 +44,15 @@ bool is_device(uint64_t ptr);
 void check_guards_of(uint64_t ptr, const char* when);
 // Bytes in live blocks (cuMemGetInfo's "used").
 size_t used_bytes();
+// The device's default memory pool (cuMemAllocAsync's). A driver hands the memory freed into it
+// back to the OS at the next synchronisation when the pool holds more than its release
+// threshold (0 unless set), so the next allocations go to the OS again: `pool_freed` notes a
+// cuMemFreeAsync's bytes, `pool_synchronised` (after every synchronisation) counts a hand-back
+// in kPoolReleases when the held bytes pass the threshold.
+void pool_freed(size_t bytes);
+void pool_synchronised();
+void set_pool_threshold(uint64_t bytes);
+uint64_t pool_threshold();
 
 // ---- Streams (streams.cpp). A null stream is the default stream.
 using Stream = void*;
@@ -121,6 +131,8 @@ enum Counter : size_t {
     kLibraryCalls,     // cudart, cuBLAS, cuRAND calls and NCCL collectives the binary makes
     kLibraryLaunches,  // work that is a kernel on a GPU: GEMMs, cuRAND generations, collectives
     kFrees,            // cuMemFree(Async), cuMemFreeHost, cudaFree(Async)
+    kAllocBytes,       // bytes of device memory allocated (memory.cpp's alloc: cuMemAlloc, cudaMalloc)
+    kPoolReleases,     // synchronisations that hand the default pool's freed memory back (memory.cpp)
     kCounterCount
 };
 void count(Counter c, uint64_t n = 1);

@@ -93,10 +93,11 @@ uint64_t alloc(size_t bytes) {
     std::lock_guard<std::mutex> g(h.mu);
     h.live[start] = Block{bytes, padded, base};
     h.used += padded;
+    count(kAllocBytes, bytes);
     return start;
 }
 
-void release(uint64_t ptr, const char* function) {
+size_t release(uint64_t ptr, const char* function) {
     Heap& h = heap();
     std::lock_guard<std::mutex> g(h.mu);
     auto it = h.live.find(ptr);
@@ -121,6 +122,7 @@ void release(uint64_t ptr, const char* function) {
         std::free(q->second.base);
         h.quarantined.erase(q);
     }
+    return b.bytes;
 }
 
 void check_range(uint64_t ptr, size_t bytes, const char* function) {
@@ -155,5 +157,44 @@ size_t used_bytes() {
     Heap& h = heap();
     std::lock_guard<std::mutex> g(h.mu);
     return h.used;
+}
+
+namespace {
+struct Pool {
+    std::mutex mu;
+    uint64_t threshold = 0;  // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD's default
+    uint64_t held = 0;       // bytes freed into the pool since its last hand-back
+};
+Pool& pool() {
+    static Pool* p = new Pool;  // never destroyed, like the heap
+    return *p;
+}
+}  // namespace
+
+void pool_freed(size_t bytes) {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    p.held += bytes;
+}
+
+void pool_synchronised() {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    if (p.held > p.threshold) {
+        p.held = p.threshold;  // a driver trims the pool down to the threshold
+        count(kPoolReleases);
+    }
+}
+
+void set_pool_threshold(uint64_t bytes) {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    p.threshold = bytes;
+}
+
+uint64_t pool_threshold() {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    return p.threshold;
 }
 }  // namespace fake_gpu

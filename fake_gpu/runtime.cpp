@@ -188,6 +188,7 @@ cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) {
     if (sticky_error()) return fail(cudaErrorLaunchFailure);  // faults.cpp
     count(kSyncs);
     sync_stream(s);
+    pool_synchronised();
     return cudaSuccess;
 }
 }  // extern "C"

@@ -62,6 +62,7 @@ fn param(ty: &str) -> &'static str {
         "uint32_t*" | "unsigned*" => "Param::Ptr(Elem::U32, true)",
         "const uint8_t*" => "Param::Ptr(Elem::U8, false)",
         "uint8_t*" => "Param::Ptr(Elem::U8, true)",
+        "const uint64_t*" => "Param::Ptr(Elem::U64, false)",
         "const int*" => "Param::Ptr(Elem::I32, false)",
         "int*" => "Param::Ptr(Elem::I32, true)",
         "int" => "Param::I32",

@@ -123,6 +123,7 @@ static void counters(bool with_module) {
     CHECK(delta(kSyncs) == syncs);
     CHECK(delta(kAllocs) == 2);
     CHECK(delta(kFrees) == 2);
+    CHECK(delta(kAllocBytes) == 4096);  // the device block; pinned host memory is not counted
     CHECK(delta(kH2DBytes) == 4096 + 100);
     CHECK(delta(kD2HBytes) == 1000 + 10 + (with_module ? 128 : 0));
     CHECK(delta(kInsideNs) > 0 && delta(kInsideNs) <= wall);
@@ -130,6 +131,42 @@ static void counters(bool with_module) {
     std::printf("counters: %llu calls, %llu of %llu ns inside the driver\n",
                 (unsigned long long)calls, (unsigned long long)delta(kInsideNs),
                 (unsigned long long)wall);
+}
+
+// The default memory pool: with the release threshold at its default (0) a synchronisation hands
+// the memory freed into the pool back (one kPoolReleases); with it raised, nothing goes back.
+static void pool() {
+    using namespace fake_gpu;
+    CUmemoryPool mp;
+    CHECK(cuDeviceGetDefaultMemPool(&mp, 0) == CUDA_SUCCESS);
+    cuuint64_t threshold = 1;
+    CHECK(cuMemPoolGetAttribute(mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold) == CUDA_SUCCESS);
+    CHECK(threshold == 0);
+    CHECK(cuMemPoolSetAttribute(mp, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &threshold) ==
+          CUDA_ERROR_NOT_SUPPORTED);
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    auto releases = [&](cuuint64_t set) {
+        CHECK(cuMemPoolSetAttribute(mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &set) == CUDA_SUCCESS);
+        uint64_t a[kCounterCount], b[kCounterCount];
+        terse_fake_gpu_counters(a, kCounterCount);
+        for (int step = 0; step < 3; step++) {
+            CUdeviceptr d;
+            CHECK(cuMemAllocAsync(&d, 1 << 20, s) == CUDA_SUCCESS);
+            CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS);
+            CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+            CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);  // nothing freed since: no release
+        }
+        terse_fake_gpu_counters(b, kCounterCount);
+        return b[kPoolReleases] - a[kPoolReleases];
+    };
+    CHECK(releases(0) == 3);
+    CHECK(releases(~cuuint64_t(0)) == 0);
+    CHECK(cuMemPoolGetAttribute(mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold) == CUDA_SUCCESS);
+    CHECK(threshold == ~cuuint64_t(0));
+    cuuint64_t zero = 0;
+    CHECK(cuMemPoolSetAttribute(mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero) == CUDA_SUCCESS);
+    CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
 // Stream capture and graph launches (streams.cpp).
@@ -283,6 +320,7 @@ int main(int argc, char** argv) {
     CHECK(static_cast<unsigned char*>(pinned)[0] == 0x41);
 
     counters(argc > 1);
+    pool();
     graphs(argc > 1);
 
     // Bounds and lifetime.

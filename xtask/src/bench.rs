@@ -4,7 +4,8 @@
 //! the AdamW step against a plain SGD update; `bench rollout`: decode with and without the KV
 //! cache; `bench collective` (bench_collective.rs): the CPU data-parallel exchange; `bench
 //! verify` (bench_verify.rs): the math verifier on its adversarial corpus; `bench decode`
-//! (bench_decode.rs): a decode step's launches, syncs, bytes and host time on the emulated device.
+//! (bench_decode.rs): a decode step's launches, syncs, bytes and host time on the emulated device;
+//! `bench model --skeleton` (bench_train.rs): a training step's launches and bytes allocated there.
 
 use crate::mem;
 use anyhow::Result;
@@ -24,6 +25,15 @@ pub enum What {
         /// Smaller sizes (a smoke run of the bench itself).
         #[arg(long)]
         quick: bool,
+        /// Instead: one training step of a Qwen3-0.6B-shaped skeleton (hidden size 64), its
+        /// launches and bytes allocated on the emulated device's counters (`cargo xtask
+        /// fake-gpu -- bench model --skeleton`), for the new path and, in the same run, the
+        /// composite one (`TERSE_FUSED=0`) as the baseline (bench_train.rs).
+        #[arg(long)]
+        skeleton: bool,
+        /// With --skeleton: also write the JSON object (pretty) to this file.
+        #[arg(long, requires = "skeleton")]
+        out: Option<std::path::PathBuf>,
     },
     /// Decode tokens/s with and without the KV cache; a GRPO-shaped rollout unbounded and at 1/8
     /// of its KV memory; HF generate's ratio; decode attention's share of memory bandwidth.
@@ -118,7 +128,13 @@ pub enum What {
 
 pub fn run(w: &What) -> Result<ExitCode> {
     match w {
-        What::Model { json, quick } => model(*json, *quick),
+        What::Model {
+            json,
+            skeleton: true,
+            out,
+            ..
+        } => crate::bench_train::train_step(*json, out.as_deref()),
+        What::Model { json, quick, .. } => model(*json, *quick),
         What::Optim { json } => optim(*json),
         What::Collective { json, mib } => crate::bench_collective::collective(*json, *mib),
         What::Verify { json } => crate::bench_verify::verify(*json),

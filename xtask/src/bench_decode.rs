@@ -26,7 +26,7 @@ use terse_model::{Config, Qwen3};
 use terse_rollout::{generate_with_stats, KvBudget};
 
 /// fake_gpu.h's `Counter`, in its order: the names of `terse_fake_gpu_counters`' fields.
-pub const FIELDS: [&str; 11] = [
+pub const FIELDS: [&str; 13] = [
     "launches",
     "graph_launches",
     "driver_calls",
@@ -38,6 +38,8 @@ pub const FIELDS: [&str; 11] = [
     "library_calls",
     "library_launches",
     "frees",
+    "alloc_bytes",
+    "pool_releases",
 ];
 
 /// One reading of the emulated device's counters (`FIELDS` order).
@@ -119,14 +121,24 @@ pub fn figures(long: &Run, short: &Run) -> Result<Value> {
     }
     let n = steps as f64;
     let wall_ns = long.wall_ns.saturating_sub(short.wall_ns) as f64;
-    let mut out = serde_json::Map::new();
-    out.insert("decode_steps".into(), json!(steps));
-    out.insert("wall_ms_per_step".into(), json!(wall_ns / n / 1e6));
     let d = match (long.counts, short.counts) {
         (Some(l), Some(s)) => Some(l.since(&s)),
         _ => None,
     };
-    let per = |f: &dyn Fn(&Counts) -> f64| d.as_ref().map_or(Value::Null, |d| json!(f(d) / n));
+    let mut out = serde_json::Map::new();
+    out.insert("decode_steps".into(), json!(steps));
+    out.extend(per_step(d.as_ref(), n, wall_ns));
+    Ok(Value::Object(out))
+}
+
+/// The counters' growth `d` over `n` steps of `wall_ns` in all, per step (bench decode's decode
+/// step, bench model's training step): wall time, launches as a GPU counts them, each counter,
+/// and host time (wall minus the time inside the libraries). Counter figures are null without
+/// `d`.
+pub fn per_step(d: Option<&Counts>, n: f64, wall_ns: f64) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    out.insert("wall_ms_per_step".into(), json!(wall_ns / n / 1e6));
+    let per = |f: &dyn Fn(&Counts) -> f64| d.map_or(Value::Null, |d| json!(f(d) / n));
     let g = |name: &'static str| move |d: &Counts| d.get(name) as f64;
     // Graph launches and the libraries' kernels (GEMMs, ...) are launches as a GPU counts them.
     out.insert(
@@ -143,7 +155,9 @@ pub fn figures(long: &Run, short: &Run) -> Result<Value> {
         ("h2d_bytes_per_step", "h2d_bytes"),
         ("syncs_per_step", "syncs"),
         ("allocs_per_step", "allocs"),
+        ("alloc_bytes_per_step", "alloc_bytes"),
         ("frees_per_step", "frees"),
+        ("pool_releases_per_step", "pool_releases"),
     ] {
         out.insert(key.into(), per(&g(field)));
     }
@@ -155,11 +169,11 @@ pub fn figures(long: &Run, short: &Run) -> Result<Value> {
         "host_ms_per_step".into(),
         per(&|d| (wall_ns - d.get("inside_ns") as f64).max(0.0) / 1e6),
     );
-    Ok(Value::Object(out))
+    out
 }
 
 /// `baseline / new` for `key`, null when either is missing or `new` is 0.
-fn ratio(baseline: &Value, new: &Value, key: &str) -> Value {
+pub fn ratio(baseline: &Value, new: &Value, key: &str) -> Value {
     match (baseline[key].as_f64(), new[key].as_f64()) {
         (Some(b), Some(n)) if n > 0.0 => json!(b / n),
         _ => Value::Null,
@@ -183,7 +197,7 @@ pub fn skeleton() -> Result<Config> {
 }
 
 /// Sets (or, with None, removes) an environment variable, returning its previous value.
-fn set_env(key: &str, value: Option<&str>) -> Option<String> {
+pub fn set_env(key: &str, value: Option<&str>) -> Option<String> {
     let old = std::env::var(key).ok();
     match value {
         Some(v) => std::env::set_var(key, v),

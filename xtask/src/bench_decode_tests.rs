@@ -28,7 +28,9 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
             ("inside_ns", 1_000_000),
             ("syncs", 2),
             ("allocs", 9),
+            ("alloc_bytes", 4_096),
             ("driver_calls", 300),
+            ("pool_releases", 1),
         ])),
     };
     let long = Run {
@@ -43,8 +45,10 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
             ("inside_ns", 5_000_000),
             ("syncs", 6),
             ("allocs", 17),
+            ("alloc_bytes", 6_144),
             ("driver_calls", 400),
             ("frees", 8),
+            ("pool_releases", 5),
         ])),
     };
     let f = figures(&long, &short).expect("figures");
@@ -59,7 +63,9 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
     assert_eq!(get("h2d_bytes_per_step"), 8.0);
     assert_eq!(get("syncs_per_step"), 1.0);
     assert_eq!(get("allocs_per_step"), 2.0);
+    assert_eq!(get("alloc_bytes_per_step"), 512.0);
     assert_eq!(get("frees_per_step"), 2.0);
+    assert_eq!(get("pool_releases_per_step"), 1.0);
     assert_eq!(get("driver_calls_per_step"), 25.0);
     assert_eq!(get("inside_ms_per_step"), 1.0);
     assert_eq!(get("host_ms_per_step"), 1.0); // (8 - 4) ms over 4 steps

@@ -7,6 +7,7 @@ mod bench_decode;
 mod bench_memory;
 mod bench_rollout;
 mod bench_step;
+mod bench_train;
 mod bench_verify;
 mod cells;
 mod check_model;

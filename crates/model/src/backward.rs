@@ -10,6 +10,7 @@
 //! gradients by HF key.
 
 use crate::batch::Batch;
+use crate::model::forward::MaskOwned;
 use crate::model::Qwen3;
 use crate::ops::rms_norm;
 use candle_core::backprop::GradStore;
@@ -39,11 +40,26 @@ impl Qwen3 {
         }
         let c = &self.config;
         let (cos, sin, mask) = self.sequence_inputs(batch)?;
+        // Where it applies (CUDA, fused blocks), each layer's backward is written out
+        // (model/layer_grad.rs) and its weights are cast to the compute dtype once here.
+        let ranges = match &mask {
+            MaskOwned::Ranges(r) if self.written_backward(Some(r)) => Some(r),
+            _ => None,
+        };
+        let mut weights = match ranges {
+            Some(_) => (0..c.num_hidden_layers)
+                .map(|l| self.layer_weights(l))
+                .collect::<Result<Vec<_>>>()?,
+            None => vec![],
+        };
         // The forward keeping each layer's input only: every layer runs the training ops (the
         // inference ones round differently) and its graph is dropped at once by `detach`.
         let mut inputs = vec![self.embed(&batch.input_ids, true)?.detach()];
         for l in 0..c.num_hidden_layers {
-            let x = self.layer(l, &inputs[l], &cos, &sin, Some(mask.as_mask()), None, true)?;
+            let x = match ranges {
+                Some(r) => self.layer_written(&weights[l], &inputs[l], &cos, &sin, r)?,
+                None => self.layer(l, &inputs[l], &cos, &sin, Some(mask.as_mask()), None, true)?,
+            };
             inputs.push(x.detach());
         }
         // The head: final norm, log-probs and the loss, with a graph from the last output.
@@ -58,8 +74,18 @@ impl Qwen3 {
         let mut grads = Gradients::new();
         self.collect(&store, &mut grads)?;
         let mut dy = input_grad(&store, &last)?;
-        // The layers from the last: recompute with a graph, pull dy through.
+        // The layers from the last: recompute with a graph, pull dy through; or the layer's
+        // backward written out.
         for l in (0..c.num_hidden_layers).rev() {
+            if let (Some(r), Some(lw)) = (ranges, weights.pop()) {
+                let (dx, layer) = self.layer_grad(&lw, &inputs[l], &cos, &sin, r, &dy)?;
+                inputs.truncate(l);
+                for (k, g) in layer {
+                    add_grad(&mut grads, k, g)?;
+                }
+                dy = dx;
+                continue;
+            }
             let x = leaf(&inputs[l])?;
             inputs.truncate(l);
             let y = self.layer(
@@ -86,16 +112,21 @@ impl Qwen3 {
     fn collect(&self, store: &GradStore, grads: &mut Gradients) -> Result<()> {
         for (k, v) in self.vars() {
             if let Some(g) = store.get(v.as_tensor()) {
-                let g = g.detach();
-                let sum = match grads.remove(k) {
-                    Some(a) => (a + g)?,
-                    None => g,
-                };
-                grads.insert(k.clone(), sum);
+                add_grad(grads, k.clone(), g.detach())?;
             }
         }
         Ok(())
     }
+}
+
+/// Adds g to the gradient of `key` in `grads` (inserts it when there is none yet).
+fn add_grad(grads: &mut Gradients, key: String, g: Tensor) -> Result<()> {
+    let sum = match grads.remove(&key) {
+        Some(a) => (a + g)?,
+        None => g,
+    };
+    grads.insert(key, sum);
+    Ok(())
 }
 
 /// A graph leaf holding x's values (a copy), whose gradient the backward reports.

@@ -25,12 +25,52 @@ pub fn select(spec: &str) -> Result<(Device, DType)> {
 #[cfg(feature = "cuda")]
 fn cuda(spec: &str, ordinal: usize) -> Result<(Device, DType)> {
     match Device::new_cuda(ordinal) {
-        Ok(d) => Ok((d, DType::BF16)),
+        Ok(d) => {
+            if let Err(e) = keep_pool_memory(&d) {
+                crate::fail!("device `{spec}`: setting its memory pool's release threshold: {e}");
+            }
+            Ok((d, DType::BF16))
+        }
         // First line only: candle appends a backtrace when RUST_BACKTRACE is set.
         Err(e) => crate::fail!(
             "device `{spec}`: no usable CUDA device ({})",
             e.to_string().lines().next().unwrap_or_default()
         ),
+    }
+}
+
+/// Raises the release threshold of the device's default memory pool (the one cuMemAllocAsync
+/// draws from, so every candle tensor) to the maximum. At its default of 0 the driver hands the
+/// memory freed into the pool back to the OS at every synchronisation, and the next step's
+/// allocations go to the OS again; a serving engine keeps it, as torch's caching allocator does.
+/// Memory stays in the pool for this process's next allocations; `memory` counts it as used.
+#[cfg(feature = "cuda")]
+fn keep_pool_memory(d: &Device) -> std::result::Result<(), String> {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    let Device::Cuda(c) = d else { return Ok(()) };
+    let ctx = c.cuda_stream().context().clone();
+    ctx.bind_to_thread().map_err(|e| e.to_string())?;
+    let dev = ctx.cu_device();
+    // SAFETY: `dev` is the context's device, bound to this thread; the value is a cuuint64_t as
+    // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD requires.
+    unsafe {
+        let supported = result::device::get_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        )
+        .map_err(|e| e.to_string())?;
+        if supported == 0 {
+            return Ok(());
+        }
+        let pool = result::device::get_default_mem_pool(dev).map_err(|e| e.to_string())?;
+        let mut threshold: u64 = u64::MAX;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -62,6 +102,14 @@ pub fn simd_level() -> &'static str {
     } else {
         "portable"
     }
+}
+
+/// Whether the fused blocks run on CUDA: on unless `TERSE_FUSED=0`, which keeps today's
+/// composite path (the baseline `cargo xtask bench model --skeleton` measures in the same run).
+/// Read at each use, so a bench can switch between the two in one process. The CPU's path does
+/// not depend on it.
+pub fn fused() -> bool {
+    std::env::var("TERSE_FUSED").map_or(true, |v| v.trim() != "0")
 }
 
 #[cfg(test)]

@@ -50,4 +50,4 @@ pub use model::{ForwardOptions, Qwen3};
 pub use paged::PagedSeq;
 pub use paged::{BlockTable, PagedKvCache};
 
-pub use kernels::{flash, launch, sample};
+pub use kernels::{adamw, flash, launch, sample};

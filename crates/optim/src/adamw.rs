@@ -1,10 +1,13 @@
 //! AdamW exactly as torch.optim.AdamW (decoupled weight decay, bias correction, eps added after
 //! the square root), with f32 moments and f32 master weights, state serialisable to safetensors.
+//! On CUDA the update runs as terse_model's multi-tensor `adamw::step` (one launch per dtype);
+//! `TERSE_FUSED=0` and the CPU keep the per-tensor update of candle ops (`update`).
 
 use crate::clip::Grads;
 use candle_core::{DType, Device, Error, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use terse_model::adamw::{self, Slot};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -74,15 +77,16 @@ impl AdamW {
         let mut state = BTreeMap::new();
         for (k, v) in params {
             let t = v.as_tensor();
-            let zeros = Tensor::zeros(t.shape(), DType::F32, t.device())?;
+            // Two storages: the device update writes each moment in place.
+            let zeros = || Tensor::zeros(t.shape(), DType::F32, t.device());
             let master = (t.dtype() != DType::F32)
                 .then(|| t.to_dtype(DType::F32))
                 .transpose()?;
             state.insert(
                 k.clone(),
                 ParamState {
-                    exp_avg: zeros.clone(),
-                    exp_avg_sq: zeros,
+                    exp_avg: zeros()?,
+                    exp_avg_sq: zeros()?,
                     master,
                     step: 0,
                 },
@@ -111,38 +115,49 @@ impl AdamW {
     }
 
     /// One AdamW update at learning rate `lr`, parameters in sorted name order. Parameters
-    /// without a gradient are left alone (as torch does).
+    /// without a gradient are left alone (as torch does). On CUDA (unless `TERSE_FUSED=0`) the
+    /// parameters whose gradient has their dtype update in place in one launch per dtype
+    /// (terse_model's `adamw::step`), bit-identical to the per-tensor update of the rest and of
+    /// the CPU.
     pub fn step(&mut self, params: &BTreeMap<String, Var>, grads: &Grads, lr: f64) -> Result<()> {
-        let c = &self.config;
+        let c = self.config.clone();
         if let Some(k) = grads.keys().find(|k| !params.contains_key(*k)) {
             return Err(Error::Msg(format!("gradient for unknown parameter `{k}`")));
         }
+        let fused = params.values().next().is_some_and(|v| v.device().is_cuda())
+            && terse_model::device::fused();
+        let mut batch: Vec<(&String, &Var, Tensor)> = vec![];
         for (name, var) in params {
             let Some(g) = grads.get(name) else { continue };
             let st = self
                 .state
                 .get_mut(name)
                 .ok_or_else(|| Error::Msg(format!("parameter `{name}` has no optimizer state")))?;
-            let g = g.to_dtype(DType::F32)?;
             st.step += 1;
-            let master = match &st.master {
-                Some(m) => m.clone(),
-                None => var.as_tensor().detach(),
-            };
-            let master = (master * (1.0 - lr * c.weight_decay))?;
-            // torch: exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-            st.exp_avg = (&st.exp_avg + ((&g - &st.exp_avg)? * (1.0 - c.beta1))?)?;
-            st.exp_avg_sq = ((&st.exp_avg_sq * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
-            let bc1 = 1.0 - c.beta1.powi(st.step as i32);
-            let bc2_sqrt = (1.0 - c.beta2.powi(st.step as i32)).sqrt();
-            let denom = ((st.exp_avg_sq.sqrt()? / bc2_sqrt)? + c.eps)?;
-            let master = (master - ((&st.exp_avg / denom)? * (lr / bc1))?)?;
-            if st.master.is_some() {
-                var.set(&master.to_dtype(var.dtype())?)?;
-                st.master = Some(master);
+            if fused && g.dtype() == var.dtype() {
+                batch.push((name, var, g.contiguous()?));
             } else {
-                var.set(&master)?;
+                update(&c, st, var, g, lr)?;
             }
+        }
+        if !batch.is_empty() {
+            let slots: Vec<Slot> = batch
+                .iter()
+                .map(|(name, var, g)| {
+                    let st = &self.state[*name];
+                    Slot {
+                        name: name.as_str(),
+                        param: var.as_tensor(),
+                        master: st.master.as_ref(),
+                        exp_avg: &st.exp_avg,
+                        exp_avg_sq: &st.exp_avg_sq,
+                        grad: g,
+                        scalars: adamw::step_scalars(lr, c.beta1, c.beta2, st.step),
+                    }
+                })
+                .collect();
+            let h = adamw::Scalars::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay);
+            adamw::step(&slots, &h)?;
         }
         self.steps += 1;
         Ok(())
@@ -286,131 +301,31 @@ impl AdamW {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params(v: &[(&str, &[f32])]) -> BTreeMap<String, Var> {
-        v.iter()
-            .map(|(k, x)| (k.to_string(), Var::new(*x, &Device::Cpu).expect("var")))
-            .collect()
+/// One parameter's update by candle ops (its `step` already counted): the CPU's path, the
+/// per-tensor baseline on CUDA (`TERSE_FUSED=0`), and the reference `adamw::step` equals.
+fn update(c: &AdamWConfig, st: &mut ParamState, var: &Var, g: &Tensor, lr: f64) -> Result<()> {
+    let g = g.to_dtype(DType::F32)?;
+    let master = match &st.master {
+        Some(m) => m.clone(),
+        None => var.as_tensor().detach(),
+    };
+    let master = (master * (1.0 - lr * c.weight_decay))?;
+    // torch: exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+    st.exp_avg = (&st.exp_avg + ((&g - &st.exp_avg)? * (1.0 - c.beta1))?)?;
+    st.exp_avg_sq = ((&st.exp_avg_sq * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+    let bc1 = 1.0 - c.beta1.powi(st.step as i32);
+    let bc2_sqrt = (1.0 - c.beta2.powi(st.step as i32)).sqrt();
+    let denom = ((st.exp_avg_sq.sqrt()? / bc2_sqrt)? + c.eps)?;
+    let master = (master - ((&st.exp_avg / denom)? * (lr / bc1))?)?;
+    if st.master.is_some() {
+        var.set(&master.to_dtype(var.dtype())?)?;
+        st.master = Some(master);
+    } else {
+        var.set(&master)?;
     }
-
-    fn grads(p: &BTreeMap<String, Var>, step: usize) -> Grads {
-        p.iter()
-            .map(|(k, v)| {
-                let n = v.elem_count();
-                let g: Vec<f32> = (0..n).map(|i| ((i + 3 * step) % 7) as f32 - 3.0).collect();
-                (k.clone(), Tensor::from_vec(g, n, &Device::Cpu).expect("g"))
-            })
-            .collect()
-    }
-
-    fn values(p: &BTreeMap<String, Var>) -> Vec<u32> {
-        p.values()
-            .flat_map(|v| v.as_tensor().to_vec1::<f32>().expect("v"))
-            .map(f32::to_bits)
-            .collect()
-    }
-
-    #[test]
-    fn save_after_k_steps_then_continue_is_bit_identical() {
-        let init: &[(&str, &[f32])] = &[("b", &[1.0, 2.0, 3.0]), ("a", &[-1.0, 0.5])];
-        let cfg = AdamWConfig::default();
-        let p1 = params(init);
-        let mut o1 = AdamW::new(cfg.clone(), &p1).expect("opt");
-        for s in 0..6 {
-            o1.step(&p1, &grads(&p1, s), 1e-2).expect("step");
-        }
-        let p2 = params(init);
-        let mut o2 = AdamW::new(cfg.clone(), &p2).expect("opt");
-        for s in 0..3 {
-            o2.step(&p2, &grads(&p2, s), 1e-2).expect("step");
-        }
-        let bytes = o2.to_safetensors().expect("save");
-        let mut o3 = AdamW::from_safetensors(cfg, &p2, &bytes).expect("load");
-        assert_eq!(o3.steps(), 3);
-        for s in 3..6 {
-            o3.step(&p2, &grads(&p2, s), 1e-2).expect("step");
-        }
-        assert_eq!(values(&p1), values(&p2));
-    }
-
-    #[test]
-    fn bf16_parameters_keep_f32_master_weights() {
-        let p: BTreeMap<String, Var> = [(
-            "w".to_string(),
-            Var::from_tensor(
-                &Tensor::new(&[1.0f32], &Device::Cpu)
-                    .expect("t")
-                    .to_dtype(DType::BF16)
-                    .expect("bf16"),
-            )
-            .expect("var"),
-        )]
-        .into();
-        let mut o = AdamW::new(
-            AdamWConfig {
-                weight_decay: 0.0,
-                ..Default::default()
-            },
-            &p,
-        )
-        .expect("opt");
-        // Updates of 1e-4 are below bf16 resolution at 1.0 but must accumulate in the master.
-        for _ in 0..100 {
-            let g = [(
-                "w".to_string(),
-                Tensor::new(&[1.0f32], &Device::Cpu).expect("g"),
-            )]
-            .into();
-            o.step(&p, &g, 1e-4).expect("step");
-        }
-        let master = o.state["w"]
-            .master
-            .as_ref()
-            .expect("master")
-            .to_vec1::<f32>()
-            .expect("v")[0];
-        assert!((master - 0.99).abs() < 1e-5, "{master}");
-        let w = p["w"]
-            .as_tensor()
-            .to_dtype(DType::F32)
-            .expect("f32")
-            .to_vec1::<f32>()
-            .expect("v")[0];
-        assert!((w - 0.99).abs() < 4e-3, "{w}");
-    }
-
-    #[test]
-    fn load_rejects_mismatched_names_and_shapes() {
-        let p = params(&[("a", &[1.0, 2.0])]);
-        let bytes = AdamW::new(AdamWConfig::default(), &p)
-            .expect("opt")
-            .to_safetensors()
-            .expect("save");
-        let other = params(&[("z", &[1.0, 2.0])]);
-        let e = AdamW::from_safetensors(AdamWConfig::default(), &other, &bytes)
-            .expect_err("names")
-            .to_string();
-        assert!(e.contains("`z.exp_avg`"), "{e}");
-        let wider = params(&[("a", &[1.0, 2.0, 3.0])]);
-        let e = AdamW::from_safetensors(AdamWConfig::default(), &wider, &bytes)
-            .expect_err("shape")
-            .to_string();
-        assert!(
-            e.contains("`a.exp_avg`") && e.contains("[2]") && e.contains("[3]"),
-            "{e}"
-        );
-        let two = params(&[("a", &[1.0, 2.0]), ("b", &[1.0])]);
-        let bytes2 = AdamW::new(AdamWConfig::default(), &two)
-            .expect("opt")
-            .to_safetensors()
-            .expect("save");
-        let e = AdamW::from_safetensors(AdamWConfig::default(), &p, &bytes2)
-            .expect_err("extra")
-            .to_string();
-        assert!(e.contains("`b.exp_avg"), "{e}");
-        assert!(AdamW::from_safetensors(AdamWConfig::default(), &p, b"garbage").is_err());
-    }
+    Ok(())
 }
+
+#[cfg(test)]
+#[path = "adamw_tests.rs"]
+mod tests;

@@ -20,6 +20,7 @@ pub enum Elem {
     U32,
     I32,
     U8,
+    U64,
 }
 
 /// One kernel parameter's kind: a pointer (element type, writable) or a scalar.
@@ -57,6 +58,8 @@ pub enum Buf<'a> {
     U32(&'a mut [u32]),
     I32(&'a mut [i32]),
     U8(&'a mut [u8]),
+    /// A table of device (here: host) addresses and counts, such as `adamw_*`'s.
+    U64(&'a mut [u64]),
 }
 
 impl Buf<'_> {
@@ -68,6 +71,7 @@ impl Buf<'_> {
             Buf::U32(_) => Elem::U32,
             Buf::I32(_) => Elem::I32,
             Buf::U8(_) => Elem::U8,
+            Buf::U64(_) => Elem::U64,
         }
     }
 
@@ -78,6 +82,7 @@ impl Buf<'_> {
             Buf::U32(s) => s.as_mut_ptr().cast(),
             Buf::I32(s) => s.as_mut_ptr().cast(),
             Buf::U8(s) => s.as_mut_ptr().cast(),
+            Buf::U64(s) => s.as_mut_ptr().cast(),
         }
     }
 
@@ -88,6 +93,7 @@ impl Buf<'_> {
             Buf::U32(s) => s.len(),
             Buf::I32(s) => s.len(),
             Buf::U8(s) => s.len(),
+            Buf::U64(s) => s.len(),
         }
     }
 

@@ -134,14 +134,11 @@ inline void __stwt(T* p, T v) {
 }
 
 // ---- Float intrinsics and the math functions CUDA has beyond <cmath>. The explicitly
-// rounded forms are exact IEEE operations here; the fast ones (__sinf...) the exact functions.
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
+// rounded forms are exact IEEE operations here (__fadd_rn, __fsub_rn, __fmul_rn, __fdiv_rn and
+// __fsqrt_rn are the shim's, kernels/shim/cuda_shim.h); the fast ones (__sinf...) the exact
+// functions.
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmaf_ieee_rn(float a, float b, float c) { return std::fma(a, b, c); }
-inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __frsqrt_rn(float a) { return 1.0f / std::sqrt(a); }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }

@@ -33,6 +33,13 @@ pub const FLASH_TC_WARPS: u32 = 4;
 #[allow(dead_code)] // only nvcc needs it, through build.rs
 pub const FLASH_TC_KEYS: u32 = 32;
 
+/// Threads per block of `adamw_*` (the multi-tensor optimizer step; a multiple of 32).
+pub const ADAMW_BLOCK: u32 = 256;
+
+/// Elements of one tensor each block of `adamw_*` updates (a multiple of `ADAMW_BLOCK`): a
+/// tensor of n elements takes ceil(n / ADAMW_CHUNK) blocks.
+pub const ADAMW_CHUNK: u32 = 4096;
+
 #[cfg(test)]
 #[path = "../../build_geometry.rs"]
 mod build_geometry;

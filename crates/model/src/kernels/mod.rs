@@ -1,5 +1,5 @@
 //! The CUDA kernels of kernels/*.cu as candle custom ops, one file per kernel family (one per
-//! .cu file): rmsnorm.rs, rope.rs, logprob.rs, kv_cache.rs, paged_attention.rs (with paged_split.rs, its flash-decoding launch), sample/ and flash/. Each
+//! .cu file): adamw.rs, rmsnorm.rs, rope.rs, swiglu.rs, logprob.rs, kv_cache.rs, paged_attention.rs (with paged_split.rs, its flash-decoding launch), sample/ and flash/. Each
 //! holds the family's op (its [`op::Kernel`] impl: the CPU path runs the family's f32 reference,
 //! the CUDA path launches the kernel), its shape checks (run before every launch, on every
 //! device, so a wrong shape is an error, never an out-of-bounds read), its reference, its launch
@@ -9,8 +9,9 @@
 //! launching.rs (reading CPU inputs, driving a CUDA launch).
 //!
 //! Data flow: ops.rs, model/forward.rs (the cached and paged layers), logprob.rs -> a family's
-//! op -> its reference (CPU) or its kernel (CUDA).
+//! op -> its reference (CPU) or its kernel (CUDA); terse-optim's AdamW -> adamw.rs's `step`.
 
+pub mod adamw;
 mod cpu;
 mod describe;
 pub mod flash;
@@ -25,14 +26,16 @@ pub(crate) mod paged_split;
 pub(crate) mod rmsnorm;
 pub(crate) mod rope;
 pub mod sample;
+pub(crate) mod swiglu;
 
 pub(crate) use kv_cache::{decode_attention, kv_write};
 pub(crate) use logprob::{
     logprob_grad, logprob_grad_of_checked, logprob_stats, logprob_stats_of_checked,
 };
 pub(crate) use paged_attention::{paged_decode_attention, paged_kv_write, PagedMeta};
-pub(crate) use rmsnorm::rms_norm;
-pub(crate) use rope::rope;
+pub(crate) use rmsnorm::{rms_norm, rms_norm_grad};
+pub(crate) use rope::{rope, rope_inverse};
+pub(crate) use swiglu::{swiglu, swiglu_grad};
 
 /// One launch description per kernel entry point of kernels/*.cu: the kernel's name, its grid
 /// and block, and its argument list in order (buffers by their position in the caller's list,
@@ -41,6 +44,7 @@ pub(crate) use rope::rope;
 /// swapped argument or a wrong grid fails a CPU test. Each family's file holds its own; this is
 /// the one list of them.
 pub mod launch {
+    pub use crate::kernels::adamw::launch::*;
     pub use crate::kernels::describe::{Arg, Launch, Storage};
     pub use crate::kernels::flash::launch::*;
     pub use crate::kernels::kv_cache::launch::*;
@@ -51,15 +55,18 @@ pub mod launch {
     pub use crate::kernels::rmsnorm::launch::*;
     pub use crate::kernels::rope::launch::*;
     pub use crate::kernels::sample::launch::*;
+    pub use crate::kernels::swiglu::launch::*;
 }
 
 /// The f32 CPU references of every kernel family (testing.rs re-exports them for crates/simt).
 pub(crate) mod references {
+    pub use crate::kernels::adamw::reference::*;
     pub use crate::kernels::kv_cache::reference::*;
     pub use crate::kernels::logprob::reference::*;
     pub use crate::kernels::paged_attention::reference::*;
     pub use crate::kernels::rmsnorm::reference::*;
     pub use crate::kernels::rope::reference::*;
+    pub use crate::kernels::swiglu::reference::*;
 }
 
 #[cfg(test)]

@@ -173,3 +173,71 @@ fn ops_refuse_bad_shapes_and_pass_empty_inputs_through() {
     let z = Tensor::zeros((0, 5), DType::F32, &Device::Cpu).expect("z");
     assert_eq!(logprob_stats(&z, &none).expect("empty").dims(), [0, 3]);
 }
+
+/// SwiGLU's forward (the CPU reference) equals candle's silu(g) * u, and its own backward
+/// (`SwigluBwd`, what CUDA runs as one kernel) matches central finite differences of the loss
+/// sum(swiglu(g, u) * w) in every element of g and u.
+#[test]
+fn swiglu_and_its_backward_pass_a_finite_difference_check() {
+    let shape = [3, 7];
+    let g0 = (vals(&shape, 4) * 4.0).expect("g"); // gates in [-4, 4): both tails of the sigmoid
+    let u0 = vals(&shape, 5);
+    let w = vals(&shape, 6);
+    let (g, u) = (
+        Var::from_tensor(&g0).expect("g"),
+        Var::from_tensor(&u0).expect("u"),
+    );
+    let y = swiglu(&g, &u).expect("fwd");
+    let composite = (g.silu().expect("silu") * u.as_tensor()).expect("mul");
+    assert!(max_diff(&y, &composite) < 1e-6);
+    let grads = (y * &w)
+        .expect("m")
+        .sum_all()
+        .expect("s")
+        .backward()
+        .expect("b");
+    let loss = |g: &Tensor, u: &Tensor| -> f64 {
+        let y = swiglu(g, u).expect("fwd");
+        let v = (y * &w).expect("m").flatten_all().expect("f");
+        // The sum in f64, so the differences below are the op's, not the sum's rounding.
+        v.to_vec1::<f32>()
+            .expect("v")
+            .iter()
+            .map(|&x| f64::from(x))
+            .sum()
+    };
+    let h = 1e-2f32;
+    for (which, analytic) in [(0, grads.get(&g)), (1, grads.get(&u))] {
+        let analytic = analytic
+            .expect("a gradient")
+            .flatten_all()
+            .expect("f")
+            .to_vec1::<f32>()
+            .expect("v");
+        let base = [&g0, &u0][which]
+            .flatten_all()
+            .expect("f")
+            .to_vec1::<f32>()
+            .expect("v");
+        for i in 0..base.len() {
+            let at = |d: f32| {
+                let mut v = base.clone();
+                v[i] += d;
+                let t = Tensor::from_vec(v, &shape[..], &Device::Cpu).expect("t");
+                if which == 0 {
+                    loss(&t, &u0)
+                } else {
+                    loss(&g0, &t)
+                }
+            };
+            let numeric = (at(h) - at(-h)) / (2.0 * f64::from(h));
+            let d = (numeric - f64::from(analytic[i])).abs();
+            assert!(
+                d < 1e-3,
+                "swiglu d{} [{i}]: analytic {} vs finite difference {numeric}",
+                ["g", "u"][which],
+                analytic[i]
+            );
+        }
+    }
+}

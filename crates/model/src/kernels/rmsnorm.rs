@@ -48,18 +48,8 @@ impl Kernel<2> for RmsNorm {
     fn bwd(&self, [x, w]: [&Tensor; 2], _y: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 2]> {
         use candle_core::{DType, D};
         if x.device().is_cuda() || x.dtype() == DType::F32 {
-            let f = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
-            let both = apply3(&f(x)?, &f(w)?, &f(dy)?, RmsNormBwd { eps: self.eps })?; // (rows + 1, C)
-            let rows = both.dim(0)? - 1;
-            let dx = both
-                .narrow(0, 0, rows)?
-                .reshape(x.shape())?
-                .to_dtype(x.dtype())?;
-            let dw = both
-                .narrow(0, rows, 1)?
-                .reshape(w.shape())?
-                .to_dtype(w.dtype())?;
-            return Ok([Some(dx), Some(dw)]);
+            let (dx, dw) = rms_norm_grad(x, w, dy, self.eps)?;
+            return Ok([Some(dx), Some(dw.to_dtype(w.dtype())?)]);
         }
         let cols = w.elem_count() as f64;
         let rstd = ((x.sqr()?.mean_keepdim(D::Minus1)? + f64::from(self.eps))?.sqrt()?).recip()?; // (.., 1)
@@ -73,6 +63,26 @@ impl Kernel<2> for RmsNorm {
             .sum(0)?;
         Ok([Some(dx), Some(dw)])
     }
+}
+
+/// RMSNorm's gradients for y = rms_norm(x, w) and dy: (dx in x's dtype, dw in f32), by
+/// `RmsNormBwd` (the op's backward, and model/layer_grad.rs's written-out layer backward).
+pub(crate) fn rms_norm_grad(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    use candle_core::DType;
+    let f = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+    let both = apply3(&f(x)?, &f(w)?, &f(dy)?, RmsNormBwd { eps })?; // (rows + 1, C)
+    let rows = both.dim(0)? - 1;
+    let dx = both
+        .narrow(0, 0, rows)?
+        .reshape(x.shape())?
+        .to_dtype(x.dtype())?;
+    let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+    Ok((dx, dw))
 }
 
 /// RMSNorm backward in one op: f32 x (.., C), w (C), dy (.., C) -> (rows + 1, C) = [dx rows;

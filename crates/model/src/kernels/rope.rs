@@ -63,6 +63,16 @@ impl Kernel<3> for Rope {
     }
 }
 
+/// The inverse rotation (`rope`'s gradient): dy (B, H, T, D) -> dx, for model/layer_grad.rs's
+/// written-out layer backward.
+pub(crate) fn rope_inverse(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    check::rope(dy.dims(), cos.dims(), sin.dims())?;
+    if dy.elem_count() == 0 {
+        return Ok(dy.clone());
+    }
+    apply3(&dy.contiguous()?, cos, sin, Rope { inverse: true })
+}
+
 /// Shape and bounds checks run before every launch, on every device (the kernels index raw
 /// buffers: a wrong shape is an error naming the op and the shapes, never a launch).
 pub(crate) mod check {

@@ -161,11 +161,16 @@ impl Qwen3 {
             &self.w(&format!("{p}.post_attention_layernorm.weight"), train)?,
             eps,
         )?;
-        let gate = self
-            .linear(&h, &format!("{p}.mlp.gate_proj.weight"), train)?
-            .silu()?;
+        let gate = self.linear(&h, &format!("{p}.mlp.gate_proj.weight"), train)?;
         let up = self.linear(&h, &format!("{p}.mlp.up_proj.weight"), train)?;
-        x + self.linear(&(gate * up)?, &format!("{p}.mlp.down_proj.weight"), train)?
+        // On CUDA one kernel each way (kernels/swiglu.cu); the CPU keeps candle's two ops,
+        // whose rounding the fused reference does not repeat (`TERSE_FUSED=0`: CUDA too).
+        let act = if h.device().is_cuda() && crate::device::fused() {
+            crate::kernels::swiglu(&gate, &up)?
+        } else {
+            (gate.silu()? * up)?
+        };
+        x + self.linear(&act, &format!("{p}.mlp.down_proj.weight"), train)?
     }
 
     pub(crate) fn embed(&self, ids: &Tensor, train: bool) -> Result<Tensor> {

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub(crate) mod forward;
+mod layer_grad;
 
 /// A Qwen3ForCausalLM whose parameters are candle `Var`s keyed by their HF names.
 pub struct Qwen3 {

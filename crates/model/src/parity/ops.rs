@@ -1,5 +1,6 @@
 //! Parity of the fused ops one at a time: RMSNorm, RoPE, the log-prob epilogue, the KV
-//! cache's write and decode attention (in f32 and in bf16), and the sampler.
+//! cache's write and decode attention (in f32 and in bf16), the sampler, and SwiGLU with its
+//! backward.
 
 use super::common::{bf16_round, bf16_tolerance, grad, on_dev, rnd, row, Row};
 use crate::kernels as fused;
@@ -231,4 +232,49 @@ pub(super) fn sample_f32(dev: &Device) -> Result<Vec<Row>> {
         });
     }
     Ok(rows)
+}
+
+/// SwiGLU forward and its one-kernel backward (rows 64 x 1536, gates in [-4, 4)), on the device
+/// against the CPU reference: in f32 (`f32`), or in bf16 on bf16-rounded inputs.
+fn swiglu(dev: &Device, bf16: bool) -> Result<Vec<Row>> {
+    let round = |t: Tensor| if bf16 { bf16_round(&t) } else { Ok(t) };
+    let (g, u, dy) = (
+        round((rnd(&[64, 1536], 7)? * 4.0)?)?,
+        round(rnd(&[64, 1536], 8)?)?,
+        round(rnd(&[64, 1536], 9)?)?,
+    );
+    let run = |d: &Device| -> Result<(Tensor, Tensor, Tensor)> {
+        let put = |t: &Tensor| if bf16 { on_dev(t, d) } else { t.to_device(d) };
+        let (gv, uv) = (Var::from_tensor(&put(&g)?)?, Var::from_tensor(&put(&u)?)?);
+        let y = fused::swiglu(&gv, &uv)?;
+        let grads = (&y * put(&dy)?)?.sum_all()?.backward()?;
+        Ok((y, grad(&grads, &gv, "g")?, grad(&grads, &uv, "u")?))
+    };
+    let (c, d) = (run(&Device::Cpu)?, run(dev)?);
+    let tol = |t: &Tensor, f32_tol: f64| if bf16 { bf16_tolerance(t) } else { Ok(f32_tol) };
+    let tag = if bf16 { "bf16 " } else { "" };
+    Ok(vec![
+        row(&format!("{tag}swiglu fwd"), &d.0, &c.0, tol(&c.0, 1e-5)?)?,
+        // bf16: dy * y's product is rounded before the backward sees it.
+        row(
+            &format!("{tag}swiglu bwd dg"),
+            &d.1,
+            &c.1,
+            2.0 * tol(&c.1, 1e-5)?,
+        )?,
+        row(
+            &format!("{tag}swiglu bwd du"),
+            &d.2,
+            &c.2,
+            2.0 * tol(&c.2, 1e-5)?,
+        )?,
+    ])
+}
+
+pub(super) fn swiglu_f32(dev: &Device) -> Result<Vec<Row>> {
+    swiglu(dev, false)
+}
+
+pub(super) fn swiglu_bf16(dev: &Device) -> Result<Vec<Row>> {
+    swiglu(dev, true)
 }

@@ -7,6 +7,7 @@
 //! masked rows, length-1 sequences, GQA 1-8, head sizes 64 and 128, forked and copy-on-write
 //! blocks, flash-decoding's splits against today's paged kernel).
 
+mod adamw;
 mod coverage;
 mod decode;
 mod flash;
@@ -16,6 +17,7 @@ mod fragments;
 mod norm;
 mod paged_split;
 mod sample;
+mod swiglu;
 
 use crate::{run, Arg, Buf};
 use rand::{Rng, SeedableRng};

@@ -158,6 +158,63 @@ impl KeyRanges {
 /// Causal grouped-query attention over key ranges: q (B, Hq, T, D), k/v (B, Hkv, T, D) ->
 /// (B, Hq, T, D) in q's dtype; rows with an empty range give 0. Differentiable in q, k, v.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Result<Tensor> {
+    let op = forward_op(q, k, v, ranges)?;
+    if q.elem_count() == 0 {
+        return q.zeros_like();
+    }
+    let prep = |x: &Tensor| x.contiguous();
+    let both = apply3(&prep(q)?, &prep(k)?, &prep(v)?, op)?; // (B*Hq*T*D + B*Hq*T) f32
+    both.narrow(0, 0, q.elem_count())?
+        .reshape(q.shape())?
+        .to_dtype(q.dtype())
+}
+
+/// `attention` without a graph, keeping what its backward reads: (out in q's dtype, the
+/// forward's flat f32 [out; lse]) for `attention_grad` (model/layer_grad.rs).
+pub(crate) fn attention_saved(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    ranges: &KeyRanges,
+) -> Result<(Tensor, Tensor)> {
+    let op = forward_op(q, k, v, ranges)?;
+    if q.elem_count() == 0 {
+        return Ok((q.zeros_like()?, Tensor::zeros(0, DType::F32, q.device())?));
+    }
+    let prep = |x: &Tensor| x.detach().contiguous();
+    let res = apply3(&prep(q)?, &prep(k)?, &prep(v)?, op)?; // (B*Hq*T*D + B*Hq*T) f32
+    let out = res
+        .narrow(0, 0, q.elem_count())?
+        .reshape(q.shape())?
+        .to_dtype(q.dtype())?;
+    Ok((out, res))
+}
+
+/// The gradients (dq, dk, dv), in their inputs' dtypes, of `attention_saved`'s inputs for the
+/// output gradient `dout`, from its saved `res`: the op's backward, called directly.
+pub(crate) fn attention_grad(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    ranges: &KeyRanges,
+    res: &Tensor,
+    dout: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = forward_op(q, k, v, ranges)?;
+    if q.elem_count() == 0 {
+        return Ok((q.zeros_like()?, k.zeros_like()?, v.zeros_like()?));
+    }
+    let prep = |x: &Tensor| x.detach().contiguous();
+    let (q, k, v) = (prep(q)?, prep(k)?, prep(v)?);
+    let [dq, dk, dv] = op.bwd([&q, &k, &v], res, &dout.flatten_all()?)?;
+    let need = |t: Option<Tensor>| {
+        t.ok_or_else(|| candle_core::Error::Msg("internal: flash backward gave no gradient".into()))
+    };
+    Ok((need(dq)?, need(dk)?, need(dv)?))
+}
+
+/// The checked forward op for q, k, v over `ranges`.
+fn forward_op(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Result<FlashFwd> {
     let (b, hq, t, d) = q.dims4()?;
     let (bk, hkv, tk, dk) = k.dims4()?;
     if (bk, tk, dk) != (b, t, d) || v.dims() != k.dims() || hkv == 0 || hq % hkv != 0 {
@@ -183,22 +240,10 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Resu
         d,
         scale: 1.0 / (d as f32).sqrt(),
     };
-    if q.elem_count() == 0 {
-        return q.zeros_like();
-    }
-    let prep = |x: &Tensor| x.contiguous();
-    let both = apply3(
-        &prep(q)?,
-        &prep(k)?,
-        &prep(v)?,
-        FlashFwd {
-            ranges: ranges.clone(),
-            dims,
-        },
-    )?; // (B*Hq*T*D + B*Hq*T) f32
-    both.narrow(0, 0, q.elem_count())?
-        .reshape((b, hq, t, d))?
-        .to_dtype(q.dtype())
+    Ok(FlashFwd {
+        ranges: ranges.clone(),
+        dims,
+    })
 }
 
 /// Whether `attention` serves these inputs: f32 on the CPU; f32 or bf16 on CUDA (with the

@@ -1,0 +1,360 @@
+//! A decoder layer's backward written out, without candle's autograd: the checkpointed
+//! backward's recompute keeps what each op's adjoint reads, then the adjoints run in reverse.
+//! Each gradient is written once by the op that owns it (no zero-fill and add per graph edge,
+//! no cast node per weight use), the fused blocks' own backward kernels do the work (RMSNorm,
+//! RoPE's inverse rotation, flash attention, SwiGLU), and every weight is read once as a
+//! detached compute-dtype copy. The autograd path through `Qwen3::layer` stays as its
+//! reference (the test below) and runs wherever this one does not apply.
+//!
+//! Data flow: backward.rs's checkpointed loop -> `layer_grad` (when `written_backward`) ->
+//! (the input's gradient, the layer's weight gradients by HF key) -> the gradient map.
+
+use super::Qwen3;
+use crate::kernels as fused;
+use crate::kernels::flash::KeyRanges;
+use candle_core::{Result, Tensor};
+
+/// x (N, In) @ W^T with W (Out, In) -> (N, Out).
+fn mm_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.matmul(&w.t()?)
+}
+
+/// The gradients of y = x W^T for dy (N, Out): (dx (N, In), dW (Out, In)).
+fn linear_grad(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok((dy.matmul(w)?, dy.t()?.matmul(x)?))
+}
+
+/// (B, T, H*D) <-> (B, H, T, D), contiguous.
+fn heads(x: &Tensor, b: usize, t: usize, h: usize, d: usize) -> Result<Tensor> {
+    x.reshape((b, t, h, d))?.transpose(1, 2)?.contiguous() // (B, H, T, D)
+}
+fn rows(x: &Tensor, b: usize, t: usize) -> Result<Tensor> {
+    let (_, h, _, d) = x.dims4()?;
+    x.transpose(1, 2)?.contiguous()?.reshape((b * t, h * d)) // (B*T, H*D)
+}
+
+/// A decoder layer's weights in the compute dtype, detached: cast once per training step and
+/// read by both the forward and the recompute (no cast per use).
+pub(crate) struct LayerWeights {
+    l: usize,
+    wn1: Tensor,
+    wq: Tensor,
+    wk: Tensor,
+    wv: Tensor,
+    /// Qwen2's q/k/v biases.
+    bias: Option<[Tensor; 3]>,
+    /// Qwen3's q_norm and k_norm.
+    norms: Option<[Tensor; 2]>,
+    wo: Tensor,
+    wn2: Tensor,
+    wg: Tensor,
+    wu: Tensor,
+    wd: Tensor,
+}
+
+/// What the forward keeps for the adjoints, rows flattened (N = B * T), and the output y.
+struct Saved {
+    x: Tensor,
+    h: Tensor,
+    q: Tensor,
+    k: Tensor,
+    qr: Tensor,
+    kr: Tensor,
+    vt: Tensor,
+    res: Tensor,
+    a: Tensor,
+    x1: Tensor,
+    h2: Tensor,
+    g: Tensor,
+    u: Tensor,
+    act: Tensor,
+    y: Tensor,
+}
+
+impl Qwen3 {
+    /// Whether the checkpointed backward writes each layer's backward out (`layer_grad`): on
+    /// CUDA with the fused blocks (`TERSE_FUSED=0` keeps the autograd path, the baseline), flash
+    /// attention's key ranges, and no LoRA (whose adapters build their delta with a graph).
+    pub(crate) fn written_backward(&self, ranges: Option<&KeyRanges>) -> bool {
+        self.device.is_cuda()
+            && crate::device::fused()
+            && ranges.is_some()
+            && self.lora.is_none()
+            && fused::flash::supported(&self.device, self.compute_dtype)
+    }
+
+    /// Layer l's weights in the compute dtype (one cast each).
+    pub(crate) fn layer_weights(&self, l: usize) -> Result<LayerWeights> {
+        let c = &self.config;
+        let w = |name: &str| self.w(&format!("model.layers.{l}.{name}"), false);
+        Ok(LayerWeights {
+            l,
+            wn1: w("input_layernorm.weight")?,
+            wq: w("self_attn.q_proj.weight")?,
+            wk: w("self_attn.k_proj.weight")?,
+            wv: w("self_attn.v_proj.weight")?,
+            bias: if c.qkv_bias {
+                Some([
+                    w("self_attn.q_proj.bias")?,
+                    w("self_attn.k_proj.bias")?,
+                    w("self_attn.v_proj.bias")?,
+                ])
+            } else {
+                None
+            },
+            norms: if c.qk_norm {
+                Some([w("self_attn.q_norm.weight")?, w("self_attn.k_norm.weight")?])
+            } else {
+                None
+            },
+            wo: w("self_attn.o_proj.weight")?,
+            wn2: w("post_attention_layernorm.weight")?,
+            wg: w("mlp.gate_proj.weight")?,
+            wu: w("mlp.up_proj.weight")?,
+            wd: w("mlp.down_proj.weight")?,
+        })
+    }
+
+    /// The layer's forward (B, T, H) -> (B, T, H) by the ops `layer` runs on CUDA, without a
+    /// graph: the checkpointed step's first pass where the backward is written out.
+    pub(crate) fn layer_written(
+        &self,
+        lw: &LayerWeights,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        ranges: &KeyRanges,
+    ) -> Result<Tensor> {
+        Ok(self.layer_saved(lw, x, cos, sin, ranges)?.y)
+    }
+
+    /// The forward, keeping what the adjoints read.
+    fn layer_saved(
+        &self,
+        lw: &LayerWeights,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        ranges: &KeyRanges,
+    ) -> Result<Saved> {
+        let c = &self.config;
+        let (b, t, hid) = x.dims3()?;
+        let n = b * t;
+        let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let eps = c.rms_norm_eps as f32;
+        let x = x.detach().contiguous()?;
+        let h = fused::rms_norm(&x, &lw.wn1, eps)?.reshape((n, hid))?; // (N, H)
+        let (mut q, mut k, mut v) = (mm_t(&h, &lw.wq)?, mm_t(&h, &lw.wk)?, mm_t(&h, &lw.wv)?); // (N, Hq*D), (N, Hkv*D) x 2
+        if let Some([bq, bk, bv]) = &lw.bias {
+            (q, k, v) = (
+                q.broadcast_add(bq)?,
+                k.broadcast_add(bk)?,
+                v.broadcast_add(bv)?,
+            );
+        }
+        let (qn, kn) = match &lw.norms {
+            Some([a, bn]) => (
+                fused::rms_norm(&q.reshape((n, hq, hd))?, a, eps)?, // (N, Hq, D)
+                fused::rms_norm(&k.reshape((n, hkv, hd))?, bn, eps)?, // (N, Hkv, D)
+            ),
+            None => (q.clone(), k.clone()),
+        };
+        let qr = fused::rope(&heads(&qn, b, t, hq, hd)?, cos, sin)?; // (B, Hq, T, D)
+        let kr = fused::rope(&heads(&kn, b, t, hkv, hd)?, cos, sin)?; // (B, Hkv, T, D)
+        let vt = heads(&v, b, t, hkv, hd)?; // (B, Hkv, T, D)
+        let (o, res) = fused::flash::attention_saved(&qr, &kr, &vt, ranges)?; // (B, Hq, T, D)
+        let a = rows(&o, b, t)?; // (N, Hq*D)
+        let x1 = (x.reshape((n, hid))? + mm_t(&a, &lw.wo)?)?; // (N, H)
+        let h2 = fused::rms_norm(&x1, &lw.wn2, eps)?; // (N, H)
+        let (g, u) = (mm_t(&h2, &lw.wg)?, mm_t(&h2, &lw.wu)?); // (N, I)
+        let act = fused::swiglu(&g, &u)?; // (N, I)
+        let y = (&x1 + mm_t(&act, &lw.wd)?)?.reshape((b, t, hid))?; // (B, T, H)
+        Ok(Saved {
+            x,
+            h,
+            q,
+            k,
+            qr,
+            kr,
+            vt,
+            res,
+            a,
+            x1,
+            h2,
+            g,
+            u,
+            act,
+            y,
+        })
+    }
+
+    /// Layer lw.l's backward for the gradient dy (B, T, H) of its output at input x (B, T, H):
+    /// (dx, the gradient of each of its weights by HF key, in the master dtype). The same
+    /// function as `layer(l, x, ..., Some(Mask::Ranges(ranges)), None, true)` differentiated by
+    /// autograd, to float rounding.
+    pub(crate) fn layer_grad(
+        &self,
+        lw: &LayerWeights,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        ranges: &KeyRanges,
+        dy: &Tensor,
+    ) -> Result<(Tensor, Vec<(String, Tensor)>)> {
+        let c = &self.config;
+        let p = format!("model.layers.{}", lw.l);
+        let (b, t, hid) = x.dims3()?;
+        let n = b * t;
+        let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let eps = c.rms_norm_eps as f32;
+        let s = self.layer_saved(lw, x, cos, sin, ranges)?;
+
+        // The adjoints, from the output back. The residual passes dy to x1 unchanged.
+        let dy = dy.to_dtype(s.x.dtype())?.reshape((n, hid))?; // (N, H)
+        let mut grads = Vec::with_capacity(14);
+        let mut put = |name: &str, g: Tensor| -> Result<()> {
+            let key = format!("{p}.{name}");
+            let master = match self.vars.get(&key) {
+                Some(v) => v.dtype(),
+                None => crate::fail!("internal: weight `{key}` missing"),
+            };
+            grads.push((key, g.to_dtype(master)?));
+            Ok(())
+        };
+        let (dact, dwd) = linear_grad(&s.act, &lw.wd, &dy)?;
+        put("mlp.down_proj.weight", dwd)?;
+        let (dg, du) = fused::swiglu_grad(&s.g, &s.u, &dact)?; // (N, I) each
+        let (dh2g, dwg) = linear_grad(&s.h2, &lw.wg, &dg)?;
+        let (dh2u, dwu) = linear_grad(&s.h2, &lw.wu, &du)?;
+        put("mlp.gate_proj.weight", dwg)?;
+        put("mlp.up_proj.weight", dwu)?;
+        let (dx1n, dwn2) = fused::rms_norm_grad(&s.x1, &lw.wn2, &(dh2g + dh2u)?, eps)?;
+        put("post_attention_layernorm.weight", dwn2)?;
+        let dx1 = (dy + dx1n)?; // (N, H)
+        let (da, dwo) = linear_grad(&s.a, &lw.wo, &dx1)?;
+        put("self_attn.o_proj.weight", dwo)?;
+        let do_ = heads(&da, b, t, hq, hd)?; // (B, Hq, T, D)
+        let (dqr, dkr, dvt) =
+            fused::flash::attention_grad(&s.qr, &s.kr, &s.vt, ranges, &s.res, &do_)?;
+        let dqn = rows(&fused::rope_inverse(&dqr, cos, sin)?, b, t)?; // (N, Hq*D)
+        let dkn = rows(&fused::rope_inverse(&dkr, cos, sin)?, b, t)?; // (N, Hkv*D)
+        let dv = rows(&dvt, b, t)?; // (N, Hkv*D)
+        let (dq, dk) = match &lw.norms {
+            Some([a, bn]) => {
+                let (dq, dqw) = fused::rms_norm_grad(
+                    &s.q.reshape((n, hq, hd))?,
+                    a,
+                    &dqn.reshape((n, hq, hd))?,
+                    eps,
+                )?;
+                let (dk, dkw) = fused::rms_norm_grad(
+                    &s.k.reshape((n, hkv, hd))?,
+                    bn,
+                    &dkn.reshape((n, hkv, hd))?,
+                    eps,
+                )?;
+                put("self_attn.q_norm.weight", dqw)?;
+                put("self_attn.k_norm.weight", dkw)?;
+                (dq.reshape((n, hq * hd))?, dk.reshape((n, hkv * hd))?)
+            }
+            None => (dqn, dkn),
+        };
+        if lw.bias.is_some() {
+            put("self_attn.q_proj.bias", dq.sum(0)?)?;
+            put("self_attn.k_proj.bias", dk.sum(0)?)?;
+            put("self_attn.v_proj.bias", dv.sum(0)?)?;
+        }
+        let (dhq, dwq) = linear_grad(&s.h, &lw.wq, &dq)?;
+        let (dhk, dwk) = linear_grad(&s.h, &lw.wk, &dk)?;
+        let (dhv, dwv) = linear_grad(&s.h, &lw.wv, &dv)?;
+        put("self_attn.q_proj.weight", dwq)?;
+        put("self_attn.k_proj.weight", dwk)?;
+        put("self_attn.v_proj.weight", dwv)?;
+        let dh = ((dhq + dhk)? + dhv)?.reshape((b, t, hid))?; // (B, T, H)
+        let (dxn, dwn1) = fused::rms_norm_grad(&s.x, &lw.wn1, &dh, eps)?;
+        put("input_layernorm.weight", dwn1)?;
+        let dx = (dx1.reshape((b, t, hid))? + dxn)?; // (B, T, H)
+        Ok((dx, grads))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kernels::flash::KeyRanges;
+    use crate::{Config, Qwen3};
+    use candle_core::{DType, Device, Tensor, Var};
+
+    /// Max |a - b| over max |b|.
+    fn rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).and_then(|d| d.abs()).and_then(|d| d.max_all());
+        let s = b.abs().and_then(|s| s.max_all());
+        let f =
+            |t: candle_core::Result<Tensor>| t.and_then(|t| t.to_scalar::<f32>()).expect("scalar");
+        f(d) / f(s).max(1e-12)
+    }
+
+    /// The written-out backward equals autograd through `layer` (the surrogate sum(y * dy)):
+    /// the input's gradient and every weight's, on a packed batch of two sequences, for the
+    /// testbed's shape, a Qwen3-0.6B slice and the slice as Qwen2 (biases, no q/k norms).
+    #[test]
+    fn the_written_backward_equals_autograd_through_the_layer() {
+        let dev = Device::Cpu;
+        let slice = Config::synthetic(96, 256, 384, 2, 16, 8, 128, false).expect("config");
+        let shapes = [
+            Config::synthetic(64, 64, 128, 2, 4, 2, 16, true).expect("config"),
+            slice.clone(),
+            slice.as_qwen2().expect("qwen2"),
+        ];
+        for (i, cfg) in shapes.into_iter().enumerate() {
+            let m = Qwen3::random(cfg.clone(), 7 + i as u64, &dev, DType::F32).expect("model");
+            let (b, t, hid) = (1, 11, cfg.hidden_size);
+            let ranges = KeyRanges::packed(&[7, 4], t, &dev).expect("ranges");
+            let pos: Vec<u32> = (0..7).chain(0..4).collect();
+            let pos = Tensor::from_vec(pos, (b, t), &dev).expect("pos");
+            let (cos, sin) =
+                crate::ops::rope_tables(&pos, cfg.head_dim, cfg.rope_theta, DType::F32)
+                    .expect("tables");
+            let x = Tensor::randn(0f32, 1.0, (b, t, hid), &dev).expect("x");
+            let dy = Tensor::randn(0f32, 1.0, (b, t, hid), &dev).expect("dy");
+
+            let leaf = Var::from_tensor(&x).expect("leaf");
+            let mask = super::super::forward::Mask::Ranges(&ranges);
+            let y = m
+                .layer(1, leaf.as_tensor(), &cos, &sin, Some(mask), None, true)
+                .expect("layer");
+            let y_ref = y.detach();
+            let store = (y * &dy)
+                .and_then(|s| s.sum_all())
+                .expect("surrogate")
+                .backward()
+                .expect("backward");
+            let lw = m.layer_weights(1).expect("weights");
+            let y_written = m
+                .layer_written(&lw, &x, &cos, &sin, &ranges)
+                .expect("forward");
+            assert!(rel(&y_written, &y_ref) < 1e-6, "shape {i}: the forward");
+            let (dx, grads) = m
+                .layer_grad(&lw, &x, &cos, &sin, &ranges, &dy)
+                .expect("layer_grad");
+            let e = rel(&dx, store.get(leaf.as_tensor()).expect("dx"));
+            assert!(e < 1e-5, "shape {i}: dx {e}");
+            let mut keys = vec![];
+            for (k, g) in &grads {
+                let want = store.get(m.vars()[k].as_tensor()).expect(k);
+                let e = rel(g, want);
+                assert!(e < 1e-5, "shape {i}: {k} {e}");
+                keys.push(k.clone());
+            }
+            // Every weight of layer 1 has its gradient, once.
+            let mut want: Vec<String> = m
+                .vars()
+                .keys()
+                .filter(|k| k.starts_with("model.layers.1."))
+                .cloned()
+                .collect();
+            keys.sort();
+            want.sort();
+            assert_eq!(keys, want, "shape {i}");
+        }
+    }
+}
