@@ -153,7 +153,7 @@ fn check(s: &Slot) -> Result<()> {
 /// The f32 CPU reference (the shim's tests run `adamw_*` against it; a CPU test holds it to
 /// terse-optim's composite update bit for bit).
 pub mod reference {
-    use super::Scalars;
+    use crate::kernels::adamw::Scalars;
 
     /// One tensor's update in place: `w` is the f32 master (or the f32 parameter), `m` and `v`
     /// the moments, `g` the gradient in f32; each operation rounded on its own, in the
@@ -172,7 +172,7 @@ pub mod reference {
 }
 
 pub mod launch {
-    use super::Scalars;
+    use crate::kernels::adamw::Scalars;
     use crate::kernels::describe::{Arg, Launch, Storage};
     use crate::kernels::geometry::{ADAMW_BLOCK, ADAMW_CHUNK};
 
@@ -220,7 +220,7 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // a kernel launch over raw device pointers
 mod cuda {
-    use super::{launch, Scalars, Slot};
+    use crate::kernels::adamw::{launch, Scalars, Slot};
     use crate::kernels::describe::Storage as Store;
     use crate::kernels::launching::{func, Described};
     use candle_core::backend::BackendStorage;
