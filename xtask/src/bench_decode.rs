@@ -361,6 +361,11 @@ pub fn decode(
         "graphs": "the new path: one CUDA graph per batch bucket (powers of two), captured at the bucket's first decode step (first_decode_step); the baseline: none (TERSE_CUDA_GRAPHS=0)",
         "batches": rows,
     });
+    emit(&report, out, as_json)
+}
+
+/// A bench's JSON report: written to `out` (pretty) and/or printed on one line.
+pub fn emit(report: &Value, out: Option<&Path>, as_json: bool) -> Result<ExitCode> {
     if let Some(path) = out {
         std::fs::write(path, format!("{report:#}\n"))
             .with_context(|| format!("writing {}", path.display()))?;

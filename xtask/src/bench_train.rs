@@ -13,7 +13,7 @@
 //! path: `step`) -> bench_decode.rs's `per_step` figures -> the printed line and the JSON.
 
 use crate::bench_decode::{per_step, ratio, set_env, skeleton, Counters, Counts};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -125,14 +125,7 @@ pub fn train_step(as_json: bool, out: Option<&Path>) -> Result<ExitCode> {
         "baseline_switch": format!("{}={}", BASELINE.0, BASELINE.1),
         "step": row,
     });
-    if let Some(path) = out {
-        std::fs::write(path, format!("{report:#}\n"))
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if as_json {
-        println!("{report}");
-    }
-    Ok(ExitCode::SUCCESS)
+    crate::bench_decode::emit(&report, out, as_json)
 }
 
 /// The step's line: the new path's counts and the baseline's, with the ratios.

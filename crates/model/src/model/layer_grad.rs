@@ -53,7 +53,7 @@ pub(crate) struct LayerWeights {
 }
 
 /// What the forward keeps for the adjoints, rows flattened (N = B * T), and the output y.
-struct Saved {
+pub(crate) struct Saved {
     x: Tensor,
     h: Tensor,
     q: Tensor,
@@ -68,7 +68,8 @@ struct Saved {
     g: Tensor,
     u: Tensor,
     act: Tensor,
-    y: Tensor,
+    /// The layer's output (B, T, H).
+    pub(crate) y: Tensor,
 }
 
 impl Qwen3 {
@@ -116,20 +117,9 @@ impl Qwen3 {
     }
 
     /// The layer's forward (B, T, H) -> (B, T, H) by the ops `layer` runs on CUDA, without a
-    /// graph: the checkpointed step's first pass where the backward is written out.
-    pub(crate) fn layer_written(
-        &self,
-        lw: &LayerWeights,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        ranges: &KeyRanges,
-    ) -> Result<Tensor> {
-        Ok(self.layer_saved(lw, x, cos, sin, ranges)?.y)
-    }
-
-    /// The forward, keeping what the adjoints read.
-    fn layer_saved(
+    /// graph, keeping what the adjoints read: the checkpointed step's first pass (its `y`)
+    /// and `layer_grad`'s recompute.
+    pub(crate) fn layer_forward(
         &self,
         lw: &LayerWeights,
         x: &Tensor,
@@ -207,7 +197,7 @@ impl Qwen3 {
         let n = b * t;
         let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps as f32;
-        let s = self.layer_saved(lw, x, cos, sin, ranges)?;
+        let s = self.layer_forward(lw, x, cos, sin, ranges)?;
 
         // The adjoints, from the output back. The residual passes dy to x1 unchanged.
         let dy = dy.to_dtype(s.x.dtype())?.reshape((n, hid))?; // (N, H)
@@ -330,8 +320,9 @@ mod tests {
                 .expect("backward");
             let lw = m.layer_weights(1).expect("weights");
             let y_written = m
-                .layer_written(&lw, &x, &cos, &sin, &ranges)
-                .expect("forward");
+                .layer_forward(&lw, &x, &cos, &sin, &ranges)
+                .expect("forward")
+                .y;
             assert!(rel(&y_written, &y_ref) < 1e-6, "shape {i}: the forward");
             let (dx, grads) = m
                 .layer_grad(&lw, &x, &cos, &sin, &ranges, &dy)
