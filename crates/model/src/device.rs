@@ -45,6 +45,7 @@ fn cuda(spec: &str, ordinal: usize) -> Result<(Device, DType)> {
 /// allocations go to the OS again; a serving engine keeps it, as torch's caching allocator does.
 /// Memory stays in the pool for this process's next allocations; `memory` counts it as used.
 #[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // two driver calls cudarc's safe API does not wrap
 fn keep_pool_memory(d: &Device) -> std::result::Result<(), String> {
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
     let Device::Cuda(c) = d else { return Ok(()) };
