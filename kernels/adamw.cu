@@ -17,17 +17,22 @@
 
 #define ADAMW_ROW 8
 
-template <typename T>
-__device__ void adamw_multi(const uint64_t* table, const float* scal, int tensors, float decay,
-                            float b1c, float beta2, float b2c, float eps) {
-    // The tensor of this block: a binary search over the rows' first blocks.
-    const uint64_t b = blockIdx.x;
+// The table row of this block's tensor: a binary search over the rows' first blocks.
+__device__ int row_of_block(const uint64_t* table, int tensors, uint64_t b) {
     int lo = 0, hi = tensors - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (table[ADAMW_ROW * mid + 6] <= b) lo = mid;
         else hi = mid - 1;
     }
+    return lo;
+}
+
+template <typename T>
+__device__ void adamw_multi(const uint64_t* table, const float* scal, int tensors, float decay,
+                            float b1c, float beta2, float b2c, float eps) {
+    const uint64_t b = blockIdx.x;
+    const int lo = row_of_block(table, tensors, b);
     const uint64_t* row = table + ADAMW_ROW * lo;
     T* param = reinterpret_cast<T*>(row[0]);
     float* master = reinterpret_cast<float*>(row[1]);
@@ -61,3 +66,31 @@ __device__ void adamw_multi(const uint64_t* table, const float* scal, int tensor
 
 ADAMW_ENTRY(adamw_f32, float)
 ADAMW_ENTRY(adamw_bf16, __nv_bfloat16)
+
+// Gradient clipping's sum of squares over every f32 gradient (crates/optim/src/clip.rs on
+// CUDA), over the same table (the gradient in word 4): block b writes partial[b], the f64 sum
+// of g * g over its chunk. Each product is exact in f64; thread t adds its elements t, t +
+// blockDim, ... in order, then the block's threads are added in a fixed tree, so every run
+// gives the same bits (the CPU reference repeats the order). The host adds the partials in
+// block order.
+extern "C" __global__ void grad_sumsq_f32(const uint64_t* table, int tensors, double* partial) {
+    __shared__ double sh[TERSE_ADAMW_BLOCK];
+    const uint64_t b = blockIdx.x;
+    const uint64_t* row = table + ADAMW_ROW * row_of_block(table, tensors, b);
+    const float* g = reinterpret_cast<const float*>(row[4]);
+    const uint64_t len = row[5];
+    const uint64_t start = (b - row[6]) * TERSE_ADAMW_CHUNK;
+    const uint64_t end = start + TERSE_ADAMW_CHUNK < len ? start + TERSE_ADAMW_CHUNK : len;
+    double s = 0.0;
+    for (uint64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const double v = g[i];
+        s += v * v;  // exact product: an fma rounds the same sum
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[b] = sh[0];
+}

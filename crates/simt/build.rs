@@ -63,6 +63,8 @@ fn param(ty: &str) -> &'static str {
         "const uint8_t*" => "Param::Ptr(Elem::U8, false)",
         "uint8_t*" => "Param::Ptr(Elem::U8, true)",
         "const uint64_t*" => "Param::Ptr(Elem::U64, false)",
+        // An f64 buffer travels as its bits (`Buf::U64`), 8 bytes an element either way.
+        "double*" => "Param::Ptr(Elem::U64, true)",
         "const int*" => "Param::Ptr(Elem::I32, false)",
         "int*" => "Param::Ptr(Elem::I32, true)",
         "int" => "Param::I32",

@@ -57,7 +57,10 @@ impl Qwen3 {
         let mut inputs = vec![self.embed(&batch.input_ids, true)?.detach()];
         for l in 0..c.num_hidden_layers {
             let x = match ranges {
-                Some(r) => self.layer_forward(&weights[l], &inputs[l], &cos, &sin, r)?.y,
+                Some(r) => {
+                    self.layer_forward(&weights[l], &inputs[l], &cos, &sin, r)?
+                        .y
+                }
                 None => self.layer(l, &inputs[l], &cos, &sin, Some(mask.as_mask()), None, true)?,
             };
             inputs.push(x.detach());

@@ -32,15 +32,7 @@ pub fn accumulate(acc: &mut Grads, new: Grads) -> Result<()> {
 /// before clipping (torch: coef = max_norm / (norm + 1e-6), applied only when < 1). A non-finite
 /// norm is returned as is and nothing is scaled: the caller decides to stop or skip the step.
 pub fn clip_grad_norm(grads: &mut Grads, max_norm: f64) -> Result<f64> {
-    let mut sq = 0f64;
-    for g in grads.values() {
-        sq += g
-            .to_dtype(DType::F64)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f64>()?;
-    }
-    let norm = sq.sqrt();
+    let norm = sum_of_squares(grads)?.sqrt();
     if !norm.is_finite() {
         return Ok(norm);
     }
@@ -52,6 +44,31 @@ pub fn clip_grad_norm(grads: &mut Grads, max_norm: f64) -> Result<f64> {
         }
     }
     Ok(norm)
+}
+
+/// The gradients' sum of squares in f64. On CUDA with f32 gradients (unless `TERSE_FUSED=0`)
+/// terse_model's `adamw::grad_sumsq`: one launch and one download for all of them, where the
+/// composite sum takes three launches and a synchronising download per tensor; the CPU keeps
+/// the composite sum (its numbers do not move).
+fn sum_of_squares(grads: &Grads) -> Result<f64> {
+    let fused = grads
+        .values()
+        .all(|g| g.device().is_cuda() && g.dtype() == DType::F32 && g.is_contiguous())
+        && !grads.is_empty()
+        && terse_model::device::fused();
+    if fused {
+        let all: Vec<&Tensor> = grads.values().collect();
+        return terse_model::adamw::grad_sumsq(&all);
+    }
+    let mut sq = 0f64;
+    for g in grads.values() {
+        sq += g
+            .to_dtype(DType::F64)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+    }
+    Ok(sq)
 }
 
 #[cfg(test)]

@@ -4,6 +4,9 @@
 //! terse-optim's `AdamW::step` calls [`step`] on CUDA (unless `TERSE_FUSED=0`, which keeps its
 //! per-tensor composite update, the one this equals bit for bit).
 //!
+//! Gradient clipping's norm shares the table: [`grad_sumsq`] (`grad_sumsq_f32`, one launch and
+//! one download of the blocks' partial sums) is terse-optim's `clip_grad_norm` on CUDA.
+//!
 //! Data flow: terse_optim's `AdamW::step` -> [`step`] (one table upload and one launch per
 //! parameter dtype) -> `adamw_{f32,bf16}`, which writes parameters, masters and moments in place.
 
@@ -82,6 +85,38 @@ pub fn step(slots: &[Slot], h: &Scalars) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sum of squares of every element of `grads` (f32, contiguous, one device), in f64: on
+/// CUDA one launch over a table of the tensors (`grad_sumsq_f32`) and one download of its
+/// blocks' partial sums, added in block order; on the CPU the reference's same order.
+pub fn grad_sumsq(grads: &[&Tensor]) -> Result<f64> {
+    use candle_core::DType;
+    for (i, g) in grads.iter().enumerate() {
+        if g.dtype() != DType::F32
+            || !g.is_contiguous()
+            || !g.device().same_device(grads[0].device())
+        {
+            crate::fail!(
+                "grad_sumsq: gradient {i} is {:?} on {:?} (contiguous: {}); expected contiguous f32 on one device",
+                g.dtype(),
+                g.device().location(),
+                g.is_contiguous()
+            );
+        }
+    }
+    if grads.first().is_some_and(|g| g.device().is_cuda()) {
+        #[cfg(feature = "cuda")]
+        return cuda::sumsq(grads);
+    }
+    let mut sum = 0f64;
+    for g in grads {
+        let v = g.flatten_all()?.to_vec1::<f32>()?;
+        for p in reference::grad_sumsq(&v) {
+            sum += p;
+        }
+    }
+    Ok(sum)
 }
 
 /// One slot on the CPU: the reference on its values, written back in place.
@@ -169,6 +204,34 @@ pub mod reference {
             v[i] = vi;
         }
     }
+
+    /// `grad_sumsq_f32`'s partial sums of one tensor, one per chunk of `ADAMW_CHUNK`, in its
+    /// order: thread t of `ADAMW_BLOCK` adds g * g (exact in f64) over its elements t, t +
+    /// block, ... of the chunk, then the threads' sums are added in the kernel's fixed tree.
+    pub fn grad_sumsq(g: &[f32]) -> Vec<f64> {
+        use crate::kernels::geometry::{ADAMW_BLOCK, ADAMW_CHUNK};
+        let block = ADAMW_BLOCK as usize;
+        g.chunks(ADAMW_CHUNK as usize)
+            .map(|c| {
+                let mut sh: Vec<f64> = (0..block)
+                    .map(|t| {
+                        c.iter().skip(t).step_by(block).fold(0f64, |s, &v| {
+                            let v = f64::from(v);
+                            s + v * v
+                        })
+                    })
+                    .collect();
+                let mut k = block / 2;
+                while k > 0 {
+                    for t in 0..k {
+                        sh[t] += sh[t + k];
+                    }
+                    k /= 2;
+                }
+                sh[0]
+            })
+            .collect()
+    }
 }
 
 pub mod launch {
@@ -212,6 +275,19 @@ pub mod launch {
                 Arg::F32(h.b2c),
                 Arg::F32(h.eps),
             ],
+        }
+    }
+
+    /// Buffers: the table (`adamw_table` with each gradient in word 4, u64) and the blocks'
+    /// partial sums (f64, one per block).
+    pub fn grad_sumsq(tensors: usize, blocks: usize) -> Launch {
+        Launch {
+            kernel: "grad_sumsq_f32".into(),
+            module: "adamw",
+            grid: (blocks as u32, 1, 1),
+            block: (ADAMW_BLOCK, 1, 1),
+            shared: 0,
+            args: vec![Arg::Buf(0), Arg::I32(tensors as i32), Arg::Buf(1)],
         }
     }
 }
@@ -309,5 +385,33 @@ mod cuda {
         // tensors until this returns, and the launch is ordered before any later free on the
         // one stream), each with the row's element count of its dtype (checked by `check`).
         unsafe { d.launch() }
+    }
+
+    /// `grad_sumsq` on CUDA: one launch, one download of the partials, added in block order.
+    pub(super) fn sumsq(grads: &[&Tensor]) -> Result<f64> {
+        let candle_core::Device::Cuda(dev) = grads[0].device() else {
+            crate::fail!("grad_sumsq: the gradients are not on a CUDA device");
+        };
+        let mut rows = Vec::with_capacity(grads.len());
+        for g in grads {
+            let (guard, _) = g.storage_and_layout();
+            let (p, _) = address(g, &guard, "grad_sumsq")?;
+            rows.push(([0, 0, 0, 0, p], g.elem_count()));
+        }
+        let (table, blocks) = launch::adamw_table(&rows);
+        if blocks == 0 {
+            return Ok(0.0);
+        }
+        let table = dev.clone_htod(table.as_slice())?;
+        // SAFETY: every block writes its one partial sum.
+        let mut partial = unsafe { dev.alloc::<f64>(blocks)? };
+        let l = launch::grad_sumsq(grads.len(), blocks);
+        let f = func!(dev, l)?;
+        let mut d = Described::new(f.builder(), &l);
+        d.buf(0, &table)?.buf(1, &mut partial)?;
+        // SAFETY: the table's pointers are the gradients' live f32 storages (held by the
+        // caller), each with the row's element count; `partial` holds one f64 a block.
+        unsafe { d.launch() }?;
+        Ok(dev.clone_dtoh(&partial)?.iter().fold(0f64, |s, p| s + p))
     }
 }

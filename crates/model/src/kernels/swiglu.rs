@@ -141,8 +141,8 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use crate::kernels::swiglu::{both_shape, launch};
     use crate::kernels::launching::{by_dtype, func, store, view, Described};
+    use crate::kernels::swiglu::{both_shape, launch};
     use candle_core::backend::BackendStorage;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 

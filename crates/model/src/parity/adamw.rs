@@ -1,7 +1,8 @@
 //! Parity of the multi-tensor AdamW (kernels/adamw.cu, through `adamw::step`): three steps of
 //! one launch over tensors of 1 element, fewer than a block, several chunks and one past a
 //! chunk, on the device against the same steps on the CPU (the reference), in f32 parameters
-//! and in bf16 ones with f32 masters. Tolerance 0: the update is bit-identical by design.
+//! and in bf16 ones with f32 masters; and clipping's sum of squares over those tensors.
+//! Tolerance 0: both are bit-identical by design.
 
 use super::common::{rnd, row, Row};
 use crate::kernels::adamw::{step, step_scalars, Scalars, Slot};
@@ -84,7 +85,28 @@ fn rows(dev: &Device, dt: DType, tag: &str) -> Result<Vec<Row>> {
             out.push(row(&format!("adamw {tag} {shape:?} master"), dm, cm, 0.0)?);
         }
     }
+    if dt == DType::F32 {
+        out.push(sumsq_row(dev)?);
+    }
     Ok(out)
+}
+
+/// Clipping's sum of squares (`grad_sumsq`) over the shapes' tensors in one launch, on the
+/// device and on the CPU (the reference's order): tolerance 0.
+fn sumsq_row(dev: &Device) -> Result<Row> {
+    let sum = |on: &Device| -> Result<f64> {
+        let grads = SHAPES
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| rnd(shape, 700 + i as u64)?.to_device(on))
+            .collect::<Result<Vec<_>>>()?;
+        crate::kernels::adamw::grad_sumsq(&grads.iter().collect::<Vec<_>>())
+    };
+    Ok(Row {
+        name: "grad_sumsq f32 (clipping)".into(),
+        max_diff: (sum(dev)? - sum(&Device::Cpu)?).abs(),
+        tolerance: 0.0,
+    })
 }
 
 /// f32 parameters (their own masters).

@@ -1,6 +1,7 @@
 //! The multi-tensor AdamW (`adamw_*`) through the shim against its CPU reference, bit for bit:
 //! tensors of 1 element, fewer than a block's threads, exactly one chunk, one past a chunk and
-//! several chunks, in one launch, over three steps (the moments carry over).
+//! several chunks, in one launch, over three steps (the moments carry over); and clipping's
+//! sum of squares over the same table (`grad_sumsq_f32`).
 
 use super::{from_bf16, go, rand_vec, to_bf16};
 use crate::Buf;
@@ -135,4 +136,32 @@ fn adamw_f32_matches_the_reference_bit_for_bit() {
 #[test]
 fn adamw_bf16_matches_the_reference_bit_for_bit() {
     run(Storage::Bf16);
+}
+
+/// `grad_sumsq_f32` over every size in one launch: each block's partial sum equals the
+/// reference's for its chunk, bit for bit.
+#[test]
+fn grad_sumsq_matches_the_reference_bit_for_bit() {
+    let mut grads: Vec<Vec<f32>> = SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| rand_vec(n, 300 + i as u64))
+        .collect();
+    let want: Vec<u64> = grads
+        .iter()
+        .flat_map(|g| r::grad_sumsq(g))
+        .map(f64::to_bits)
+        .collect();
+    let rows: Vec<([u64; 5], usize)> = grads
+        .iter_mut()
+        .map(|g| ([0, 0, 0, 0, g.as_mut_ptr() as u64], g.len()))
+        .collect();
+    let (mut table, blocks) = launch::adamw_table(&rows);
+    assert_eq!(blocks, want.len());
+    let mut partial = vec![u64::MAX; blocks]; // f64 bits; every block overwrites its own
+    go(
+        &launch::grad_sumsq(rows.len(), blocks),
+        vec![Buf::U64(&mut table), Buf::U64(&mut partial)],
+    );
+    assert_eq!(partial, want);
 }
