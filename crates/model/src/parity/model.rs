@@ -77,7 +77,7 @@ fn decode_rows(dev: &Device, config: crate::Config, what: &str) -> Result<Vec<Ro
 
 /// The training path (token log-probs through the fused head, backward to every weight) in
 /// bf16 against f32 on the same device: log-prob difference and the relative difference of
-/// the global gradient norm.
+/// the global gradient norm; and the checkpointed backward against the plain one.
 pub(super) fn model_training(dev: &Device) -> Result<Vec<Row>> {
     let low = if dev.is_cuda() {
         DType::BF16
@@ -128,5 +128,44 @@ pub(super) fn model_training(dev: &Device) -> Result<Vec<Row>> {
             max_diff: if n_lo.is_finite() { rel } else { f64::NAN },
             tolerance: tol_g,
         },
+        checkpointed_backward(dev, low, &rows)?,
     ])
+}
+
+/// The layer-checkpointed backward of a packed batch (on CUDA each layer's backward written
+/// out, model/layer_grad.rs) against the plain autograd backward, same model, same dtype: the
+/// largest relative difference of any weight's gradient (max |a - b| / max |b|).
+fn checkpointed_backward(dev: &Device, dt: DType, rows: &[Vec<u32>]) -> Result<Row> {
+    let mut model = crate::Qwen3::random(small_config()?, 12, dev, dt)?;
+    let batch = crate::Batch::packed(rows, dev)?;
+    let (sel, tgt) = batch.next_token_selection();
+    let mut grads = |checkpoint: bool| {
+        model.options.checkpoint_layers = checkpoint;
+        let mut loss = |lp: &Tensor| lp.sum_all()?.neg();
+        model.logprob_backward(&batch, &sel, &tgt, &mut loss)
+    };
+    let (written, plain) = (grads(true)?, grads(false)?);
+    let mut worst = 0f64;
+    for (k, b) in &plain {
+        let Some(a) = written.get(k) else {
+            crate::fail!("parity: the checkpointed backward gave no gradient for `{k}`");
+        };
+        let f = |t: Tensor| -> Result<f64> {
+            Ok(f64::from(
+                t.to_dtype(DType::F32)?.max_all()?.to_scalar::<f32>()?,
+            ))
+        };
+        let d = f((a - b)?.abs()?)?;
+        let scale = f(b.abs()?)?.max(1e-12);
+        worst = if d.is_nan() || worst.is_nan() {
+            f64::NAN
+        } else {
+            worst.max(d / scale)
+        };
+    }
+    Ok(Row {
+        name: format!("checkpointed (written on CUDA) vs plain backward {dt:?} (relative)"),
+        max_diff: worst,
+        tolerance: if dev.is_cuda() { 0.05 } else { 1e-5 },
+    })
 }
