@@ -182,7 +182,6 @@ static void graphs(bool with_module) {
     void* down;
     CHECK(cuMemHostAlloc(&up, 256, 0) == CUDA_SUCCESS);
     CHECK(cuMemHostAlloc(&down, 256, 0) == CUDA_SUCCESS);
-    auto* u = static_cast<unsigned char*>(up);
     auto* r = static_cast<unsigned char*>(down);
     CHECK(cuMemsetD8Async(out, 0, 256, s) == CUDA_SUCCESS);
     CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
