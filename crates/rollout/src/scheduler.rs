@@ -150,7 +150,10 @@ impl<'a> Scheduler<'a> {
             bs,
         );
         let (probe_blocks, longest, one) = (plan.probe_blocks, plan.longest, plan.one);
-        let blocks = pool_blocks(pg.kv_budget, plan.worst, block_bytes, model.device());
+        // On CUDA one block more than the sequences' worst case: the decode graphs' padding
+        // rows write into it, so a rollout whose budget covers everything still graphs.
+        let pad = usize::from(model.device().is_cuda() && !host_sampler());
+        let blocks = pool_blocks(pg.kv_budget, plan.worst + pad, block_bytes, model.device());
         if blocks < one {
             return Err(candle_core::Error::Msg(format!(
                 "rollout kv_budget: {blocks} blocks of {bs} tokens ({:.3} GiB) cannot hold one sequence of {longest} tokens, which needs {one} blocks",
