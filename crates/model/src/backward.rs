@@ -43,7 +43,7 @@ impl Qwen3 {
         // Where it applies (CUDA, fused blocks), each layer's backward is written out
         // (model/layer_grad.rs) and its weights are cast to the compute dtype once here.
         let ranges = match &mask {
-            MaskOwned::Ranges(r) if self.written_backward(Some(r)) => Some(r),
+            MaskOwned::Ranges(r) if self.written_backward() => Some(r),
             _ => None,
         };
         let mut weights = match ranges {

@@ -74,12 +74,12 @@ pub(crate) struct Saved {
 
 impl Qwen3 {
     /// Whether the checkpointed backward writes each layer's backward out (`layer_grad`): on
-    /// CUDA with the fused blocks (`TERSE_FUSED=0` keeps the autograd path, the baseline), flash
-    /// attention's key ranges, and no LoRA (whose adapters build their delta with a graph).
-    pub(crate) fn written_backward(&self, ranges: Option<&KeyRanges>) -> bool {
+    /// CUDA with the fused blocks (`TERSE_FUSED=0` keeps the autograd path, the baseline) and no
+    /// LoRA, whose adapters build their delta with a graph (the caller also needs flash
+    /// attention's key ranges).
+    pub(crate) fn written_backward(&self) -> bool {
         self.device.is_cuda()
             && crate::device::fused()
-            && ranges.is_some()
             && self.lora.is_none()
             && fused::flash::supported(&self.device, self.compute_dtype)
     }
