@@ -52,11 +52,14 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     const uint32_t* st = starts + (size_t)b * t;
     // This lane's two rows: g and g + 8 of the warp's 16.
     int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
-    int lo_key[2], hi_key[2];  // row i attends [st[i], i]; an empty range past T
-    for (int h = 0; h < 2; h++) {
-        lo_key[h] = row[h] < t ? (int)st[row[h]] : 1;
-        hi_key[h] = row[h] < t ? row[h] : 0;
-    }
+    int lo_key[2];  // row i attends [st[i], i]; an empty range past T
+    for (int h = 0; h < 2; h++) lo_key[h] = row[h] < t ? (int)st[row[h]] : 1;
+    // A key tile needs no mask when every valid row of the warp sees all of it: starts never
+    // decrease, so that is k0 >= the last valid row's start and k0 + 63 <= the first row.
+    // Rows past T are never written, so what they compute does not matter. Warp-uniform: a
+    // causal row block masks only its diagonal tiles (and packing the tiles on a boundary).
+    int w_first = r0 + w * 16, w_last = min(w_first + 15, t - 1);
+    int w_lo = w_first < t ? (int)st[w_last] : 0, w_hi = w_first < t ? w_first : t;
     // Q once, straight into A fragments (rows past T are zeros).
     uint32_t qf[KF][4];
     for (int f = 0; f < KF; f++)
@@ -68,7 +71,10 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     float o[NO][4];
     for (int n = 0; n < NO; n++)
         for (int i = 0; i < 4; i++) o[n][i] = 0.f;
-    // Running max (of scaled scores) and this lane's share of the running sum, per row.
+    // Softmax in base 2 with the scale folded in: p = 2^(s sl2 - m sl2), one FMA and one ex2 an
+    // element, where m is the running max of the raw scores (scale > 0, so it is the scaled
+    // scores' max too) and l this lane's share of the running sum, per row.
+    const float sl2 = scale * 1.4426950408889634f;  // scale log2(e)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     // The key tiles the block's rows can see, through the 2-stage K/V pipeline (fa2.cuh).
     Fa2Keys keys = fa2_keys(st, r0, t);
@@ -92,31 +98,35 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
                 mma_bf16_16816(sc[n + 1], qf[f], bk + 2, sc[n + 1]);
             }
         // Online softmax, in the C fragments: element i of n-tile n is row (i >> 1), key
-        // k0 + 8 n + 2 tq + (i & 1); the four lanes of a quad share a row.
+        // k0 + 8 n + 2 tq + (i & 1); the four lanes of a quad share a row. Masked keys are
+        // -inf, which the FMA and ex2 below turn into 0.
+        if (!(k0 >= w_lo && k0 + FA2_KEYS - 1 <= w_hi)) {
+            for (int n = 0; n < NS; n++)  // model: begin mask
+                for (int i = 0; i < 4; i++) {
+                    int h = i >> 1, j = k0 + n * 8 + 2 * tq + (i & 1);
+                    if (j < lo_key[h] || j > row[h]) sc[n][i] = -INFINITY;
+                }  // model: end mask
+        }
         float mx[2] = {-INFINITY, -INFINITY};
         for (int n = 0; n < NS; n++)
-            for (int i = 0; i < 4; i++) {
-                int h = i >> 1, j = k0 + n * 8 + 2 * tq + (i & 1);
-                float x = j >= lo_key[h] && j <= hi_key[h] ? sc[n][i] * scale : -INFINITY;
-                sc[n][i] = x;
-                mx[h] = fmaxf(mx[h], x);
-            }
-        float corr[2], mnew[2];
+            for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], sc[n][i]);
+        float corr[2], msl2[2];
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-            mnew[h] = fmaxf(m[h], mx[h]);
-            corr[h] = mnew[h] == -INFINITY ? 1.f : __expf(m[h] - mnew[h]);
-            m[h] = mnew[h];
+            float mnew = fmaxf(m[h], mx[h]);
+            // A row with no key so far keeps max -inf: its p are 0 (2^-inf), its corr 1.
+            msl2[h] = mnew == -INFINITY ? 0.f : mnew * sl2;
+            corr[h] = mnew == -INFINITY ? 1.f : exp2f(fmaf(m[h], sl2, -msl2[h]));
+            m[h] = mnew;
             l[h] *= corr[h];
         }
-        // P = exp(S - m), and O rescaled by corr, all in registers.
+        // P = 2^(S sl2 - m sl2), and O rescaled by corr, all in registers.
         for (int n = 0; n < NS; n++)
             for (int i = 0; i < 4; i++) {
-                int h = i >> 1;
-                float p = sc[n][i] == -INFINITY ? 0.f : __expf(sc[n][i] - mnew[h]);
+                float p = exp2f(fmaf(sc[n][i], sl2, -msl2[i >> 1]));
                 sc[n][i] = p;
-                l[h] += p;
+                l[i >> 1] += p;
             }
         for (int n = 0; n < NO; n++)
             for (int i = 0; i < 4; i++) o[n][i] *= corr[i >> 1];
@@ -152,7 +162,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
             dst[0] = o[n][2 * h] * inv;
             dst[1] = o[n][2 * h + 1] * inv;
         }
-        if (tq == 0) lse[(size_t)bh * t + row[h]] = l[h] > 0.f ? m[h] + logf(l[h]) : -INFINITY;
+        if (tq == 0)
+            lse[(size_t)bh * t + row[h]] = l[h] > 0.f ? m[h] * scale + logf(l[h]) : -INFINITY;
     }
 }
 
@@ -163,5 +174,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
         fa2_fwd<D>(q, k, v, st, out, lse, hq, hkv, t, scale);                                     \
     }
 
+// No __launch_bounds__: held to 3 blocks an SM (168 registers), D = 128 spills 8 bytes that the
+// main loop reloads every tile (ptxas-check refuses it), so it takes 2 (see
+// docs/gpu/predictions/flash-2026-12-07.md).
 FA2_OPS(64)
 FA2_OPS(128)

@@ -1,11 +1,11 @@
-// The fused log-prob epilogue over one chunk of LM-head logits (n, V) f32, one block per row:
-// the forward reads the row once for the max and once for sum(exp) and sum(p * x) (online, so
-// two passes become one), and writes log p(target), the log-partition and the entropy; the
-// backward overwrites the chunk in place with d logp / d logits = g * (onehot(target) - softmax).
-// The (n, V) @ (V, H) products around it stay cuBLAS matmuls. No (n, V) temporary is allocated:
-// the chunk buffer is the only one. CPU reference: terse_model::kernels::logprob.
-#include <stdint.h>
-#include <math.h>
+// The fused log-prob epilogue over one chunk of LM-head logits (n, V), f32 or bf16 (the GEMM's
+// own output: bf16 logits are never cast to an f32 tensor), one block per row: the forward reads
+// the row once for the max, sum(exp) and sum(p * x) (online), and writes log p(target), the
+// log-partition and the entropy in f32; the backward writes d logp / d logits =
+// g * (onehot(target) - softmax) in the logits' type, which the head's GEMMs read as they are.
+// Math in f32 either way. The (n, V) @ (V, H) products around it stay cuBLAS GEMMs (the weight
+// gradient's accumulates in f32, kernels/gemm.rs). CPU reference: terse_model::kernels::logprob.
+#include "common.cuh"
 
 #define BLOCK TERSE_LOGPROB_BLOCK
 
@@ -48,33 +48,50 @@ __device__ Stat block_merge(Stat v) {
     return r;
 }
 
-// logits (n, V); targets (n) u32 -> stats (n, 3) = [log p(target), log Z, entropy] per row.
-extern "C" __global__ void logprob_fwd_f32(const float* logits, const uint32_t* targets,
-                                           float* stats, int v) {
-    const float* row = logits + (size_t)blockIdx.x * v;
+// logits (n, V); targets (n) u32 -> stats (n, 3) f32 = [log p(target), log Z, entropy] per row.
+template <typename T>
+__device__ void logprob_fwd(const T* logits, const uint32_t* targets, float* stats, int v) {
+    const T* row = logits + (size_t)blockIdx.x * v;
     Stat st = {-INFINITY, 0.f, 0.f};
     for (int i = threadIdx.x; i < v; i += BLOCK) {
-        float x = row[i];
+        float x = to_f(row[i]);
         st = merge(st, Stat{x, 1.f, x});
     }
     st = block_merge(st);
     if (threadIdx.x == 0) {
         float z = st.m + logf(st.s);
         float* out = stats + 3 * (size_t)blockIdx.x;
-        out[0] = row[targets[blockIdx.x]] - z;
+        out[0] = to_f(row[targets[blockIdx.x]]) - z;
         out[1] = z;
         out[2] = z - st.t / st.s;  // H = log Z - E_p[x]
     }
 }
 
-// In place: logits (n, V) -> g * (onehot(target) - exp(logits - lse)), lse_g (n, 2) = [lse, g].
-extern "C" __global__ void logprob_bwd_f32(float* logits, const uint32_t* targets,
-                                           const float* lse_g, int v) {
-    float* row = logits + (size_t)blockIdx.x * v;
+// logits (n, V), lse_g (n, 2) = [lse, g] -> out (n, V) = g * (onehot(target) - exp(logits - lse)).
+// Out of place: the chunk's logits buffer is read once and the gradient written once (in place
+// would need a copy first, since candle hands an op its inputs to read).
+template <typename T>
+__device__ void logprob_bwd(const T* logits, const uint32_t* targets, const float* lse_g, T* out,
+                            int v) {
+    const T* row = logits + (size_t)blockIdx.x * v;
+    T* dst = out + (size_t)blockIdx.x * v;
     float z = lse_g[2 * (size_t)blockIdx.x], gr = lse_g[2 * (size_t)blockIdx.x + 1];
     uint32_t tgt = targets[blockIdx.x];
     for (int i = threadIdx.x; i < v; i += BLOCK) {
-        float p = __expf(row[i] - z);
-        row[i] = gr * ((i == (int)tgt ? 1.f : 0.f) - p);
+        float p = __expf(to_f(row[i]) - z);
+        dst[i] = from_f<T>(gr * ((i == (int)tgt ? 1.f : 0.f) - p));
     }
 }
+
+#define INSTANTIATE(T, S)                                                                      \
+    extern "C" __global__ void logprob_fwd_##S(const T* logits, const uint32_t* targets,      \
+                                               float* stats, int v) {                          \
+        logprob_fwd<T>(logits, targets, stats, v);                                             \
+    }                                                                                          \
+    extern "C" __global__ void logprob_bwd_##S(const T* logits, const uint32_t* targets,      \
+                                               const float* lse_g, T* out, int v) {            \
+        logprob_bwd<T>(logits, targets, lse_g, out, v);                                        \
+    }
+
+INSTANTIATE(float, f32)
+INSTANTIATE(__nv_bfloat16, bf16)

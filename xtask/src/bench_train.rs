@@ -107,7 +107,10 @@ pub fn train_step(as_json: bool, out: Option<&Path>) -> Result<ExitCode> {
         "intermediate": cfg.intermediate_size, "heads": cfg.num_attention_heads,
         "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab_size});
     let mut m = Qwen3::random(cfg, 0, &dev, dtype)?;
+    // What a CUDA run's `model.checkpoint_layers = "auto"` does: checkpointed, the last layers
+    // kept where the free memory holds them (on the emulated device's 16 GiB, all of them).
     m.options.checkpoint_layers = true;
+    m.options.keep_layers = terse_model::KeepLayers::Auto;
     let counters = match &dev {
         Device::Cpu => Err("the device is the CPU".to_string()),
         _ => Counters::open("libcuda.so.1"),

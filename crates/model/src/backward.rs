@@ -4,7 +4,10 @@
 //! dropping each layer's graph as soon as it has run; the backward then walks the layers from the
 //! last, recomputing one layer's forward with a graph, pulling the incoming gradient through it
 //! (the surrogate sum(y * dy) has gradient dy in y) and handing the input's gradient down.
-//! Activation memory is then (layers + 1) inputs plus one layer's working set.
+//! Activation memory is then (layers + 1) inputs plus one layer's working set. Where the layer
+//! backward is written out (CUDA), the last layers may keep their whole forward state instead,
+//! as many as `options.keep_layers` allows (model/keep.rs: by default on CUDA, what the free
+//! memory holds), and skip their recompute.
 //!
 //! Data flow: trainer `gradients` -> here -> `Qwen3::layer` (model/forward.rs) per layer ->
 //! gradients by HF key.
@@ -52,14 +55,26 @@ impl Qwen3 {
                 .collect::<Result<Vec<_>>>()?,
             None => vec![],
         };
+        // Written out, the last `keep` layers keep their forward's state, so their backward
+        // recomputes nothing: as many as the options allow (`Auto`: the device's free memory,
+        // model/keep.rs).
+        let keep = match ranges {
+            Some(_) => self.kept_layers(batch)?,
+            None => 0,
+        };
+        let mut kept = Vec::with_capacity(keep);
         // The forward keeping each layer's input only: every layer runs the training ops (the
         // inference ones round differently) and its graph is dropped at once by `detach`.
         let mut inputs = vec![self.embed(&batch.input_ids, true)?.detach()];
         for l in 0..c.num_hidden_layers {
             let x = match ranges {
                 Some(r) => {
-                    self.layer_forward(&weights[l], &inputs[l], &cos, &sin, r)?
-                        .y
+                    let s = self.layer_forward(&weights[l], &inputs[l], &cos, &sin, r)?;
+                    let y = s.y.clone();
+                    if l + keep >= c.num_hidden_layers {
+                        kept.push(s);
+                    }
+                    y
                 }
                 None => self.layer(l, &inputs[l], &cos, &sin, Some(mask.as_mask()), None, true)?,
             };
@@ -81,7 +96,10 @@ impl Qwen3 {
         // backward written out.
         for l in (0..c.num_hidden_layers).rev() {
             if let (Some(r), Some(lw)) = (ranges, weights.pop()) {
-                let (dx, layer) = self.layer_grad(&lw, &inputs[l], &cos, &sin, r, &dy)?;
+                let (dx, layer) = match kept.pop() {
+                    Some(s) => self.layer_grad_saved(&lw, &s, &cos, &sin, r, &dy)?,
+                    None => self.layer_grad(&lw, &inputs[l], &cos, &sin, r, &dy)?,
+                };
                 inputs.truncate(l);
                 for (k, g) in layer {
                     add_grad(&mut grads, k, g)?;
@@ -109,6 +127,25 @@ impl Qwen3 {
         let store = surrogate(&e, &dy)?.backward()?;
         self.collect(&store, &mut grads)?;
         Ok(grads)
+    }
+
+    /// The layers this step keeps rather than recomputes (`ForwardOptions::keep_layers`), for
+    /// the batch's tokens in the compute dtype, beside f32 gradients of every parameter.
+    fn kept_layers(&self, batch: &Batch) -> Result<usize> {
+        let tokens = batch.input_ids.elem_count() as u64;
+        let value = self.compute_dtype.size_in_bytes() as u64;
+        let memory = match self.options.keep_layers {
+            crate::KeepLayers::Auto => crate::device::memory(&self.device),
+            crate::KeepLayers::Count(_) => None,
+        };
+        Ok(crate::model::keep::resolve(
+            self.options.keep_layers,
+            &self.config,
+            tokens,
+            value,
+            4,
+            memory,
+        ))
     }
 
     /// Adds every parameter's gradient in `store` to `grads`.

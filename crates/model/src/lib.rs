@@ -46,7 +46,7 @@ pub use checkpoint::{resolve, SaveOptions};
 pub use config::Config;
 pub use decode::DecodeWeights;
 pub use lora::{LoraConfig, LoraInit};
-pub use model::{ForwardOptions, Qwen3};
+pub use model::{keep, ForwardOptions, KeepLayers, Qwen3};
 pub use paged::PagedSeq;
 pub use paged::{BlockTable, PagedKvCache};
 

@@ -5,6 +5,13 @@
 //! only the (N) result, and the backward recomputes each chunk's softmax instead of storing it, so
 //! peak memory is one (chunk, V) block instead of (N, V) -- for Qwen3's 151,936-token vocabulary
 //! the difference between megabytes and gigabytes. Accumulation is in f32 for half inputs.
+//!
+//! On CUDA (unless `TERSE_FUSED=0`) the head is written out: the logits stay in the GEMM's dtype
+//! (bf16 for bf16 compute, never an f32 tensor), the kernels read and write them as they are,
+//! the forward's log Z is kept for the backward, and the weight gradient accumulates in one f32
+//! buffer inside the GEMM (kernels/gemm.rs, beta = 1) where the composite path re-adds a whole
+//! (V, H) gradient per chunk. The weight may be the f32 master itself: the op casts it to the
+//! compute dtype once and hands back an f32 gradient, with no bf16 round trip.
 
 use crate::kernels::op::{apply2, Arg, Kernel};
 use crate::ops::accum_dtype;
@@ -14,12 +21,52 @@ use candle_core::{CpuStorage, Result, Shape, Storage, Tensor, D};
 pub const DEFAULT_CHUNK_ROWS: usize = 512;
 
 /// log p(targets[n] | hidden[n]) for hidden (N, H), weight (V, H), targets (N) u32 -> (N) f32/f64.
-/// Differentiable in `hidden` and `weight` when they carry a graph.
+/// Differentiable in `hidden` and `weight` when they carry a graph. The weight may be wider than
+/// the hidden rows (the f32 master of bf16 compute): the GEMMs read it cast to hidden's dtype,
+/// and its gradient comes back in its own dtype.
 pub fn token_logprobs(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
     chunk_rows: usize,
+) -> Result<Tensor> {
+    logprobs_by(hidden, weight, targets, chunk_rows, Path::of(hidden))
+}
+
+/// How the chunks are computed. The CPU runs `Composite` (its numbers are the reference and
+/// stay as they were); CUDA runs `Written` (`Kernels` under `TERSE_FUSED=0`, the baseline).
+/// Tests run every path on the CPU, where the kernels are their f32 references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// candle ops on accumulation-dtype logits (max, exp, sum, log, gather; softmax and
+    /// scatter_add back), the weight gradient re-added per chunk.
+    Composite,
+    /// The log-prob kernels (kernels/logprob.cu) on accumulation-dtype logits, in place of five
+    /// to seven (n, V) passes each way; the rest as `Composite`.
+    Kernels,
+    /// The kernels on the GEMM's own logits, log Z kept from the forward, and the weight
+    /// gradient accumulated in one f32 buffer by the GEMM (kernels/gemm.rs).
+    Written,
+}
+
+impl Path {
+    fn of(hidden: &Tensor) -> Path {
+        let on_kernels =
+            hidden.device().is_cuda() && accum_dtype(hidden.dtype()) == candle_core::DType::F32;
+        match (on_kernels, crate::device::fused()) {
+            (false, _) => Path::Composite,
+            (true, false) => Path::Kernels,
+            (true, true) => Path::Written,
+        }
+    }
+}
+
+fn logprobs_by(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    chunk_rows: usize,
+    path: Path,
 ) -> Result<Tensor> {
     let (n, h) = hidden.dims2()?;
     let (_, hw) = weight.dims2()?;
@@ -32,17 +79,27 @@ pub fn token_logprobs(
         );
     }
     let chunk = chunk_rows.max(1);
-    let (hd, wd) = (hidden.detach(), weight.detach());
-    let fused = uses_kernels(hidden)?;
-    if fused {
+    let hd = hidden.detach();
+    let wd = weight.detach().to_dtype(hidden.dtype())?; // (V, H), the GEMMs' dtype
+    if path != Path::Composite {
         check_targets(targets, weight.dim(0)?)?;
     }
     let mut parts = Vec::with_capacity(n.div_ceil(chunk));
+    let mut lse_parts = Vec::new();
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);
-        let logits = chunk_logits(&hd.narrow(0, start, len)?, &wd)?; // (n, V)
+        let hc = hd.narrow(0, start, len)?;
         let tg = targets.narrow(0, start, len)?;
-        if fused {
+        if path == Path::Written {
+            // The GEMM's own output, read by the kernel as it is; log Z kept for the backward.
+            let logits = hc.matmul(&wd.t()?)?; // (n, V)
+            let stats = crate::kernels::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
+            parts.push(stats.narrow(1, 0, 1)?.squeeze(1)?);
+            lse_parts.push(stats.narrow(1, 1, 1)?.squeeze(1)?);
+            continue;
+        }
+        let logits = chunk_logits(&hc, &wd)?; // (n, V)
+        if path == Path::Kernels {
             // One pass of the logprob_fwd kernel: [log p(target), log Z, entropy] per row.
             let stats = crate::kernels::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
             parts.push(stats.narrow(1, 0, 1)?.squeeze(1)?);
@@ -70,6 +127,10 @@ pub fn token_logprobs(
     // fused path's single chunk is a column of the (n, 3) stats (a strided view), whose
     // storage read as (N) interleaves log Z and the entropy with the log-probs.
     let values = values.contiguous()?;
+    let lse = match lse_parts.is_empty() {
+        true => None,
+        false => Some(Tensor::cat(&lse_parts, 0)?), // (N)
+    };
     apply2(
         hidden,
         weight,
@@ -77,15 +138,11 @@ pub fn token_logprobs(
             targets: targets.clone(),
             values,
             chunk,
+            weight: wd,
+            lse,
+            path,
         },
     )
-}
-
-/// Whether the chunks go through the log-prob kernels (kernels/logprob.cu): on CUDA, where they
-/// replace five to seven (n, V) passes of candle ops with one each way. The CPU keeps the
-/// composite ops (its numbers are the reference and stay as they were).
-fn uses_kernels(hidden: &Tensor) -> Result<bool> {
-    Ok(hidden.device().is_cuda() && accum_dtype(hidden.dtype()) == candle_core::DType::F32)
 }
 
 /// Every target below the vocabulary size, read once per call (the kernels index with them).
@@ -119,6 +176,11 @@ struct FusedLogProb {
     targets: Tensor,
     values: Tensor,
     chunk: usize,
+    /// The weight in the GEMMs' dtype (hidden's), cast once in the forward.
+    weight: Tensor,
+    /// log Z per row (N) f32 from the forward (`Path::Written` only).
+    lse: Option<Tensor>,
+    path: Path,
 }
 
 impl Kernel<2> for FusedLogProb {
@@ -163,14 +225,21 @@ impl Kernel<2> for FusedLogProb {
     ) -> Result<[Option<Tensor>; 2]> {
         // A frozen head (LoRA) needs no (V, H) gradient: skip its matmul per chunk.
         let head_grad = weight.track_op();
-        let (h, w) = (hidden.detach(), weight.detach());
+        if let (Path::Written, Some(lse)) = (self.path, &self.lse) {
+            let (dh, dw) = self.written_bwd(&hidden.detach(), lse, grad, head_grad)?;
+            return Ok([
+                Some(dh),
+                dw.map(|d| d.to_dtype(weight.dtype())).transpose()?,
+            ]);
+        }
+        let (h, w) = (hidden.detach(), self.weight.clone());
         let (n, _) = h.dims2()?;
         let acc = accum_dtype(h.dtype());
         let grad = grad.detach().to_dtype(acc)?;
         let wa = w.to_dtype(acc)?;
         let mut dh_parts = Vec::new();
         let mut dw: Option<Tensor> = None;
-        let fused = uses_kernels(&h)?;
+        let fused = self.path == Path::Kernels;
         for start in (0..n).step_by(self.chunk) {
             let len = self.chunk.min(n - start);
             let hc = h.narrow(0, start, len)?;
@@ -213,7 +282,54 @@ impl Kernel<2> for FusedLogProb {
             Some(d) => d,
             None => wa.zeros_like()?,
         };
-        Ok([Some(dh), Some(dw.to_dtype(w.dtype())?)])
+        Ok([Some(dh), Some(dw.to_dtype(weight.dtype())?)])
+    }
+}
+
+impl FusedLogProb {
+    /// The written-out backward (CUDA): per chunk the logits again in the GEMMs' dtype, one
+    /// kernel for d logits from the forward's log Z, one GEMM for dh and one accumulating GEMM
+    /// for the weight gradient into a single f32 (V, H) buffer. Returns dh in hidden's dtype and
+    /// the f32 weight gradient when the head trains.
+    fn written_bwd(
+        &self,
+        h: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+        head_grad: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let (n, hs) = h.dims2()?;
+        let w = &self.weight; // (V, H)
+        let lse_g = Tensor::stack(&[lse, &grad.detach().to_dtype(lse.dtype())?], 1)?; // (N, 2)
+        let dw = match head_grad {
+            true => Some(Tensor::zeros(
+                (w.dim(0)?, hs),
+                candle_core::DType::F32,
+                h.device(),
+            )?),
+            false => None,
+        };
+        let mut dh_parts = Vec::with_capacity(n.div_ceil(self.chunk));
+        for start in (0..n).step_by(self.chunk) {
+            let len = self.chunk.min(n - start);
+            let hc = h.narrow(0, start, len)?; // (n, H)
+            let tg = self.targets.narrow(0, start, len)?;
+            let logits = hc.matmul(&w.t()?)?; // (n, V)
+            let dl = crate::kernels::logprob_grad_of_checked(
+                &logits,
+                &tg,
+                &lse_g.narrow(0, start, len)?,
+            )?; // (n, V)
+            dh_parts.push(dl.matmul(w)?); // (n, H)
+            if let Some(dw) = &dw {
+                crate::kernels::gemm::accumulate_at_b(dw, &dl, &hc)?; // (V, H) += dlᵀ h
+            }
+        }
+        let dh = match dh_parts.is_empty() {
+            true => h.zeros_like()?,
+            false => Tensor::cat(&dh_parts, 0)?,
+        };
+        Ok((dh, dw))
     }
 }
 
@@ -270,6 +386,60 @@ mod tests {
                 let b = gn.get(v.as_tensor()).expect("grad");
                 let d = (a - b).expect("d").abs().expect("a").max_all().expect("m");
                 assert!(d.to_scalar::<f64>().expect("s") < 1e-12, "chunk {chunk}");
+            }
+        }
+    }
+
+    /// Every path on the CPU (the kernels as their f32 references, the accumulating GEMM as its
+    /// loops) against the composite one, at chunk sizes that split the rows unevenly, with the
+    /// head trained and frozen.
+    #[test]
+    fn every_path_agrees_in_value_and_gradient() {
+        let (h, w, t) = data(7, 5, 11);
+        let f32var = |v: &Var| {
+            Var::from_tensor(
+                &v.as_tensor()
+                    .to_dtype(candle_core::DType::F32)
+                    .expect("f32"),
+            )
+            .expect("var")
+        };
+        let (h, w) = (f32var(&h), f32var(&w));
+        let wts = Tensor::arange(1f32, 8.0, &Device::Cpu).expect("w");
+        let run = |path: Path, chunk: usize, frozen: bool| {
+            let wt = match frozen {
+                true => w.as_tensor().detach(),
+                false => w.as_tensor().clone(),
+            };
+            let lp = logprobs_by(h.as_tensor(), &wt, &t, chunk, path).expect("logprobs");
+            let g = (&lp * &wts)
+                .expect("x")
+                .sum_all()
+                .expect("s")
+                .backward()
+                .expect("bwd");
+            let dh = g.get(h.as_tensor()).expect("dh").clone();
+            (lp, dh, g.get(&wt).cloned())
+        };
+        let close = |a: &Tensor, b: &Tensor, what: &str| {
+            let d = (a - b).expect("d").abs().expect("a").max_all().expect("m");
+            let d = d.to_scalar::<f32>().expect("s");
+            assert!(d < 1e-5, "{what}: {d:e}");
+        };
+        for frozen in [false, true] {
+            let (lp0, dh0, dw0) = run(Path::Composite, 100, frozen);
+            for path in [Path::Kernels, Path::Written] {
+                for chunk in [1, 3, 7, 100] {
+                    let (lp, dh, dw) = run(path, chunk, frozen);
+                    let what = format!("{path:?} chunk {chunk} frozen {frozen}");
+                    close(&lp, &lp0, &format!("{what} log p"));
+                    close(&dh, &dh0, &format!("{what} dh"));
+                    match (&dw, &dw0) {
+                        (Some(a), Some(b)) => close(a, b, &format!("{what} dw")),
+                        (None, None) => assert!(frozen, "{what}: no weight gradient"),
+                        _ => panic!("{what}: weight gradient on one path only"),
+                    }
+                }
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The log-prob epilogue (kernels/logprob.cu), everything about it in one place: the candle ops
 //! (per row of logits: log p(target), log Z and entropy; and the gradient as its own op, which
 //! the chunked log-prob needs), their shape and target-bounds checks, their f32 CPU references,
-//! their launch descriptions and their CUDA launches.
+//! their launch descriptions and their CUDA launches. On CUDA the logits may be f32 or bf16 (the
+//! head GEMM's own output); the stats are f32 and the gradient has the logits' dtype.
 //!
 //! Data flow: `logprob::token_logprobs` (chunked) -> `logprob_stats_of_checked` /
 //! `logprob_grad_of_checked` -> CPU reference or CUDA kernel.
@@ -13,7 +14,8 @@ use candle_core::CudaStorage;
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 use reference as refs;
 
-/// Per row of logits (n, V) f32 and targets (n) u32: (n, 3) = [log p(target), log Z, entropy].
+/// Per row of logits (n, V) (f32; bf16 too on CUDA) and targets (n) u32: (n, 3) f32 =
+/// [log p(target), log Z, entropy].
 /// The targets are read back to the host for the bounds check (N ids: small beside the logits).
 pub fn logprob_stats(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let (n, _) = check::logprob(logits.dims(), targets.dims(), &target_ids(targets)?)?;
@@ -63,8 +65,8 @@ fn target_ids(targets: &Tensor) -> Result<Vec<u32>> {
     targets.flatten_all()?.to_vec1::<u32>()
 }
 
-/// g · (onehot(target) − softmax(logits)) for logits (n, V), targets (n) and `lse_g` (n, 2) =
-/// [log Z, g] per row.
+/// g · (onehot(target) − softmax(logits)) for logits (n, V), targets (n) and `lse_g` (n, 2) f32 =
+/// [log Z, g] per row, in the logits' dtype.
 pub fn logprob_grad(logits: &Tensor, targets: &Tensor, lse_g: &Tensor) -> Result<Tensor> {
     let ids = target_ids(targets)?;
     check::logprob_grad(logits.dims(), targets.dims(), &ids, lse_g.dims())?;
@@ -164,7 +166,7 @@ pub(crate) mod check {
 /// of the SIMT shim's tests.
 pub mod reference {
     /// The log-prob epilogue over logits (n, V): (log p(target), log Z, entropy) per row.
-    /// kernels/logprob.cu `logprob_fwd_f32`.
+    /// kernels/logprob.cu `logprob_fwd_*` (bf16: the same on the logits as f32).
     pub fn logprob_fwd(
         logits: &[f32],
         targets: &[u32],
@@ -186,8 +188,8 @@ pub mod reference {
         (logp, lse, ent)
     }
 
-    /// The epilogue's backward: g · (onehot(target) − softmax) per row (the kernel writes it over
-    /// the logits). kernels/logprob.cu `logprob_bwd_f32`.
+    /// The epilogue's backward: g · (onehot(target) − softmax) per row. kernels/logprob.cu
+    /// `logprob_bwd_*` (bf16: the same on the logits as f32, each output rounded once).
     pub fn logprob_bwd(
         logits: &[f32],
         targets: &[u32],
@@ -209,19 +211,21 @@ pub mod reference {
 /// The launch description of each entry point (kernel name, grid, block, arguments in order):
 /// the CUDA launch below pushes exactly these, and crates/simt runs them on the CPU.
 pub mod launch {
-    use crate::kernels::describe::{bufs, per_row, Arg, Launch};
+    use crate::kernels::describe::{bufs, per_row, Arg, Launch, Storage};
     use crate::kernels::geometry::LOGPROB_BLOCK;
 
-    /// f32. Buffers: logits (n, v), targets (n, u32), stats (n, 3).
-    pub fn logprob_fwd(n: usize, v: usize) -> Launch {
+    /// Buffers: logits (n, v) of `s`, targets (n, u32), stats (n, 3) f32.
+    pub fn logprob_fwd(s: Storage, n: usize, v: usize) -> Launch {
         let args = bufs(3).chain([Arg::I32(v as i32)]).collect();
-        per_row("logprob_fwd_f32".into(), "logprob", n, LOGPROB_BLOCK, args)
+        let name = format!("logprob_fwd_{}", s.suffix());
+        per_row(name, "logprob", n, LOGPROB_BLOCK, args)
     }
 
-    /// f32, in place. Buffers: logits (n, v) -> gradient, targets (n, u32), lse_g (n, 2).
-    pub fn logprob_bwd(n: usize, v: usize) -> Launch {
-        let args = bufs(3).chain([Arg::I32(v as i32)]).collect();
-        per_row("logprob_bwd_f32".into(), "logprob", n, LOGPROB_BLOCK, args)
+    /// Buffers: logits (n, v) of `s`, targets (n, u32), lse_g (n, 2) f32, gradient (n, v) of `s`.
+    pub fn logprob_bwd(s: Storage, n: usize, v: usize) -> Launch {
+        let args = bufs(4).chain([Arg::I32(v as i32)]).collect();
+        let name = format!("logprob_bwd_{}", s.suffix());
+        per_row(name, "logprob", n, LOGPROB_BLOCK, args)
     }
 }
 
@@ -229,7 +233,7 @@ pub mod launch {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
-    use crate::kernels::launching::{func, view, Described};
+    use crate::kernels::launching::{by_dtype, func, store, view, Described};
     use crate::kernels::logprob::launch;
     use candle_core::backend::BackendStorage;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
@@ -242,18 +246,18 @@ mod cuda {
     ) -> Result<(CudaStorage, Shape)> {
         let dev: &CudaDevice = l.device();
         let (n, v) = ll.shape().dims2()?;
-        let lau = launch::logprob_fwd(n, v);
+        let lau = launch::logprob_fwd(store(l.dtype(), "logprob")?, n, v);
         let f = func!(dev, lau)?;
-        let (lv, tv) = (
-            view::<f32>(l, ll, "logits")?,
-            view::<u32>(t, lt, "targets")?,
-        );
+        let tv = view::<u32>(t, lt, "targets")?;
         // SAFETY: every element is written by the kernel.
         let mut stats = unsafe { dev.alloc::<f32>(n * 3)? };
-        let mut d = Described::new(f.builder(), &lau);
-        d.buf(0, &lv)?.buf(1, &tv)?.buf(2, &mut stats)?;
-        // SAFETY: logits hold n x v elements, targets n (each < v, checked), stats n x 3.
-        unsafe { d.launch() }?;
+        by_dtype!(l.dtype(), "logprob", T => {
+            let lv = view::<T>(l, ll, "logits")?;
+            let mut d = Described::new(f.builder(), &lau);
+            d.buf(0, &lv)?.buf(1, &tv)?.buf(2, &mut stats)?;
+            // SAFETY: logits hold n x v elements, targets n (each < v, checked), stats n x 3.
+            unsafe { d.launch() }?;
+        });
         Ok((
             CudaStorage::wrap_cuda_slice(stats, dev.clone()),
             Shape::from((n, 3)),
@@ -270,20 +274,21 @@ mod cuda {
     ) -> Result<(CudaStorage, Shape)> {
         let dev: &CudaDevice = l.device();
         let (n, v) = ll.shape().dims2()?;
-        let lau = launch::logprob_bwd(n, v);
+        let lau = launch::logprob_bwd(store(l.dtype(), "logprob bwd")?, n, v);
         let f = func!(dev, lau)?;
         let lgv = view::<f32>(lg, llg, "lse_g")?;
-        // The kernel works in place: copy the logits chunk into the output first.
-        let mut out = unsafe { dev.alloc::<f32>(n * v)? };
-        dev.memcpy_dtod(&view::<f32>(l, ll, "logits")?, &mut out)?;
         let tv = view::<u32>(t, lt, "targets")?;
-        let mut d = Described::new(f.builder(), &lau);
-        d.buf(0, &mut out)?.buf(1, &tv)?.buf(2, &lgv)?;
-        // SAFETY: logits hold n x v elements, targets n (each < v, checked), lse_g n x 2.
-        unsafe { d.launch() }?;
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            ll.shape().clone(),
-        ))
+        let out = by_dtype!(l.dtype(), "logprob bwd", T => {
+            let lv = view::<T>(l, ll, "logits")?;
+            // SAFETY: every element is written by the kernel.
+            let mut out = unsafe { dev.alloc::<T>(n * v)? };
+            let mut d = Described::new(f.builder(), &lau);
+            d.buf(0, &lv)?.buf(1, &tv)?.buf(2, &lgv)?.buf(3, &mut out)?;
+            // SAFETY: logits and out hold n x v elements, targets n (each < v, checked), lse_g
+            // n x 2.
+            unsafe { d.launch() }?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        });
+        Ok((out, ll.shape().clone()))
     }
 }

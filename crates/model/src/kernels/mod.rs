@@ -15,6 +15,7 @@ pub mod adamw;
 mod cpu;
 mod describe;
 pub mod flash;
+pub(crate) mod gemm;
 pub(crate) mod geometry;
 pub(crate) mod kv_cache;
 #[cfg(feature = "cuda")]

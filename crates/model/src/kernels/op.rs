@@ -2,12 +2,15 @@
 //! flash/, the log-prob's chunked backward) implements [`Kernel`]: its name, its CPU path, its
 //! CUDA launch and optionally its backward, each over an array of (storage, layout) pairs;
 //! [`apply2`] / [`apply3`] run it as a candle `CustomOp2` / `CustomOp3` through the [`Op`]
-//! wrapper. The in-place cache writes do the same with [`InplaceKernel`] and [`apply_inplace`].
+//! wrapper. The in-place cache writes do the same with [`InplaceKernel`] and [`apply_inplace`],
+//! and the accumulating GEMM with [`InplaceKernel3`] and [`apply_inplace3`].
 //!
 //! The wrapper exists because Rust's orphan rule forbids implementing candle's traits for every
 //! `K: Kernel` directly; it is invisible at the call sites.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, InplaceOp2, Layout, Result, Shape, Tensor};
+use candle_core::{
+    CpuStorage, CustomOp2, CustomOp3, InplaceOp2, InplaceOp3, Layout, Result, Shape, Tensor,
+};
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -175,4 +178,59 @@ impl<K: InplaceKernel> InplaceOp2 for Inplace<'_, K> {
 /// Runs `kernel` writing `src` into `dst`.
 pub(crate) fn apply_inplace(dst: &Tensor, src: &Tensor, kernel: &impl InplaceKernel) -> Result<()> {
     dst.inplace_op2(src, &Inplace(kernel))
+}
+
+/// A kernel that updates `dst` in place from two sources (the weight gradient's accumulating
+/// GEMM, kernels/gemm.rs).
+pub(crate) trait InplaceKernel3 {
+    const NAME: &'static str;
+
+    fn cpu(&self, dst: (&mut CpuStorage, &Layout), srcs: [Arg<'_, CpuStorage>; 2]) -> Result<()>;
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, dst: (&mut CudaStorage, &Layout), srcs: [Arg<'_, CudaStorage>; 2])
+        -> Result<()>;
+}
+
+struct Inplace3<'k, K>(&'k K);
+
+impl<K: InplaceKernel3> InplaceOp3 for Inplace3<'_, K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        self.0.cpu((s1, l1), [(s2, l2), (s3, l3)])
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        self.0.cuda((s1, l1), [(s2, l2), (s3, l3)])
+    }
+}
+
+/// Runs `kernel` updating `dst` from `a` and `b`.
+pub(crate) fn apply_inplace3(
+    dst: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    kernel: &impl InplaceKernel3,
+) -> Result<()> {
+    dst.inplace_op3(a, b, &Inplace3(kernel))
 }

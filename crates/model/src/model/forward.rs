@@ -269,7 +269,7 @@ impl Qwen3 {
         let tg = Tensor::from_slice(targets, targets.len(), &self.device)?;
         logprob::token_logprobs(
             &sel,
-            &self.w(self.head_name(), train)?,
+            &self.head_weight(train)?,
             &tg,
             logprob::DEFAULT_CHUNK_ROWS,
         )

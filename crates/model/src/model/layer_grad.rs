@@ -191,13 +191,27 @@ impl Qwen3 {
         ranges: &KeyRanges,
         dy: &Tensor,
     ) -> Result<(Tensor, Vec<(String, Tensor)>)> {
+        let s = self.layer_forward(lw, x, cos, sin, ranges)?;
+        self.layer_grad_saved(lw, &s, cos, sin, ranges, dy)
+    }
+
+    /// `layer_grad` from the state `layer_forward` kept: a layer the checkpointed step did not
+    /// drop (`ForwardOptions::keep_layers`) is differentiated without its recompute.
+    pub(crate) fn layer_grad_saved(
+        &self,
+        lw: &LayerWeights,
+        s: &Saved,
+        cos: &Tensor,
+        sin: &Tensor,
+        ranges: &KeyRanges,
+        dy: &Tensor,
+    ) -> Result<(Tensor, Vec<(String, Tensor)>)> {
         let c = &self.config;
         let p = format!("model.layers.{}", lw.l);
-        let (b, t, hid) = x.dims3()?;
+        let (b, t, hid) = s.x.dims3()?;
         let n = b * t;
         let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps as f32;
-        let s = self.layer_forward(lw, x, cos, sin, ranges)?;
 
         // The adjoints, from the output back. The residual passes dy to x1 unchanged.
         let dy = dy.to_dtype(s.x.dtype())?.reshape((n, hid))?; // (N, H)

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub(crate) mod forward;
+pub mod keep;
 mod layer_grad;
 
 /// A Qwen3ForCausalLM whose parameters are candle `Var`s keyed by their HF names.
@@ -50,6 +51,20 @@ pub struct ForwardOptions {
     /// Layer checkpointing in `logprob_backward`: keep each decoder layer's input only and
     /// recompute one layer at a time in the backward.
     pub checkpoint_layers: bool,
+    /// With `checkpoint_layers`, where the layer backward is written out (CUDA, model/
+    /// layer_grad.rs): how many of the last layers keep their forward's state instead of
+    /// recomputing it.
+    pub keep_layers: KeepLayers,
+}
+
+/// How many decoder layers a checkpointed step keeps rather than recomputes (from the last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepLayers {
+    /// As many as the device's free memory holds at the step's start, beside what the rest of
+    /// the step needs (`kept_layers`).
+    Auto,
+    /// This many (at most every layer).
+    Count(usize),
 }
 
 impl Default for ForwardOptions {
@@ -58,6 +73,7 @@ impl Default for ForwardOptions {
             flash: true,
             flash_min_tokens: 0,
             checkpoint_layers: false,
+            keep_layers: KeepLayers::Count(0),
         }
     }
 }
@@ -241,6 +257,22 @@ impl Qwen3 {
                 let d = d?; // (Out, In), master dtype
                 (base.to_dtype(d.dtype())? + d)?.to_dtype(self.compute_dtype)
             }
+        }
+    }
+
+    /// The LM head's weight as `logprob::token_logprobs` takes it. On CUDA without LoRA (unless
+    /// `TERSE_FUSED=0`) that is the master itself: the op casts it to the compute dtype once and
+    /// writes its gradient in the master's dtype, where a cast node would take a compute-dtype
+    /// gradient and cast it back. Elsewhere `w`'s cast, as every other weight.
+    pub(crate) fn head_weight(&self, train: bool) -> Result<Tensor> {
+        let name = self.head_name();
+        if !(self.device.is_cuda() && self.lora.is_none() && crate::device::fused()) {
+            return self.w(name, train);
+        }
+        match self.vars.get(name) {
+            Some(v) if train => Ok(v.as_tensor().clone()),
+            Some(v) => Ok(v.as_tensor().detach()),
+            None => crate::fail!("internal: weight `{name}` missing"),
         }
     }
 

@@ -26,8 +26,8 @@ use flash::{flash_bf16, flash_f32};
 use graphs::decode_graphs;
 use model::{model_decode, model_decode_qwen2, model_training};
 use ops::{
-    kv_cache_bf16, kv_cache_f32, logprob_f32, rmsnorm_bf16, rmsnorm_f32, rope_bf16, rope_f32,
-    sample_f32, swiglu_bf16, swiglu_f32,
+    kv_cache_bf16, kv_cache_f32, logprob_bf16, logprob_f32, rmsnorm_bf16, rmsnorm_f32, rope_bf16,
+    rope_f32, sample_f32, swiglu_bf16, swiglu_f32,
 };
 use paged::{paged_bf16, paged_f32};
 
@@ -46,6 +46,7 @@ pub fn groups() -> Vec<Group> {
         ("rmsnorm bf16", rmsnorm_bf16),
         ("rope bf16", rope_bf16),
         ("swiglu bf16", swiglu_bf16),
+        ("logprob bf16", logprob_bf16),
         ("flash attention f32", flash_f32),
         ("paged attention f32", paged_f32),
         ("kv cache f32", kv_cache_f32),

@@ -128,44 +128,63 @@ pub(super) fn model_training(dev: &Device) -> Result<Vec<Row>> {
             max_diff: if n_lo.is_finite() { rel } else { f64::NAN },
             tolerance: tol_g,
         },
-        checkpointed_backward(dev, low, &rows)?,
-    ])
+    ]
+    .into_iter()
+    .chain(checkpointed_backward(dev, low, &rows)?)
+    .collect())
 }
 
 /// The layer-checkpointed backward of a packed batch (on CUDA each layer's backward written
 /// out, model/layer_grad.rs) against the plain autograd backward, same model, same dtype: the
-/// largest relative difference of any weight's gradient (max |a - b| / max |b|).
-fn checkpointed_backward(dev: &Device, dt: DType, rows: &[Vec<u32>]) -> Result<Row> {
+/// largest relative difference of any weight's gradient (max |a - b| / max |b|). And the same
+/// checkpointed backward with its last two layers kept rather than recomputed
+/// (`KeepLayers::Count(2)`) against every layer recomputed: the same ops on the same inputs,
+/// so bit-identical.
+fn checkpointed_backward(dev: &Device, dt: DType, rows: &[Vec<u32>]) -> Result<Vec<Row>> {
     let mut model = crate::Qwen3::random(small_config()?, 12, dev, dt)?;
     let batch = crate::Batch::packed(rows, dev)?;
     let (sel, tgt) = batch.next_token_selection();
-    let mut grads = |checkpoint: bool| {
+    let mut grads = |checkpoint: bool, keep: usize| {
         model.options.checkpoint_layers = checkpoint;
+        model.options.keep_layers = crate::KeepLayers::Count(keep);
         let mut loss = |lp: &Tensor| lp.sum_all()?.neg();
         model.logprob_backward(&batch, &sel, &tgt, &mut loss)
     };
-    let (written, plain) = (grads(true)?, grads(false)?);
+    let (written, kept, plain) = (grads(true, 0)?, grads(true, 2)?, grads(false, 0)?);
+    Ok(vec![
+        Row {
+            name: format!("checkpointed (written on CUDA) vs plain backward {dt:?} (relative)"),
+            max_diff: worst_relative(&written, &plain)?,
+            tolerance: if dev.is_cuda() { 0.05 } else { 1e-5 },
+        },
+        Row {
+            name: format!("checkpointed, last 2 layers kept vs recomputed {dt:?} (relative)"),
+            max_diff: worst_relative(&kept, &written)?,
+            tolerance: 0.0,
+        },
+    ])
+}
+
+/// The largest relative difference (max |a - b| / max |b|) of any gradient of `b` in `a`; NaN
+/// when any difference is.
+fn worst_relative(a: &crate::backward::Gradients, b: &crate::backward::Gradients) -> Result<f64> {
     let mut worst = 0f64;
-    for (k, b) in &plain {
-        let Some(a) = written.get(k) else {
-            crate::fail!("parity: the checkpointed backward gave no gradient for `{k}`");
+    for (k, g) in b {
+        let Some(h) = a.get(k) else {
+            crate::fail!("parity: a checkpointed backward gave no gradient for `{k}`");
         };
         let f = |t: Tensor| -> Result<f64> {
             Ok(f64::from(
                 t.to_dtype(DType::F32)?.max_all()?.to_scalar::<f32>()?,
             ))
         };
-        let d = f((a - b)?.abs()?)?;
-        let scale = f(b.abs()?)?.max(1e-12);
+        let d = f((h - g)?.abs()?)?;
+        let scale = f(g.abs()?)?.max(1e-12);
         worst = if d.is_nan() || worst.is_nan() {
             f64::NAN
         } else {
             worst.max(d / scale)
         };
     }
-    Ok(Row {
-        name: format!("checkpointed (written on CUDA) vs plain backward {dt:?} (relative)"),
-        max_diff: worst,
-        tolerance: if dev.is_cuda() { 0.05 } else { 1e-5 },
-    })
+    Ok(worst)
 }

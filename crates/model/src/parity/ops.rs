@@ -76,6 +76,55 @@ pub(super) fn logprob_f32(dev: &Device) -> Result<Vec<Row>> {
     ])
 }
 
+/// The written log-prob head's pieces in bf16, each against the f32 reference on the rounded
+/// values: the epilogue on bf16 logits (n 64, V 151936; the stats in f32, the gradient in bf16)
+/// and the weight gradient's accumulating GEMM (acc (4096, 128) f32 += aᵀ b over 64 bf16 rows,
+/// run twice so that the second call must add to the first).
+pub(super) fn logprob_bf16(dev: &Device) -> Result<Vec<Row>> {
+    let cpu = Device::Cpu;
+    let v = 151_936;
+    let logits = bf16_round(&(rnd(&[64, v], 5)? * 8.0)?)?;
+    let targets = Tensor::from_vec(
+        (0..64u32).map(|i| i * 2371 % v as u32).collect::<Vec<_>>(),
+        64,
+        &cpu,
+    )?;
+    let st = |d: &Device| fused::logprob_stats(&on_dev(&logits, d)?, &targets.to_device(d)?);
+    let (sc, sg) = (st(&cpu)?, st(dev)?);
+    let lse_g = Tensor::cat(&[&sc.narrow(1, 1, 1)?, &rnd(&[64, 1], 6)?], 1)?;
+    let bw = |d: &Device| {
+        fused::logprob_grad(
+            &on_dev(&logits, d)?,
+            &targets.to_device(d)?,
+            &lse_g.to_device(d)?,
+        )
+    };
+    let (bc, bg) = (bw(&cpu)?, bw(dev)?);
+    let (a, b) = (
+        bf16_round(&rnd(&[64, 4096], 11)?)?,
+        bf16_round(&rnd(&[64, 128], 12)?)?,
+    );
+    let acc = |d: &Device| -> Result<Tensor> {
+        let acc = rnd(&[4096, 128], 13)?.to_device(d)?;
+        for _ in 0..2 {
+            fused::gemm::accumulate_at_b(&acc, &on_dev(&a, d)?, &on_dev(&b, d)?)?;
+        }
+        Ok(acc)
+    };
+    Ok(vec![
+        // log Z near 15 over 151,936 f32 terms summed in another order than the reference's:
+        // 2e-3 is 1.3e-4 of it (the f32 row's 1e-3 reads 0.9e-3 on the emulated device).
+        row("bf16 logprob fwd [logp, lse, entropy]", &sg, &sc, 2e-3)?,
+        row("bf16 logprob bwd", &bg, &bc, bf16_tolerance(&bc)?)?,
+        row(
+            "bf16 head gradient GEMM, beta 1, twice",
+            &acc(dev)?,
+            &acc(&cpu)?,
+            1e-3,
+        )?,
+    ])
+}
+
 /// KV-cache writes then decode attention (B 4, Hq 16, Hkv 8, C 256, D 128, 200 slots used, a
 /// different run of padding slots per row), with the cache and inputs in `dt` on `dev`.
 fn kv_attention(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {

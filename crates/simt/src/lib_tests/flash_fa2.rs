@@ -83,6 +83,14 @@ fn packed_rows_starting_at_a_tile_s_last_key_head_size_128() {
 }
 
 #[test]
+fn packed_boundary_inside_a_warp_after_whole_key_tiles_head_size_64() {
+    // A sequence of 136 then one of 64: warp rows 128..143 straddle the boundary at 136, and
+    // keys 0..127 are whole tiles below the warp's first row. Rows 136.. must not see them, so
+    // the unmasked fast path must take the warp's last start (136), not its first (0).
+    check("packed mid-warp", (1, 200, 2, 1, 64), &packed(&[136, 64]));
+}
+
+#[test]
 fn packed_head_size_64_gqa_2() {
     check("packed d64", (1, 100, 4, 2, 64), &packed(&[63, 1, 36]));
 }

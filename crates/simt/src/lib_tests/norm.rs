@@ -109,34 +109,52 @@ fn logprob_forward_and_backward() {
         let logits: Vec<f32> = rand_vec(n * v, 7).iter().map(|x| 4.0 * x).collect();
         let mut targets: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 2) % v as u32).collect();
         targets[0] = v as u32 - 1;
-        let (logp, lse, ent) = r::logprob_fwd(&logits, &targets, v);
-        let mut stats = vec![0f32; 3 * n];
-        let mut ls = logits.clone();
-        go(
-            &launch::logprob_fwd(n, v),
-            vec![
-                Buf::F32(&mut ls),
-                Buf::U32(&mut targets),
-                Buf::F32(&mut stats),
-            ],
-        );
-        let col = |k: usize| stats.iter().skip(k).step_by(3).copied().collect::<Vec<_>>();
-        close("logprob fwd log p", &col(0), &logp, 1e-4);
-        close("logprob fwd lse", &col(1), &lse, 1e-4);
-        close("logprob fwd entropy", &col(2), &ent, 1e-4);
-
         let g: Vec<f32> = rand_vec(n, 8);
-        let want = r::logprob_bwd(&logits, &targets, &lse, &g, v);
-        let mut lse_g: Vec<f32> = lse.iter().zip(&g).flat_map(|(a, b)| [*a, *b]).collect();
-        let mut grad = logits.clone();
-        go(
-            &launch::logprob_bwd(n, v),
-            vec![
-                Buf::F32(&mut grad),
-                Buf::U32(&mut targets),
-                Buf::F32(&mut lse_g),
-            ],
-        );
-        close("logprob bwd", &grad, &want, 1e-4);
+        // f32, then bf16 logits (the reference reads the same rounded values; the bf16 gradient
+        // is rounded once).
+        let (mut lb, lr) = to_bf16(&logits);
+        for s in [Storage::F32, Storage::Bf16] {
+            let x = if s == Storage::F32 { &logits } else { &lr };
+            let (logp, lse, ent) = r::logprob_fwd(x, &targets, v);
+            let mut stats = vec![0f32; 3 * n];
+            let mut lf = logits.clone();
+            go(
+                &launch::logprob_fwd(s, n, v),
+                vec![
+                    typed(s, &mut lf, &mut lb),
+                    Buf::U32(&mut targets),
+                    Buf::F32(&mut stats),
+                ],
+            );
+            let col = |k: usize| stats.iter().skip(k).step_by(3).copied().collect::<Vec<_>>();
+            close("logprob fwd log p", &col(0), &logp, 1e-4);
+            close("logprob fwd lse", &col(1), &lse, 1e-4);
+            close("logprob fwd entropy", &col(2), &ent, 1e-4);
+
+            let want = r::logprob_bwd(x, &targets, &lse, &g, v);
+            let mut lse_g: Vec<f32> = lse.iter().zip(&g).flat_map(|(a, b)| [*a, *b]).collect();
+            let (mut gf, mut gb) = (vec![0f32; n * v], vec![0u16; n * v]);
+            go(
+                &launch::logprob_bwd(s, n, v),
+                vec![
+                    typed(s, &mut lf, &mut lb),
+                    Buf::U32(&mut targets),
+                    Buf::F32(&mut lse_g),
+                    typed(s, &mut gf, &mut gb),
+                ],
+            );
+            match s {
+                Storage::F32 => close("logprob bwd", &gf, &want, 1e-5),
+                Storage::Bf16 => close("bf16 logprob bwd", &from_bf16(&gb), &want, bf16_tol(&want)),
+            }
+        }
+    }
+}
+
+/// The f32 or the bf16 buffer, by the instantiation under test.
+fn typed<'a>(s: Storage, f: &'a mut [f32], b: &'a mut [u16]) -> Buf<'a> {
+    match s {
+        Storage::F32 => Buf::F32(f),
+        Storage::Bf16 => Buf::Bf16(b),
     }
 }

@@ -138,7 +138,9 @@ pub struct ModelSection {
     /// (flash, but composite on CUDA below 1024 tokens per row: an estimated crossover).
     pub attention: AttentionKind,
     /// Layer checkpointing in the training backward (keep each layer's input, recompute one
-    /// layer at a time): "auto" (on for CUDA runs), "on" or "off".
+    /// layer at a time): "auto" (on for CUDA runs, where the last layers whose whole forward
+    /// state fits the free memory keep it and skip their recompute), "on" (every layer
+    /// recomputed) or "off".
     pub checkpoint_layers: Toggle,
     /// LoRA adapters (`[model.lora]`): train them alone, the base frozen; absent = full
     /// fine-tuning.
@@ -233,6 +235,12 @@ impl ModelSection {
             Toggle::Auto => cuda,
             Toggle::On => true,
             Toggle::Off => false,
+        };
+        // "auto" keeps the last layers' forward state where the free memory holds it (the
+        // step decides, model/keep.rs); "on" recomputes every layer.
+        o.keep_layers = match self.checkpoint_layers {
+            Toggle::Auto => terse_model::KeepLayers::Auto,
+            Toggle::On | Toggle::Off => terse_model::KeepLayers::Count(0),
         };
         o
     }

@@ -45,6 +45,9 @@ pub struct Plan {
     /// The largest `grpo.micro_batch_tokens` whose activations fit beside everything else.
     pub max_micro_batch_tokens: Option<u64>,
     pub checkpointing: bool,
+    /// The last layers whose forward state fits beside everything else, kept rather than
+    /// recomputed (CUDA, `model.checkpoint_layers = "auto"`).
+    pub kept_layers: usize,
 }
 
 impl Plan {
@@ -315,12 +318,37 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
         }
         lo
     });
+    // Written out on CUDA ("auto"), the last layers keep their forward state where the memory
+    // left holds it (terse_model::keep, the function the step calls with its free memory).
+    let keeps = cfg.model.forward_options_for(t.cuda).keep_layers == terse_model::KeepLayers::Auto;
+    let mut total = total;
+    let kept_layers = match t.device_bytes {
+        Some(d) if checkpointing && t.cuda && keeps => {
+            let per_layer =
+                terse_model::keep::layer_state_bytes_per_token(c, value).saturating_mul(mb);
+            let k = terse_model::keep::kept_layers(d, total, per_layer, c.num_hidden_layers);
+            let bytes = per_layer.saturating_mul(k as u64);
+            comps.push(Component {
+                name: "kept layer states".into(),
+                bytes,
+                note: format!(
+                    "the last {k} of {} layers skip their recompute ({:.2} GiB a layer); the step decides from its free memory",
+                    c.num_hidden_layers,
+                    per_layer as f64 / (1u64 << 30) as f64
+                ),
+            });
+            total = total.saturating_add(bytes);
+            k
+        }
+        _ => 0,
+    };
     Plan {
         components: comps,
         total,
         device_bytes: t.device_bytes,
         max_micro_batch_tokens,
         checkpointing,
+        kept_layers,
     }
 }
 
@@ -386,6 +414,42 @@ mod tests {
         }
     }
 
+    fn component(p: &Plan, name: &str) -> u64 {
+        p.components
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(0, |c| c.bytes)
+    }
+
+    /// Issue 57 item 5: with "auto" on a GPU the plan keeps the last layers' forward state in
+    /// the memory left, every layer on an H200 at 16k tokens, some on 24 GB, none with "on"
+    /// or on the CPU; and the total with them still fits.
+    #[test]
+    fn the_plan_keeps_what_fits_of_the_last_layers() {
+        let c = Config::qwen3_0_6b();
+        let mut cfg = RunConfig::default();
+        cfg.grpo.micro_batch_tokens = 16384;
+        cfg.grpo.prompts_per_step = 4;
+        cfg.grpo.group_size = 4;
+        let per = terse_model::keep::layer_state_bytes_per_token(&c, 2) * 16384;
+        let p = plan(&cfg, &c, target(true, Some(141.0)));
+        assert_eq!(p.kept_layers, 28, "{}", p.table());
+        assert_eq!(component(&p, "kept layer states"), 28 * per);
+        assert!(p.fits(), "{}", p.table());
+        let p = plan(&cfg, &c, target(true, Some(24.0)));
+        assert!(p.kept_layers > 0 && p.kept_layers < 28, "{}", p.table());
+        assert!(p.fits(), "{}", p.table());
+        // One more layer would not fit.
+        assert!(
+            p.total + per > p.device_bytes.expect("device"),
+            "{}",
+            p.table()
+        );
+        assert_eq!(plan(&cfg, &c, target(false, Some(141.0))).kept_layers, 0);
+        cfg.model.checkpoint_layers = crate::config::Toggle::On;
+        assert_eq!(plan(&cfg, &c, target(true, Some(141.0))).kept_layers, 0);
+    }
+
     #[test]
     fn activations_are_linear_with_checkpointing_and_the_budget_search_is_exact() {
         let c = Config::qwen3_0_6b();
@@ -402,9 +466,11 @@ mod tests {
         cfg.grpo.group_size = 4;
         let p = plan(&cfg, &c, target(true, Some(80.0)));
         assert!(p.checkpointing && p.fits(), "{}", p.table());
-        // The largest budget fits and one more token does not.
+        // The largest budget fits and one more token does not (with every layer recomputed:
+        // kept layer states only take what is left).
         let t = p.max_micro_batch_tokens.expect("max");
-        let rest = p.total - activation_bytes(&c, 16384, 2, true);
+        let kept = component(&p, "kept layer states");
+        let rest = p.total - kept - activation_bytes(&c, 16384, 2, true);
         let d = p.device_bytes.expect("device");
         assert!(rest + activation_bytes(&c, t, 2, true) <= d);
         assert!(rest + activation_bytes(&c, t + 1, 2, true) > d);

@@ -1,8 +1,10 @@
 //! The profile of kernels/flash_fa2.cu (FlashAttention-2's forward) for `cargo xtask
 //! kernel-model`: the kernels and their main loop (one warp: 16 query rows x FA2_KEYS keys per
 //! iteration), the copy loops nvcc leaves (load_rows, fa2.rs), and the lanes' shared addresses
-//! of the ldmatrix reads of K and V (padded rows). No optional block: the rescale of O is
-//! unconditional. Lines are flash_fa2.cu's `// model:` tags (marks.rs), checked by the test below.
+//! of the ldmatrix reads of K and V (padded rows). One optional block: the key mask, which a
+//! causal row block runs on its diagonal tile only (one tile in 64 at T = 8192), so the main
+//! loop is timed without it. Lines are flash_fa2.cu's `// model:` tags (marks.rs), checked by
+//! the test below.
 
 use super::fa2::{self, ldsm_cols_major, ldsm_rows_major, row_bytes, Fa2};
 use super::marks::Marks;
@@ -48,8 +50,16 @@ impl super::Profile for Forward {
     fn file(&self) -> &'static str {
         FILE
     }
-    fn is_optional(&self, _chain: &Chain) -> bool {
-        false
+    fn optional_tag(&self) -> &'static str {
+        "+mask"
+    }
+    fn is_optional(&self, chain: &Chain) -> bool {
+        let Ok(mask) = self.marks.region("mask") else {
+            return false;
+        };
+        lines_in(chain, FILE)
+            .first()
+            .is_some_and(|l| mask.contains(l))
     }
     fn generic_is_shared(&self, _chain: &Chain) -> bool {
         false // the kernel's shared accesses are ldmatrix and cp.async
@@ -151,5 +161,9 @@ mod tests {
         ];
         assert_eq!(p.site(&ldsm, false, 16).len(), 1);
         assert!(p.site(&[s(FILE, 152)], true, 4).is_empty());
+        // The key mask is the optional block; the max over the tile after it is not.
+        let mask = m.region("mask").expect("the kernel sources' tags");
+        assert!(p.is_optional(&[s(FILE, *mask.start() + 3)]));
+        assert!(!p.is_optional(&[s(FILE, *mask.end() + 3)]));
     }
 }
