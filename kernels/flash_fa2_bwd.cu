@@ -36,6 +36,8 @@
 // flash_fa2_bwd_queries must agree (simt checks).
 #define FA2_BWD_QT_D64 32
 #define FA2_BWD_QT_D128 16
+// Softmax in base 2: the forward's lse (natural log) times log2 e.
+#define LOG2E 1.4426950408889634f
 
 template <int D>
 __device__ constexpr int bwd_queries() {
@@ -76,14 +78,19 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
     const uint32_t* st = starts + (size_t)b * t;
     int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
     int lo_key[2], hi_key[2];
-    float lr[2], dr[2];  // the rows' lse and delta
+    float lr[2], dr[2];  // the rows' lse (times log2 e, for base 2) and delta
     for (int h = 0; h < 2; h++) {
         bool in = row[h] < t;
         lo_key[h] = in ? (int)st[row[h]] : 1;
         hi_key[h] = in ? row[h] : 0;
-        lr[h] = in ? lse[(size_t)bh * t + row[h]] : 0.f;
+        lr[h] = in ? lse[(size_t)bh * t + row[h]] * LOG2E : 0.f;
         dr[h] = in ? delta[(size_t)bh * t + row[h]] : 0.f;
     }
+    // As the forward's (flash_fa2.cu): 32 keys need no mask when every valid row of the warp
+    // sees all of them; warp-uniform. Rows past T are never written.
+    int w_first = r0 + w * 16, w_last = min(w_first + 15, t - 1);
+    int w_lo = w_first < t ? (int)st[w_last] : 0, w_hi = w_first < t ? w_first : t;
+    const float sl2 = scale * LOG2E;
     uint32_t qf[KF][4], gf[KF][4];
     rows_as_a<D>(qf, q + (size_t)bh * t * D, row, t, tq);
     rows_as_a<D>(gf, dout + (size_t)bh * t * D, row, t, tq);
@@ -117,14 +124,19 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
                     mma_bf16_16816(dp[n + 1], gf[f], bv + 2, dp[n + 1]);
                 }
             // dS = P (dP - delta) scale in the C fragments: element i of n-tile n is row
-            // row[i >> 1], key k0 + kb + 8n + 2 tq + (i & 1).
+            // row[i >> 1], key k0 + kb + 8n + 2 tq + (i & 1). P = 2^(S scale log2 e - lse
+            // log2 e), one FMA and one ex2; a masked key's P (possibly inf) is then 0.
             for (int n = 0; n < NH; n++)
-                for (int i = 0; i < 4; i++) {
-                    int h = i >> 1, j = k0 + kb + n * 8 + 2 * tq + (i & 1);
-                    float p = j >= lo_key[h] && j <= hi_key[h] ? __expf(sc[n][i] * scale - lr[h])
-                                                                : 0.f;
-                    sc[n][i] = p * (dp[n][i] - dr[h]) * scale;
-                }
+                for (int i = 0; i < 4; i++) sc[n][i] = exp2f(fmaf(sc[n][i], sl2, -lr[i >> 1]));
+            if (!(k0 + kb >= w_lo && k0 + kb + HK - 1 <= w_hi)) {
+                for (int n = 0; n < NH; n++)  // model: begin dq-mask
+                    for (int i = 0; i < 4; i++) {
+                        int h = i >> 1, j = k0 + kb + n * 8 + 2 * tq + (i & 1);
+                        if (j < lo_key[h] || j > hi_key[h]) sc[n][i] = 0.f;
+                    }  // model: end dq-mask
+            }
+            for (int n = 0; n < NH; n++)
+                for (int i = 0; i < 4; i++) sc[n][i] *= (dp[n][i] - dr[i >> 1]) * scale;
             // dQ += dS K: dS's A fragments from its C fragments (as the forward's P), K's B
             // fragments by ldmatrix.x4.trans (matrix mi: keys kb + 16kk + 8 (mi & 1) + r, dims
             // 8n + 8 (mi >> 1)).
@@ -164,7 +176,7 @@ __device__ __forceinline__ void load_queries(bf16* qs, bf16* gs, float* ls, floa
     load_rows<D, QT>(gs, dout, i0, t);  // model: query-rows
     for (int e = threadIdx.x; e < QT; e += FA2_THREADS) {  // model: queries-loop, begin queries
         int i = i0 + e;
-        ls[e] = i < t ? lse[i] : 0.f;  // model: query-store
+        ls[e] = i < t ? lse[i] * LOG2E : 0.f;  // model: query-store
         ds[e] = i < t ? delta[i] : 0.f;  // model: query-store
         ss[e] = i < t ? (int)st[i] : t + 1;  // model: query-store
     }  // model: end queries
@@ -232,6 +244,7 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     for (int n = 0; n < NO; n++)
         for (int i = 0; i < 4; i++) dkf[n][i] = dvf[n][i] = 0.f;
     int key[2] = {kb0 + w * 16 + gq, kb0 + w * 16 + gq + 8};
+    const float sl2 = scale * LOG2E;
     for (int s = 0; s < steps; s++) {  // model: dkdv-main
         int h = h0 + s / per, i0 = kb0 + (s % per) * QT, sb = s & 1;
         if (s + 1 < steps) {
@@ -268,13 +281,27 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
                 mma_bf16_16816(dp[n + 1], vf[f], bo + 2, dp[n + 1]);
             }
         // P^T and dS^T = P^T (dP^T - delta) scale: element i of n-tile n is key key[i >> 1],
-        // query i0 + 8n + 2 tq + (i & 1).
+        // query i0 + 8n + 2 tq + (i & 1). P = 2^(S scale log2 e - lse log2 e) (the stage's
+        // lse is stored times log2 e); a masked query's P (possibly inf) is then 0. No mask
+        // when every query of the step sees all 16 of the warp's keys (warp-uniform): the
+        // step's last start (starts never decrease; a query past T has T + 1) at or before
+        // the first key, and its first query at or after the last key.
         for (int n = 0; n < NQ; n++)
             for (int i = 0; i < 4; i++) {
-                int c = n * 8 + 2 * tq + (i & 1), j = key[i >> 1];
-                float p = j >= sst[c] && j <= i0 + c ? __expf(sc[n][i] * scale - lt[c]) : 0.f;  // model: column-read
-                sc[n][i] = p;
-                dp[n][i] = p * (dp[n][i] - dt[c]) * scale;  // model: column-read
+                int c = n * 8 + 2 * tq + (i & 1);
+                sc[n][i] = exp2f(fmaf(sc[n][i], sl2, -lt[c]));  // model: column-read
+            }
+        if (!(sst[QT - 1] <= kb0 + w * 16 && i0 >= kb0 + w * 16 + 15)) {
+            for (int n = 0; n < NQ; n++)  // model: begin dkdv-mask
+                for (int i = 0; i < 4; i++) {
+                    int c = n * 8 + 2 * tq + (i & 1), j = key[i >> 1];
+                    if (j < sst[c] || j > i0 + c) sc[n][i] = 0.f;
+                }  // model: end dkdv-mask
+        }
+        for (int n = 0; n < NQ; n++)
+            for (int i = 0; i < 4; i++) {
+                int c = n * 8 + 2 * tq + (i & 1);
+                dp[n][i] = sc[n][i] * (dp[n][i] - dt[c]) * scale;  // model: column-read
             }
         // dV += P^T dO and dK += dS^T Q: A fragments from the C fragments (queries 16kk..), B
         // fragments of dO and Q by ldmatrix.x4.trans (matrix mi: queries 16kk + 8 (mi & 1) + r,
@@ -344,13 +371,14 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     }
 }
 
-#define FA2_BWD_OPS(D)                                                                           \
+#define FA2_BWD_OPS(D, DKDV_MIN_BLOCKS)                                                          \
     extern "C" __global__ void flash_fa2_bwd_dq_d##D(                                            \
         const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
         const float* delta, const bf16* dout, float* dq, int hq, int hkv, int t, float scale) {  \
         fa2_bwd_dq<D>(q, k, v, st, lse, delta, dout, dq, hq, hkv, t, scale);                     \
     }                                                                                            \
-    extern "C" __global__ void flash_fa2_bwd_dkdv_d##D(                                          \
+    extern "C" __global__ void __launch_bounds__(FA2_THREADS, DKDV_MIN_BLOCKS)                  \
+        flash_fa2_bwd_dkdv_d##D(                                                                 \
         const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
         const float* delta, const bf16* dout, float* dq, float* dk, float* dv, int hq, int hkv,  \
         int t, float scale, int dq_atomic) {                                                     \
@@ -358,5 +386,7 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
                         dq_atomic);                                                              \
     }
 
-FA2_BWD_OPS(64)
-FA2_BWD_OPS(128)
+// dK/dV at D = 64 held to 3 blocks an SM (168 registers, no spill): unconstrained it takes
+// 169, which the register file's granularity rounds to 2 blocks.
+FA2_BWD_OPS(64, 3)
+FA2_BWD_OPS(128, 1)

@@ -35,6 +35,8 @@
 #define __host__
 #define __forceinline__ inline
 #define __restrict__
+// A register budget for nvcc; nothing to the host build.
+#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // Per block: blocks of one launch run one at a time and launches are serialised.
 #define __shared__ static

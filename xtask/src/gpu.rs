@@ -205,6 +205,7 @@ pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode
             "logprob" => crate::gpu_bench::logprob(d),
             "nccl" => crate::gpu_nccl::nccl(d),
             "hf_generate" => Ok(crate::gpu_bench::hf_generate()),
+            "torch_peers" => Ok(crate::gpu_bench::torch_peers()),
             other => anyhow::bail!("gpu-check: no step named {other}"),
         }));
     }
@@ -225,7 +226,12 @@ pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode
         let text = serde_json::to_string_pretty(&Value::Object(report.clone()))?;
         std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
     };
-    let report = run(steps, opts, write)?;
+    let mut report = run(steps, opts, write)?;
+    // terse against torch, from the rows of this run (null where a side is missing).
+    let peers = crate::gpu_peers::peer_ratios(&report);
+    println!("terse over torch: {peers}");
+    report.insert("peers".into(), peers);
+    write(&report)?;
     let misses: Vec<&str> = report
         .values()
         .filter_map(Value::as_array)

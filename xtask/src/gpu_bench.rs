@@ -95,9 +95,28 @@ fn sampler_share(dev: &Device, model: &Qwen3, gen: &terse_rollout::GenParams) ->
     )
 }
 
-/// HF `generate` on the same shape and device, through the machine's torch; null with the
-/// reason when it cannot run.
+/// HF `generate` on the same shape and device, through the machine's torch; an object with
+/// "error" when it cannot run.
 pub fn hf_generate() -> Value {
+    torch_script(
+        "scripts/bench_hf_generate.py",
+        &["--gpu", "1", "64", "256"],
+        120,
+    )
+}
+
+/// torch's peers of the attention and training rows (scripts/bench_torch_peers.py): SDPA's
+/// flash and cuDNN backends on the flash shapes, HF transformers' training step at 8k and 16k
+/// tokens; an object with "error" when it cannot run.
+pub fn torch_peers() -> Value {
+    torch_script("scripts/bench_torch_peers.py", &[], 150)
+}
+
+/// A script of scripts/ run by the machine's torch (`TERSE_PYTHON`, else /opt/torch's venv,
+/// else `python3`), from the repository root (where gpu-check runs), with a limit: a hung
+/// import or a missing GPU stack must not eat the device session. Its output is printed and
+/// its last line read as JSON.
+fn torch_script(script: &str, args: &[&str], limit_s: u64) -> Value {
     let python = std::env::var("TERSE_PYTHON").unwrap_or_else(|_| {
         let venv = "/opt/torch/.venv/bin/python3";
         if std::path::Path::new(venv).is_file() {
@@ -106,17 +125,13 @@ pub fn hf_generate() -> Value {
             "python3".into()
         }
     });
-    // From the repository root (where gpu-check runs), with a limit: a hung import or a
-    // missing GPU stack must not eat the device session.
-    let script = std::env::current_dir()
-        .unwrap_or_default()
-        .join("scripts/bench_hf_generate.py");
-    if !script.is_file() {
-        return json!({"error": format!("{} not found (run from the repository root)", script.display())});
+    let path = std::env::current_dir().unwrap_or_default().join(script);
+    if !path.is_file() {
+        return json!({"error": format!("{} not found (run from the repository root)", path.display())});
     }
     let mut cmd = std::process::Command::new(&python);
-    cmd.arg(&script).args(["--gpu", "1", "64", "256"]);
-    let out = crate::process::output_with_timeout(cmd, std::time::Duration::from_secs(120));
+    cmd.arg(&path).args(args);
+    let out = crate::process::output_with_timeout(cmd, std::time::Duration::from_secs(limit_s));
     match out {
         Ok(o) if o.status.success() => {
             let text = String::from_utf8_lossy(&o.stdout);
@@ -124,7 +139,7 @@ pub fn hf_generate() -> Value {
             text.lines()
                 .last()
                 .and_then(|l| serde_json::from_str(l).ok())
-                .unwrap_or(Value::Null)
+                .unwrap_or_else(|| json!({"error": format!("{script}: no JSON on its last line")}))
         }
         Ok(o) => {
             json!({"error": String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or_default()})

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use terse_model::flash::{attention, KeyRanges};
-use terse_model::{Batch, ForwardOptions, Qwen3};
+use terse_model::{Batch, ForwardOptions, KeepLayers, Qwen3};
 
 /// H200 (and H100 SXM) dense bf16 tensor-core peak, FLOP/s.
 const BF16_PEAK: f64 = 989e12;
@@ -79,17 +79,27 @@ pub fn flash_kernel(dev: &Device) -> Result<Value> {
 }
 
 /// Qwen3-0.6B shape, 28 layers: one packed forward+backward at 8k and 16k tokens, whose loss
-/// must be finite.
+/// must be finite; checkpointed with every layer recomputed (`"keep": "none"`, the least
+/// memory), then as a run's `checkpoint_layers = "auto"` does it, the last layers kept where
+/// the free memory holds them (`"keep": "auto"`).
 pub fn long_context(dev: &Device, model: &mut Qwen3) -> Result<Value> {
     let before = model.options;
-    let mut options = ForwardOptions::default();
-    options.flash = true;
-    options.flash_min_tokens = 0;
-    options.checkpoint_layers = true;
-    model.options = options;
-    let result = long_context_runs(dev, model);
-    model.options = before;
-    result
+    let mut rows = vec![];
+    for (keep, name) in [(KeepLayers::Count(0), "none"), (KeepLayers::Auto, "auto")] {
+        let mut options = ForwardOptions::default();
+        options.flash = true;
+        options.flash_min_tokens = 0;
+        options.checkpoint_layers = true;
+        options.keep_layers = keep;
+        model.options = options;
+        let result = long_context_runs(dev, model);
+        model.options = before;
+        for mut r in result?.as_array().cloned().unwrap_or_default() {
+            r["keep"] = name.into();
+            rows.push(r);
+        }
+    }
+    Ok(Value::Array(rows))
 }
 
 fn long_context_runs(dev: &Device, model: &Qwen3) -> Result<Value> {

@@ -32,20 +32,24 @@ impl<'a> Step<'a> {
 
 /// The steps after the parity groups, in order, with their expected seconds on an H200 (one
 /// table, so the plan's estimate is known without a GPU): gpu.rs gives each its closure.
-pub const BENCH_STEPS: [(&str, f64); 9] = [
+pub const BENCH_STEPS: [(&str, f64); 10] = [
     // Decode steps are graph launches since 2026-12-06 (the 50 s of the host-bound path less).
     ("decode", 45.0),
     // Batch 64 at an 8k mean context: filling 60 GB of cache, then 20 steps.
     ("decode_long", 15.0),
     ("fwd_bwd", 15.0),
     ("flash_kernel", 10.0),
-    ("attention_paths", 30.0),
-    ("long_context", 60.0),
+    // 0.3 s on 2026-12-04.
+    ("attention_paths", 10.0),
+    // 2.3 s on 2026-12-04; since 2026-12-07 twice (layers recomputed, then kept).
+    ("long_context", 30.0),
     ("logprob", 10.0),
     // NCCL at world size 1: its first initialisation may hang, so after terse's own rows.
     ("nccl", 30.0),
-    // HF generate (the torch on the machine) last: it may take two minutes.
-    ("hf_generate", 120.0),
+    // The torch on the machine last: HF generate (about 40 s by the 2026-12-04 rates), then
+    // SDPA and HF's training step (scripts/bench_torch_peers.py).
+    ("hf_generate", 90.0),
+    ("torch_peers", 90.0),
 ];
 
 /// Expected seconds of one parity group. Measured on the H200 on 2026-12-04

@@ -14,6 +14,9 @@ mod check_model;
 mod eval;
 mod fake_gpu;
 mod gpu;
+// gpu-check (the `cuda` build) reads it; its test runs in every build.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod gpu_peers;
 // Run by the CUDA build's gpu-check; its driver is tested on every build.
 #[cfg(feature = "cuda")]
 mod gpu_bench;

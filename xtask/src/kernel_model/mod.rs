@@ -437,7 +437,8 @@ fn kernel(
 fn summary(mains: &[Main], g: &model::Gpu) -> Result<Vec<serde_json::Value>> {
     println!(
         "\nestimated share of the dense bf16 peak (main loops; backward = dQ + dK/dV per unit of \
-         attention area; atomic dQ = dK/dV with its atomic block alone):"
+         attention area; the forward's optional block is flash_tc's rescale, FA2's key mask; \
+         atomic dQ and mask = dK/dV with its optional blocks alone):"
     );
     let mut out = vec![];
     for d in [64, 128] {
@@ -453,7 +454,7 @@ fn summary(mains: &[Main], g: &model::Gpu) -> Result<Vec<serde_json::Value>> {
             };
             lines.push(("forward", fwd.counts));
             if let Some(m) = find(Role::Forward, false) {
-                lines.push(("forward with rescale", m.counts));
+                lines.push(("forward with its optional block", m.counts));
             }
             let (Some(q), Some(kv)) = (find(Role::Dq, true), find(Role::Dkdv, true)) else {
                 bail!("no main loop of the {family} backward at D = {d} in the SASS");
@@ -465,7 +466,7 @@ fn summary(mains: &[Main], g: &model::Gpu) -> Result<Vec<serde_json::Value>> {
                 .plus(&kv.counts.scaled(1.0 / kv.area));
             lines.push(("backward", both));
             if let Some(m) = find(Role::Dkdv, false) {
-                lines.push(("backward, atomic dQ", m.counts));
+                lines.push(("backward, atomic dQ and mask", m.counts));
             }
             for (what, c) in lines {
                 let b = model::bound(&c, g);

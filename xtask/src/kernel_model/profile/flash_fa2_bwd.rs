@@ -31,6 +31,7 @@ pub fn kernels(marks: &Marks, fa2: &Fa2, warps: u64) -> Result<Vec<Kernel>> {
     let (dq_main, dkdv_main) = (marks.line("dq-main")?, marks.line("dkdv-main")?);
     let regions = Regions {
         atomic: marks.region("atomic")?,
+        masks: [marks.region("dq-mask")?, marks.region("dkdv-mask")?],
         queries: marks.region("queries")?,
     };
     let mut out = vec![];
@@ -78,6 +79,9 @@ pub fn kernels(marks: &Marks, fa2: &Fa2, warps: u64) -> Result<Vec<Kernel>> {
 struct Regions {
     /// The `if (dq_atomic)` block's body.
     atomic: RangeInclusive<u32>,
+    /// The key masks of the dQ and dK/dV loops, which run only on the tiles and query steps
+    /// that cut a warp's rows or keys (the diagonal under a causal mask).
+    masks: [RangeInclusive<u32>; 2],
     /// load_queries's per-query loop and its body.
     queries: RangeInclusive<u32>,
 }
@@ -103,12 +107,13 @@ impl super::Profile for Backward {
         FILE
     }
     fn optional_tag(&self) -> &'static str {
-        "+atomic"
+        "+mask/atomic"
     }
     fn is_optional(&self, chain: &Chain) -> bool {
+        let r = &self.regions;
         lines_in(chain, FILE)
             .first()
-            .is_some_and(|l| self.regions.atomic.contains(l))
+            .is_some_and(|l| r.atomic.contains(l) || r.masks.iter().any(|m| m.contains(l)))
     }
     fn generic_is_shared(&self, _chain: &Chain) -> bool {
         false // the kernels' shared accesses are ldmatrix, cp.async and plain arrays
