@@ -95,6 +95,9 @@ mod launches {
         let f = flash_bwd_dkdv(Storage::F32, dm);
         assert_eq!(f.grid, (3, 4, 1), "ceil(9 / 4) key-row tiles x B * Hkv");
         assert_eq!(f.args.len(), 14);
-        assert_eq!(rope(Storage::F32, true, [1, 2, 3, 4]).grid, (1, 1, 1));
+        assert_eq!(
+            rope(Storage::F32, true, [1, 2, 3, 4], [true, false]).grid,
+            (1, 1, 1)
+        );
     }
 }

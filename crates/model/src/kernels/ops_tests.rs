@@ -82,6 +82,22 @@ fn fused_ops_and_their_backward_equal_the_composite_ops() {
     assert!(max_diff(&a, &b) < 1e-6);
     let d = max_diff(grads(a).get(&x).expect("g"), grads(b).get(&x).expect("g"));
     assert!(d < 1e-6, "rope grad {d}");
+
+    // From the rows' layout (B, T, H, D) into attention's and back: the same numbers as a
+    // transposing copy and the plain rotation, bit for bit, and the inverse undoes it.
+    let rows = vals(&[2, 4, 3, 8], 6); // (B, T, H, D)
+    let heads = rows.transpose(1, 2).expect("t").contiguous().expect("c"); // (B, H, T, D)
+    let want = rope(&heads, &c, &s).expect("plain");
+    let got = rope_to_heads(&rows, &c, &s).expect("to heads");
+    assert_eq!(got.dims(), [2, 3, 4, 8]);
+    assert_eq!(max_diff(&got, &want), 0.0);
+    let back = rope_inverse_to_tokens(&got, &c, &s).expect("back");
+    assert_eq!(back.dims(), [2, 4, 3, 8]);
+    assert!(max_diff(&back, &rows) < 1e-6);
+    let inverse = rope_inverse_to_tokens(&heads, &c, &s).expect("inverse");
+    let plain = ops::rope_composite(&heads, &c, &s.neg().expect("n")).expect("c");
+    let plain = plain.transpose(1, 2).expect("t").contiguous().expect("c");
+    assert!(max_diff(&inverse, &plain) < 1e-6);
 }
 
 #[test]

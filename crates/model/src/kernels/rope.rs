@@ -1,8 +1,11 @@
 //! Rotate-half RoPE (kernels/rope.cu), everything about it in one place: the candle op (its
 //! backward is the inverse rotation), its shape check, its f32 CPU reference, its launch
-//! description and its CUDA launch.
+//! description and its CUDA launch. Either side may be in attention's layout (B, H, T, D) or in
+//! the projections' (B, T, H, D), so that the written layer backward rotates q and k from their
+//! rows straight into attention's layout (`rope_to_heads`) and back (`rope_inverse_to_tokens`).
 //!
-//! Data flow: `ops::rope` (fused path) -> `rope` -> CPU reference or CUDA kernel.
+//! Data flow: `ops::rope` (fused path) -> `rope` -> CPU reference or CUDA kernel;
+//! model/layer_grad.rs -> `rope_to_heads`, `rope_inverse_to_tokens`.
 
 use super::cpu::f32s;
 use super::op::{apply3, Arg, Kernel};
@@ -17,11 +20,60 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if x.elem_count() == 0 {
         return Ok(x.clone());
     }
-    apply3(x, cos, sin, Rope { inverse: false })
+    apply3(x, cos, sin, Rope::new(false, [false; 2]))
 }
 
+/// RoPE from the projections' rows x (B, T, H, D) into attention's layout (B, H, T, D): the
+/// transposing copy and the rotation in one pass (no graph: model/layer_grad.rs).
+pub(crate) fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (b, t, h, d) = x.dims4()?;
+    check::rope(&[b, h, t, d], cos.dims(), sin.dims())?;
+    if x.elem_count() == 0 {
+        return x.transpose(1, 2)?.contiguous();
+    }
+    apply3(&x.contiguous()?, cos, sin, Rope::new(false, [true, false]))
+}
+
+/// The inverse rotation of dy (B, H, T, D) into the projections' rows (B, T, H, D): the
+/// gradient of `rope_to_heads` (no graph: model/layer_grad.rs).
+pub(crate) fn rope_inverse_to_tokens(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    check::rope(dy.dims(), cos.dims(), sin.dims())?;
+    if dy.elem_count() == 0 {
+        return dy.transpose(1, 2)?.contiguous();
+    }
+    apply3(&dy.contiguous()?, cos, sin, Rope::new(true, [false, true]))
+}
+
+/// The rotation (`inverse`: its transpose) with each side's layout: `tokens[0]` x, `tokens[1]`
+/// y in (B, T, H, D), else (B, H, T, D).
 struct Rope {
     inverse: bool,
+    tokens: [bool; 2],
+}
+
+impl Rope {
+    fn new(inverse: bool, tokens: [bool; 2]) -> Self {
+        Self { inverse, tokens }
+    }
+
+    /// (B, H, T, D) from x's shape, whichever its layout.
+    fn dims(&self, x: &Shape) -> Result<[usize; 4]> {
+        let (b, p, q, d) = x.dims4()?;
+        Ok(if self.tokens[0] {
+            [b, q, p, d]
+        } else {
+            [b, p, q, d]
+        })
+    }
+
+    /// y's shape for (B, H, T, D).
+    fn out_shape(&self, [b, h, t, d]: [usize; 4]) -> Shape {
+        if self.tokens[1] {
+            Shape::from((b, t, h, d))
+        } else {
+            Shape::from((b, h, t, d))
+        }
+    }
 }
 
 impl Kernel<3> for Rope {
@@ -31,15 +83,16 @@ impl Kernel<3> for Rope {
         &self,
         [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
     ) -> Result<(CpuStorage, Shape)> {
-        let (b, h, t, d) = l1.shape().dims4()?;
-        let y = refs::rope(
+        let dims = self.dims(l1.shape())?;
+        let y = refs::rope_laid_out(
             f32s(s1, l1, "rope x")?,
             f32s(s2, l2, "rope cos")?,
             f32s(s3, l3, "rope sin")?,
-            [b, h, t, d],
+            dims,
             self.inverse,
+            self.tokens,
         );
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        Ok((CpuStorage::F32(y), self.out_shape(dims)))
     }
 
     #[cfg(feature = "cuda")]
@@ -47,30 +100,23 @@ impl Kernel<3> for Rope {
         &self,
         [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CudaStorage>; 3],
     ) -> Result<(CudaStorage, Shape)> {
-        cuda::rope(s1, l1, s2, l2, s3, l3, self.inverse)
+        let dims = self.dims(l1.shape())?;
+        let y = cuda::rope(s1, l1, s2, l2, s3, l3, self.inverse, self.tokens, dims)?;
+        Ok((y, self.out_shape(dims)))
     }
 
-    /// The rotation is orthogonal: the gradient is the inverse rotation of dy.
+    /// The rotation is orthogonal: the gradient is the inverse rotation of dy, from y's layout
+    /// back to x's.
     fn bwd(
         &self,
         [_, cos, sin]: [&Tensor; 3],
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<[Option<Tensor>; 3]> {
-        let inverse = !self.inverse;
-        let dx = apply3(&dy.contiguous()?, cos, sin, Rope { inverse })?;
+        let back = Rope::new(!self.inverse, [self.tokens[1], self.tokens[0]]);
+        let dx = apply3(&dy.contiguous()?, cos, sin, back)?;
         Ok([Some(dx), None, None])
     }
-}
-
-/// The inverse rotation (`rope`'s gradient): dy (B, H, T, D) -> dx, for model/layer_grad.rs's
-/// written-out layer backward.
-pub(crate) fn rope_inverse(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    check::rope(dy.dims(), cos.dims(), sin.dims())?;
-    if dy.elem_count() == 0 {
-        return Ok(dy.clone());
-    }
-    apply3(&dy.contiguous()?, cos, sin, Rope { inverse: true })
 }
 
 /// Shape and bounds checks run before every launch, on every device (the kernels index raw
@@ -102,20 +148,37 @@ pub mod reference {
     /// Rotate-half RoPE on x (B, H, T, D) with half tables cos/sin (B, T, D/2); `inverse` applies
     /// the transposed rotation (the backward: dy -> dx). kernels/rope.cu `rope_fwd_*`/`rope_bwd_*`.
     pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], dims: [usize; 4], inverse: bool) -> Vec<f32> {
+        rope_laid_out(x, cos, sin, dims, inverse, [false; 2])
+    }
+
+    /// `rope` with x (`tokens[0]`) and y (`tokens[1]`) each in (B, T, H, D) rather than
+    /// (B, H, T, D); `dims` are (B, H, T, D) either way.
+    pub fn rope_laid_out(
+        x: &[f32],
+        cos: &[f32],
+        sin: &[f32],
+        dims: [usize; 4],
+        inverse: bool,
+        tokens: [bool; 2],
+    ) -> Vec<f32> {
         let [b, heads, t, d] = dims;
         let h = d / 2;
         let sign = if inverse { -1.0 } else { 1.0 };
+        let at = |by_tokens: bool, bi: usize, hi: usize, ti: usize| match by_tokens {
+            true => ((bi * t + ti) * heads + hi) * d,
+            false => ((bi * heads + hi) * t + ti) * d,
+        };
         let mut y = vec![0f32; x.len()];
         for bi in 0..b {
             for hi in 0..heads {
                 for ti in 0..t {
-                    let base = ((bi * heads + hi) * t + ti) * d;
+                    let (xb, yb) = (at(tokens[0], bi, hi, ti), at(tokens[1], bi, hi, ti));
                     for i in 0..h {
                         let tab = (bi * t + ti) * h + i;
                         let (c, s) = (cos[tab], sign * sin[tab]);
-                        let (x1, x2) = (x[base + i], x[base + i + h]);
-                        y[base + i] = x1 * c - x2 * s;
-                        y[base + i + h] = x2 * c + x1 * s;
+                        let (x1, x2) = (x[xb + i], x[xb + i + h]);
+                        y[yb + i] = x1 * c - x2 * s;
+                        y[yb + i + h] = x2 * c + x1 * s;
                     }
                 }
             }
@@ -129,11 +192,14 @@ pub mod reference {
 pub mod launch {
     use crate::kernels::describe::{bufs, elementwise, ints, Launch, Storage};
 
-    /// Rotate-half RoPE over x (B, H, T, D) (`inverse`: the backward). Buffers: x, cos, sin
-    /// (B, T, D/2), y.
-    pub fn rope(s: Storage, inverse: bool, [b, h, t, d]: [usize; 4]) -> Launch {
+    /// Rotate-half RoPE over (B, H, T, D) = `dims` (`inverse`: the backward), x (`tokens[0]`)
+    /// and y (`tokens[1]`) each in (B, T, H, D) where set. Buffers: x, cos, sin (B, T, D/2), y.
+    pub fn rope(s: Storage, inverse: bool, [b, h, t, d]: [usize; 4], tokens: [bool; 2]) -> Launch {
         let dir = if inverse { "bwd" } else { "fwd" };
-        let args = bufs(4).chain(ints(&[b, h, t, d])).collect();
+        let flags = tokens.map(usize::from);
+        let args = bufs(4)
+            .chain(ints(&[b, h, t, d, flags[0], flags[1]]))
+            .collect();
         elementwise(
             format!("rope_{dir}_{}", s.suffix()),
             "rope",
@@ -155,6 +221,8 @@ mod cuda {
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
 
+    /// (B, H, T, D) = `dims`; x and y laid out by `tokens` (launch::rope).
+    #[allow(clippy::too_many_arguments)]
     pub fn rope(
         x: &CudaStorage,
         lx: &Layout,
@@ -163,7 +231,9 @@ mod cuda {
         s: &CudaStorage,
         ls: &Layout,
         inverse: bool,
-    ) -> Result<(CudaStorage, Shape)> {
+        tokens: [bool; 2],
+        dims: [usize; 4],
+    ) -> Result<CudaStorage> {
         #[allow(clippy::too_many_arguments)]
         fn go<T: CudaDType + DeviceRepr>(
             x: &CudaStorage,
@@ -172,12 +242,9 @@ mod cuda {
             lc: &Layout,
             s: &CudaStorage,
             ls: &Layout,
-            inverse: bool,
-            st: Store,
+            l: crate::kernels::describe::Launch,
         ) -> Result<CudaStorage> {
             let dev: &CudaDevice = x.device();
-            let (b, h, t, d) = lx.shape().dims4()?;
-            let l = launch::rope(st, inverse, [b, h, t, d]);
             let f = func!(dev, l)?;
             let (xv, cv, sv) = (
                 view::<T>(x, lx, "rope x")?,
@@ -193,11 +260,11 @@ mod cuda {
             unsafe { dsc.launch() }?;
             Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
         }
-        let out = match x.dtype() {
-            DType::F32 => go::<f32>(x, lx, c, lc, s, ls, inverse, Store::F32)?,
-            DType::BF16 => go::<half::bf16>(x, lx, c, lc, s, ls, inverse, Store::Bf16)?,
-            dt => store(dt, "rope").map(|_| unreachable!())?,
-        };
-        Ok((out, lx.shape().clone()))
+        let l = |st: Store| launch::rope(st, inverse, dims, tokens);
+        match x.dtype() {
+            DType::F32 => go::<f32>(x, lx, c, lc, s, ls, l(Store::F32)),
+            DType::BF16 => go::<half::bf16>(x, lx, c, lc, s, ls, l(Store::Bf16)),
+            dt => store(dt, "rope").map(|_| unreachable!()),
+        }
     }
 }

@@ -149,8 +149,9 @@ impl Qwen3 {
             ),
             None => (q.clone(), k.clone()),
         };
-        let qr = fused::rope(&heads(&qn, b, t, hq, hd)?, cos, sin)?; // (B, Hq, T, D)
-        let kr = fused::rope(&heads(&kn, b, t, hkv, hd)?, cos, sin)?; // (B, Hkv, T, D)
+        // RoPE straight from the rows into attention's layout, no transposing copy first.
+        let qr = fused::rope_to_heads(&qn.reshape((b, t, hq, hd))?, cos, sin)?; // (B, Hq, T, D)
+        let kr = fused::rope_to_heads(&kn.reshape((b, t, hkv, hd))?, cos, sin)?; // (B, Hkv, T, D)
         let vt = heads(&v, b, t, hkv, hd)?; // (B, Hkv, T, D)
         let (o, res) = fused::flash::attention_saved(&qr, &kr, &vt, ranges)?; // (B, Hq, T, D)
         let a = rows(&o, b, t)?; // (N, Hq*D)
@@ -240,8 +241,9 @@ impl Qwen3 {
         let do_ = heads(&da, b, t, hq, hd)?; // (B, Hq, T, D)
         let (dqr, dkr, dvt) =
             fused::flash::attention_grad(&s.qr, &s.kr, &s.vt, ranges, &s.res, &do_)?;
-        let dqn = rows(&fused::rope_inverse(&dqr, cos, sin)?, b, t)?; // (N, Hq*D)
-        let dkn = rows(&fused::rope_inverse(&dkr, cos, sin)?, b, t)?; // (N, Hkv*D)
+        // The inverse rotation straight back into the rows' layout.
+        let dqn = fused::rope_inverse_to_tokens(&dqr, cos, sin)?.reshape((n, hq * hd))?; // (N, Hq*D)
+        let dkn = fused::rope_inverse_to_tokens(&dkr, cos, sin)?.reshape((n, hkv * hd))?; // (N, Hkv*D)
         let dv = rows(&dvt, b, t)?; // (N, Hkv*D)
         let (dq, dk) = match &lw.norms {
             Some([a, bn]) => {

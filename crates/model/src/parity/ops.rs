@@ -43,9 +43,48 @@ pub(super) fn rope_f32(dev: &Device) -> Result<Vec<Row>> {
         Ok((y, grad(&g, &xv, "x")?))
     };
     let (rc, rg) = (run(&Device::Cpu)?, run(dev)?);
-    Ok(vec![
+    let mut rows = vec![
         row("rope fwd", &rg.0, &rc.0, 1e-5)?,
         row("rope bwd", &rg.1, &rc.1, 1e-4)?,
+    ];
+    rows.extend(rope_layouts(dev, false, &x, &c, &s, |_| Ok(1e-5))?);
+    Ok(rows)
+}
+
+/// The written layer backward's RoPE between layouts (`rope_to_heads` from the rows (B, T, H,
+/// D), `rope_inverse_to_tokens` back) on `dev` (in bf16 there with `bf16`, the values already
+/// rounded) against the CPU on the same values, `tol` of the CPU side.
+fn rope_layouts(
+    dev: &Device,
+    bf16: bool,
+    x: &Tensor,
+    c: &Tensor,
+    s: &Tensor,
+    tol: impl Fn(&Tensor) -> Result<f64>,
+) -> Result<Vec<Row>> {
+    let rows_layout = x.transpose(1, 2)?.contiguous()?; // (B, T, H, D)
+    let tag = if bf16 { "bf16 " } else { "" };
+    let run = |d: &Device| -> Result<(Tensor, Tensor)> {
+        let put = |t: &Tensor| if bf16 { on_dev(t, d) } else { t.to_device(d) };
+        let (cd, sd) = (put(c)?, put(s)?);
+        let heads = fused::rope_to_heads(&put(&rows_layout)?, &cd, &sd)?;
+        let back = fused::rope_inverse_to_tokens(&put(x)?, &cd, &sd)?;
+        Ok((heads, back))
+    };
+    let (want, got) = (run(&Device::Cpu)?, run(dev)?);
+    Ok(vec![
+        row(
+            &format!("{tag}rope rows to heads"),
+            &got.0,
+            &want.0,
+            tol(&want.0)?,
+        )?,
+        row(
+            &format!("{tag}rope inverse heads to rows"),
+            &got.1,
+            &want.1,
+            tol(&want.1)?,
+        )?,
     ])
 }
 
@@ -194,7 +233,7 @@ pub(super) fn rope_bf16(dev: &Device) -> Result<Vec<Row>> {
     let y = fused::rope(&xv, &cd, &sd)?;
     let back = grad(&(&y * &got.detach())?.sum_all()?.backward()?, &xv, "x")?;
     let x_back = fused::rope(&want, &c, &s.neg()?)?;
-    Ok(vec![
+    let mut rows = vec![
         row("bf16 rope fwd", &got, &want, bf16_tolerance(&want)?)?,
         row(
             "bf16 rope bwd",
@@ -202,7 +241,9 @@ pub(super) fn rope_bf16(dev: &Device) -> Result<Vec<Row>> {
             &x_back,
             2.0 * bf16_tolerance(&x_back)?,
         )?,
-    ])
+    ];
+    rows.extend(rope_layouts(dev, true, &x, &c, &s, bf16_tolerance)?);
+    Ok(rows)
 }
 
 /// The device sampler (16 rows, V 151936) against the CPU sampler on the same logits and

@@ -69,12 +69,18 @@ fn rope_forward_and_backward() {
     for dims @ [b, h, t, d] in [[2, 3, 5, 64], [1, 2, 3, 128], [1, 1, 1, 2]] {
         let x = rand_vec(b * h * t * d, 4);
         let (c, s) = (rand_vec(b * t * d / 2, 5), rand_vec(b * t * d / 2, 6));
-        for inverse in [false, true] {
-            let want = r::rope(&x, &c, &s, dims, inverse);
+        // Both layouts on each side: attention's (B, H, T, D) and the rows' (B, T, H, D).
+        let layouts = [[false, false], [true, false], [false, true], [true, true]];
+        for (inverse, tokens) in [false, true]
+            .into_iter()
+            .flat_map(|i| layouts.map(|l| (i, l)))
+        {
+            let what = format!("rope {dims:?} inverse={inverse} tokens={tokens:?}");
+            let want = r::rope_laid_out(&x, &c, &s, dims, inverse, tokens);
             let (mut xs, mut cs, mut ss) = (x.clone(), c.clone(), s.clone());
             let mut y = vec![0f32; x.len()];
             go(
-                &launch::rope(Storage::F32, inverse, dims),
+                &launch::rope(Storage::F32, inverse, dims, tokens),
                 vec![
                     Buf::F32(&mut xs),
                     Buf::F32(&mut cs),
@@ -82,14 +88,14 @@ fn rope_forward_and_backward() {
                     Buf::F32(&mut y),
                 ],
             );
-            close(&format!("rope inverse={inverse}"), &y, &want, 1e-4);
+            close(&what, &y, &want, 1e-4);
 
             let ((mut xb, xr), (mut cb, cr), (mut sb, sr)) =
                 (to_bf16(&x), to_bf16(&c), to_bf16(&s));
-            let want = r::rope(&xr, &cr, &sr, dims, inverse);
+            let want = r::rope_laid_out(&xr, &cr, &sr, dims, inverse, tokens);
             let mut yb = vec![0u16; x.len()];
             go(
-                &launch::rope(Storage::Bf16, inverse, dims),
+                &launch::rope(Storage::Bf16, inverse, dims, tokens),
                 vec![
                     Buf::Bf16(&mut xb),
                     Buf::Bf16(&mut cb),
@@ -97,7 +103,12 @@ fn rope_forward_and_backward() {
                     Buf::Bf16(&mut yb),
                 ],
             );
-            close("bf16 rope", &from_bf16(&yb), &want, bf16_tol(&want));
+            close(
+                &format!("bf16 {what}"),
+                &from_bf16(&yb),
+                &want,
+                bf16_tol(&want),
+            );
         }
     }
 }
