@@ -210,7 +210,10 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
 CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream s) {
     ENTER("cuMemAllocAsync");
     CUresult r = allocate(p, bytes);
-    if (r == CUDA_SUCCESS) capture_alloc(s, *p);  // inside a capture: the graph's block
+    if (r == CUDA_SUCCESS) {
+        capture_alloc(s, *p);  // inside a capture: the graph's block
+        pool_allocated(bytes);
+    }
     return r;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
@@ -254,13 +257,19 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void* v
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void* v) {
     ENTER("cuMemPoolGetAttribute");
     if (pool != kPool || !v) return CUDA_ERROR_INVALID_VALUE;
-    if (a != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return CUDA_ERROR_NOT_SUPPORTED;
-    *static_cast<cuuint64_t*>(v) = pool_threshold();
+    auto* out = static_cast<cuuint64_t*>(v);
+    switch (a) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *out = pool_threshold(); break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *out = pool_used(); break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *out = pool_used() + pool_held(); break;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
     return CUDA_SUCCESS;
 }
+// As a GPU reports it: the memory the default pool holds for this process counts as used.
 CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     ENTER("cuMemGetInfo_v2");
-    size_t t = total_memory(), u = used_bytes();
+    size_t t = total_memory(), u = used_bytes() + pool_held();
     *total = t;
     *free_bytes = u < t ? t - u : 0;
     return CUDA_SUCCESS;

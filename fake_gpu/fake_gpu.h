@@ -48,8 +48,13 @@ size_t used_bytes();
 // back to the OS at the next synchronisation when the pool holds more than its release
 // threshold (0 unless set), so the next allocations go to the OS again: `pool_freed` notes a
 // cuMemFreeAsync's bytes, `pool_synchronised` (after every synchronisation) counts a hand-back
-// in kPoolReleases when the held bytes pass the threshold.
+// in kPoolReleases when the held bytes pass the threshold. As on a GPU, cuMemGetInfo counts
+// the held bytes as used; `pool_allocated` notes a cuMemAllocAsync's bytes, which reuse held
+// ones first; cuMemPoolGetAttribute reports the pool's used and reserved (used + held) bytes.
+void pool_allocated(size_t bytes);
 void pool_freed(size_t bytes);
+uint64_t pool_held();
+uint64_t pool_used();
 void pool_synchronised();
 void set_pool_threshold(uint64_t bytes);
 uint64_t pool_threshold();

@@ -2,6 +2,7 @@
 // at allocation with all-ones bytes (NaN in f32, bf16 and f16) so a read of memory nobody wrote
 // shows up as a wrong result, poisoned and quarantined when freed so a use after free shows up
 // too; every copy and every launch's pointers are checked against the live blocks.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -163,7 +164,8 @@ namespace {
 struct Pool {
     std::mutex mu;
     uint64_t threshold = 0;  // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD's default
-    uint64_t held = 0;       // bytes freed into the pool since its last hand-back
+    uint64_t held = 0;       // bytes freed into the pool, kept since its last hand-back
+    uint64_t used = 0;       // bytes of live cuMemAllocAsync blocks
 };
 Pool& pool() {
     static Pool* p = new Pool;  // never destroyed, like the heap
@@ -171,10 +173,30 @@ Pool& pool() {
 }
 }  // namespace
 
+void pool_allocated(size_t bytes) {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    p.used += bytes;
+    p.held -= std::min<uint64_t>(p.held, bytes);  // reused before the OS is asked
+}
+
 void pool_freed(size_t bytes) {
     Pool& p = pool();
     std::lock_guard<std::mutex> g(p.mu);
+    p.used -= std::min<uint64_t>(p.used, bytes);
     p.held += bytes;
+}
+
+uint64_t pool_held() {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    return p.held;
+}
+
+uint64_t pool_used() {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    return p.used;
 }
 
 void pool_synchronised() {

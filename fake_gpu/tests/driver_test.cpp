@@ -164,6 +164,31 @@ static void pool() {
     CHECK(releases(~cuuint64_t(0)) == 0);
     CHECK(cuMemPoolGetAttribute(mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold) == CUDA_SUCCESS);
     CHECK(threshold == ~cuuint64_t(0));
+    // As a GPU reports it: memory freed into the pool stays used for cuMemGetInfo; the pool's
+    // reserved less its used memory is what it holds, and the next allocation reuses it.
+    auto attr = [&](CUmemPool_attribute a) {
+        cuuint64_t v = 0;
+        CHECK(cuMemPoolGetAttribute(mp, a, &v) == CUDA_SUCCESS);
+        return v;
+    };
+    const size_t mib4 = 4 << 20;
+    CUdeviceptr d;
+    CHECK(cuMemAllocAsync(&d, mib4, s) == CUDA_SUCCESS);
+    cuuint64_t used0 = attr(CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    size_t free0, free1, total;
+    CHECK(cuMemGetInfo_v2(&free0, &total) == CUDA_SUCCESS);
+    CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS);
+    CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    CHECK(cuMemGetInfo_v2(&free1, &total) == CUDA_SUCCESS);
+    cuuint64_t used1 = attr(CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    cuuint64_t reserved1 = attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    CHECK(free1 == free0);
+    CHECK(used1 + mib4 == used0);
+    CHECK(reserved1 - used1 == mib4);
+    CHECK(cuMemAllocAsync(&d, mib4, s) == CUDA_SUCCESS);
+    CHECK(attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == reserved1);
+    CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS);
+    CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
     cuuint64_t zero = 0;
     CHECK(cuMemPoolSetAttribute(mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero) == CUDA_SUCCESS);
     CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);

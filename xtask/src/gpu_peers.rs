@@ -37,7 +37,10 @@ pub fn peer_ratios(report: &serde_json::Map<String, Value>) -> Value {
             div(f(&ours, "tokens_per_s"), f(&theirs, "tokens_per_s")),
         );
     }
-    let ours_fwd = report["flash_kernel"]["tensor_cores"]["tflops"].as_f64();
+    // A skipped step has no row: `get`, since indexing a Map by a missing key panics.
+    let ours_fwd = report
+        .get("flash_kernel")
+        .and_then(|r| r["tensor_cores"]["tflops"].as_f64());
     for b in ["flash", "cudnn"] {
         let theirs = peers["flash_fwd_t8192"][b]["tflops"].as_f64();
         out.insert(
@@ -105,6 +108,14 @@ mod tests {
             r["attention_fwd_bwd_t4096_sdpa_cudnn_over_terse"].is_null(),
             "{r}"
         );
+        // Steps skipped (`--skip`): their ratios are null, nothing panics.
+        let mut skipped = report.clone();
+        for k in ["flash_kernel", "attention_paths", "long_context"] {
+            skipped.remove(k);
+        }
+        let r = peer_ratios(&skipped);
+        assert!(r["flash_fwd_t8192_over_sdpa_flash"].is_null(), "{r}");
+        assert!(r["training_tokens_per_s_t8192_over_hf"].is_null(), "{r}");
         let mut no_peers = report.clone();
         no_peers.insert("torch_peers".into(), json!({"error": "no torch"}));
         assert!(peer_ratios(&no_peers)["error"].is_string());

@@ -81,15 +81,56 @@ fn cuda(spec: &str, _ordinal: usize) -> Result<(Device, DType)> {
 }
 
 /// (free, total) bytes of a CUDA device's memory; None on the CPU (or when the driver cannot
-/// say).
+/// say). Free is what this process can allocate: the driver's free memory plus what the
+/// default pool holds unused (`keep_pool_memory` keeps freed memory there, and the driver
+/// counts it as used: without it, a rollout's freed KV cache would read as taken at the next
+/// step's sizing).
 pub fn memory(device: &Device) -> Option<(u64, u64)> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(c) = device {
         let (free, total) = c.cuda_stream().context().mem_get_info().ok()?;
-        return Some((free as u64, total as u64));
+        let held = pool_unused(c).unwrap_or(0);
+        return Some((
+            (free as u64).saturating_add(held).min(total as u64),
+            total as u64,
+        ));
     }
     let _ = device;
     None
+}
+
+/// The bytes the device's default memory pool holds beyond its live blocks (its reserved
+/// memory less its used memory); None where the device has no pools or the driver cannot say.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // two driver calls cudarc's safe API does not wrap
+fn pool_unused(c: &candle_core::CudaDevice) -> Option<u64> {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    let ctx = c.cuda_stream().context().clone();
+    ctx.bind_to_thread().ok()?;
+    let dev = ctx.cu_device();
+    // SAFETY: `dev` is the context's device, bound to this thread; each value is a cuuint64_t
+    // as CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_CURRENT require.
+    unsafe {
+        let supported = result::device::get_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        )
+        .ok()?;
+        if supported == 0 {
+            return None;
+        }
+        let pool = result::device::get_default_mem_pool(dev).ok()?;
+        let read = |a: sys::CUmemPool_attribute| -> Option<u64> {
+            let mut v: u64 = 0;
+            sys::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast())
+                .result()
+                .ok()?;
+            Some(v)
+        };
+        let reserved = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        Some(reserved.saturating_sub(used))
+    }
 }
 
 /// The SIMD level the CPU kernels dispatch to: "avx512", "avx2" or "portable" (their own

@@ -8,9 +8,8 @@
 //! The wrapper exists because Rust's orphan rule forbids implementing candle's traits for every
 //! `K: Kernel` directly; it is invisible at the call sites.
 
-use candle_core::{
-    CpuStorage, CustomOp2, CustomOp3, InplaceOp2, InplaceOp3, Layout, Result, Shape, Tensor,
-};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, InplaceOp2, InplaceOp3, Layout};
+use candle_core::{Result, Shape, Tensor};
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;

@@ -1,7 +1,7 @@
 //! How many decoder layers a checkpointed training step keeps instead of recomputing: what one
 //! layer's kept state costs (`layer_grad.rs`'s `Saved`), what the rest of the step still needs,
 //! and the decision from the device's free memory. A pure function of those numbers, so the
-//! memory plan (terse-train's plan/memory.rs, `cargo xtask plan`) prints the same decision the
+//! memory plan (crates/train/src/plan/memory.rs, `cargo xtask plan`) prints the same decision the
 //! step makes.
 //!
 //! Data flow: `Qwen3::logprob_backward` (backward.rs) at a step's start -> `kept_layers` with

@@ -128,10 +128,30 @@ pub(super) fn model_training(dev: &Device) -> Result<Vec<Row>> {
             max_diff: if n_lo.is_finite() { rel } else { f64::NAN },
             tolerance: tol_g,
         },
+        pool_memory_counts_as_free(dev)?,
     ]
     .into_iter()
     .chain(checkpointed_backward(dev, low, &rows)?)
     .collect())
+}
+
+/// The free memory the kept layers and the rollout's KV budget are sized from
+/// (`device::memory`) counts what the memory pool holds unused: 256 MiB allocated, dropped and
+/// synchronised leave it where it was (in MiB; the driver alone would read 256 less, since the
+/// pool keeps freed memory). The CPU has no such figure: 0.
+fn pool_memory_counts_as_free(dev: &Device) -> Result<Row> {
+    let free = || -> Result<f64> {
+        dev.synchronize()?;
+        Ok(crate::device::memory(dev).map_or(0.0, |(f, _)| f as f64))
+    };
+    let before = free()?;
+    drop(Tensor::zeros(64 << 20, DType::F32, dev)?);
+    let after = free()?;
+    Ok(Row {
+        name: "free memory after 256 MiB freed into the pool, MiB from before".into(),
+        max_diff: (after - before).abs() / (1u64 << 20) as f64,
+        tolerance: 1.0,
+    })
 }
 
 /// The layer-checkpointed backward of a packed batch (on CUDA each layer's backward written
