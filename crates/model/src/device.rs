@@ -47,23 +47,14 @@ fn cuda(spec: &str, ordinal: usize) -> Result<(Device, DType)> {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // two driver calls cudarc's safe API does not wrap
 fn keep_pool_memory(d: &Device) -> std::result::Result<(), String> {
-    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    use candle_core::cuda_backend::cudarc::driver::sys;
     let Device::Cuda(c) = d else { return Ok(()) };
-    let ctx = c.cuda_stream().context().clone();
-    ctx.bind_to_thread().map_err(|e| e.to_string())?;
-    let dev = ctx.cu_device();
-    // SAFETY: `dev` is the context's device, bound to this thread; the value is a cuuint64_t as
-    // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD requires.
+    let Some(pool) = default_pool(c)? else {
+        return Ok(());
+    };
+    // SAFETY: `pool` is the device's default pool (its context bound to this thread by
+    // `default_pool`); the value is a cuuint64_t as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD requires.
     unsafe {
-        let supported = result::device::get_attribute(
-            dev,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-        )
-        .map_err(|e| e.to_string())?;
-        if supported == 0 {
-            return Ok(());
-        }
-        let pool = result::device::get_default_mem_pool(dev).map_err(|e| e.to_string())?;
         let mut threshold: u64 = u64::MAX;
         sys::cuMemPoolSetAttribute(
             pool,
@@ -99,27 +90,44 @@ pub fn memory(device: &Device) -> Option<(u64, u64)> {
     None
 }
 
-/// The bytes the device's default memory pool holds beyond its live blocks (its reserved
-/// memory less its used memory); None where the device has no pools or the driver cannot say.
+/// The device's default memory pool with its context bound to this thread; None where the
+/// device has no memory pools.
 #[cfg(feature = "cuda")]
-#[allow(unsafe_code)] // two driver calls cudarc's safe API does not wrap
-fn pool_unused(c: &candle_core::CudaDevice) -> Option<u64> {
+#[allow(unsafe_code)] // the two driver queries cudarc's result API leaves unsafe
+fn default_pool(
+    c: &candle_core::CudaDevice,
+) -> std::result::Result<Option<candle_core::cuda_backend::cudarc::driver::sys::CUmemoryPool>, String>
+{
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
     let ctx = c.cuda_stream().context().clone();
-    ctx.bind_to_thread().ok()?;
+    ctx.bind_to_thread().map_err(|e| e.to_string())?;
     let dev = ctx.cu_device();
-    // SAFETY: `dev` is the context's device, bound to this thread; each value is a cuuint64_t
-    // as CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_CURRENT require.
+    // SAFETY: `dev` is the context's device, bound to this thread.
     unsafe {
         let supported = result::device::get_attribute(
             dev,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
         )
-        .ok()?;
+        .map_err(|e| e.to_string())?;
         if supported == 0 {
-            return None;
+            return Ok(None);
         }
-        let pool = result::device::get_default_mem_pool(dev).ok()?;
+        result::device::get_default_mem_pool(dev)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The bytes the device's default memory pool holds beyond its live blocks (its reserved
+/// memory less its used memory); None where the device has no pools or the driver cannot say.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // a driver call cudarc's safe API does not wrap
+fn pool_unused(c: &candle_core::CudaDevice) -> Option<u64> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let pool = default_pool(c).ok()??;
+    // SAFETY: `pool` is the device's default pool, its context bound to this thread; each value
+    // is a cuuint64_t as CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_CURRENT require.
+    unsafe {
         let read = |a: sys::CUmemPool_attribute| -> Option<u64> {
             let mut v: u64 = 0;
             sys::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast())

@@ -131,27 +131,28 @@ mod cuda {
         let mut c = c.slice_mut(lo..hi);
         let dims = [n, m, k].map(|d| d as i32);
         match a.dtype() {
-            DType::BF16 => gemm::<half::bf16>(&dev, &mut c, a, l1, b, l2, dims),
-            DType::F32 => gemm::<f32>(&dev, &mut c, a, l1, b, l2, dims),
+            DType::BF16 => {
+                let ty = sys::cudaDataType_t::CUDA_R_16BF;
+                gemm::<half::bf16>(&dev, &mut c, (a, l1), (b, l2), ty, dims)
+            }
+            DType::F32 => {
+                let ty = sys::cudaDataType_t::CUDA_R_32F;
+                gemm::<f32>(&dev, &mut c, (a, l1), (b, l2), ty, dims)
+            }
             other => crate::fail!("accumulate_at_b: no GEMM for {other:?} (f32 or bf16)"),
         }
     }
 
-    /// cuBLAS's column-major (n, m) += (n, k) (k, m)ᵀ with `dims` = [n, m, k], f32 products.
+    /// cuBLAS's column-major (n, m) += (n, k) (k, m)ᵀ with `dims` = [n, m, k], operands of
+    /// cuBLAS type `ty` (T's), f32 products.
     fn gemm<T: CudaDType + DeviceRepr>(
         dev: &CudaDevice,
         c: &mut CudaViewMut<f32>,
-        a: &CudaStorage,
-        l1: &Layout,
-        b: &CudaStorage,
-        l2: &Layout,
+        (a, l1): (&CudaStorage, &Layout),
+        (b, l2): (&CudaStorage, &Layout),
+        ty: sys::cudaDataType_t,
         [n, m, k]: [i32; 3],
     ) -> Result<()> {
-        let ty = if std::mem::size_of::<T>() == 2 {
-            sys::cudaDataType_t::CUDA_R_16BF
-        } else {
-            sys::cudaDataType_t::CUDA_R_32F
-        };
         let (blas, stream) = (dev.cublas_handle(), dev.cuda_stream());
         let (av, bv) = (
             view::<T>(a, l1, "accumulate_at_b a")?,

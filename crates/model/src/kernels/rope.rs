@@ -219,7 +219,7 @@ mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
+    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result};
 
     /// (B, H, T, D) = `dims`; x and y laid out by `tokens` (launch::rope).
     #[allow(clippy::too_many_arguments)]

@@ -59,6 +59,7 @@ pub struct ForwardOptions {
 
 /// How many decoder layers a checkpointed step keeps rather than recomputes (from the last).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeepLayers {
     /// As many as the device's free memory holds at the step's start, beside what the rest of
     /// the step needs (`kept_layers`).
