@@ -16,17 +16,29 @@
 
 typedef __nv_bfloat16 bf16;
 
-// Rows [r0, r0 + ROWS) of one (T, D) bf16 matrix into a shared tile (ROWS, D + FA2_PAD) as
-// 16-byte cp.async copies by the whole block. Rows past T copy row T - 1 instead (the
-// buffer's last valid row, so nothing is read past it): the kernels mask those rows, so what
-// they hold only ever meets a zero.
+// Where head h of batch row b starts in a tensor of `heads` heads, and its row stride: in
+// attention's layout (B, H, T, D) the head is one (T, D) block; in the projections' rows
+// (B, T, H, D) (`TOKENS`, the written layer backward's layout) its rows are H * D apart.
+template <bool TOKENS, int D>
+__device__ __forceinline__ size_t fa2_head(int b, int h, int heads, int t) {
+    return TOKENS ? (size_t)b * t * heads * D + (size_t)h * D : ((size_t)b * heads + h) * t * D;
+}
+template <bool TOKENS, int D>
+__device__ __forceinline__ int fa2_ld(int heads) {
+    return TOKENS ? heads * D : D;
+}
+
+// Rows [r0, r0 + ROWS) of one head's (T, D) bf16 rows, `ld` elements apart, into a shared
+// tile (ROWS, D + FA2_PAD) as 16-byte cp.async copies by the whole block. Rows past T copy row
+// T - 1 instead (the buffer's last valid row, so nothing is read past it): the kernels mask
+// those rows, so what they hold only ever meets a zero.
 template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int r0, int t) {  // model: begin load-rows
+__device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int r0, int t, int ld) {  // model: begin load-rows
     constexpr int CHUNKS = D / 8, LD = D + FA2_PAD;
     for (int e = threadIdx.x; e < ROWS * CHUNKS; e += FA2_THREADS) {  // model: copy-loop
         int r = e / CHUNKS, c = e % CHUNKS;
         int row = min(r0 + r, t - 1);
-        cp_async16(dst + r * LD + c * 8, src + (size_t)row * D + c * 8);  // model: copy
+        cp_async16(dst + r * LD + c * 8, src + (size_t)row * ld + c * 8);  // model: copy
     }
 }  // model: end load-rows
 
@@ -43,12 +55,12 @@ __device__ __forceinline__ Fa2Keys fa2_keys(const uint32_t* st, int r0, int t) {
     return {first, last >= first ? (last - first) / FA2_KEYS + 1 : 0};
 }
 
-// K and V tiles from key k0 into one stage of ks / vs, as one cp.async group.
+// K and V tiles from key k0 (rows `ld` apart) into one stage of ks / vs, as one cp.async group.
 template <int D>
 __device__ __forceinline__ void fa2_kv_load(bf16* ks, bf16* vs, const bf16* kh, const bf16* vh,
-                                            int k0, int t) {
-    load_rows<D, FA2_KEYS>(ks, kh, k0, t);  // model: kv-load
-    load_rows<D, FA2_KEYS>(vs, vh, k0, t);  // model: kv-load
+                                            int k0, int t, int ld) {
+    load_rows<D, FA2_KEYS>(ks, kh, k0, t, ld);  // model: kv-load
+    load_rows<D, FA2_KEYS>(vs, vh, k0, t, ld);  // model: kv-load
     cp_async_commit();
 }
 
@@ -59,11 +71,11 @@ __device__ __forceinline__ void fa2_kv_load(bf16* ks, bf16* vs, const bf16* kh, 
 // thread's copies visible to the block.
 template <int D>
 __device__ __forceinline__ void fa2_kv_ready(bf16* ks, bf16* vs, const bf16* kh, const bf16* vh,
-                                             const Fa2Keys& keys, int it, int t) {
+                                             const Fa2Keys& keys, int it, int t, int ld) {
     constexpr int TILE = FA2_KEYS * (D + FA2_PAD);
     if (it + 1 < keys.tiles) {
         int other = ((it & 1) ^ 1) * TILE;
-        fa2_kv_load<D>(ks + other, vs + other, kh, vh, keys.first + (it + 1) * FA2_KEYS, t);
+        fa2_kv_load<D>(ks + other, vs + other, kh, vh, keys.first + (it + 1) * FA2_KEYS, t, ld);
         cp_async_wait<1>();
     } else {
         cp_async_wait<0>();

@@ -1,8 +1,9 @@
 // Flash attention's forward in FlashAttention-2's structure: mma.sync m16n8k16 (bf16 in, f32
 // accumulate) with the fragment layout of kernels/mma.cuh, S, P and O held in registers, K and V
 // through ldmatrix (V with .trans) from a padded shared layout filled by a 2-stage cp.async
-// pipeline. Head sizes 64 and 128 (a template on D). The interface and semantics are
-// flash_tc.cu's forward, which it replaces (crates/model's kernels/flash/cuda.rs chooses): q,
+// pipeline. Head sizes 64 and 128 (a template on D); the `_rows` entry points read and write
+// the projections' token-major rows, out in bf16 (the written layer backward's). The interface
+// and semantics are flash_tc.cu's forward, which it replaces (kernels/flash/cuda.rs chooses): q,
 // k, v (bf16), starts (query i attends keys [starts[i], i], which covers causal, padding and
 // packing), GQA without repeating K/V, out (f32) and the log-sum-exp per row. The backward is
 // flash_fa2_bwd.cu's; the geometry and the tile copy both use are kernels/fa2.cuh's.
@@ -29,11 +30,13 @@
 // the same permutation in the copy and in every ldmatrix address.
 #include "fa2.cuh"
 
-// Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse. out (B, Hq, T, D) and lse
-// (B, Hq, T), f32.
-template <int D>
+// Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse. q, k, v and out in attention's
+// layout (B, H, T, D), out f32; or with TOKENS in the projections' rows (B, T, H, D), out in
+// O = bf16 (the written layer backward's: no transposing copy and no cast around the kernel).
+// lse (B, Hq, T) f32 either way.
+template <int D, bool TOKENS, typename O>
 __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
-                        float* out, float* lse, int hq, int hkv, int t, float scale) {
+                        O* out, float* lse, int hq, int hkv, int t, float scale) {
     constexpr int KF = D / 16;        // k-steps of S = Q K^T (Q's A fragments)
     constexpr int NS = FA2_KEYS / 8;  // n-tiles of S (8 keys each)
     constexpr int NO = D / 8;         // n-tiles of O (8 columns each)
@@ -45,10 +48,11 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     int gq = lane / 4, tq = lane % 4;  // the fragments' groupID and threadID_in_group
     int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
     int r0 = rb * FA2_ROWS, bh = blockIdx.y;
-    int b = bh / hq, g = b * hkv + (bh % hq) / (hq / hkv);
-    const bf16* kh = k + (size_t)g * t * D;
-    const bf16* vh = v + (size_t)g * t * D;
-    const bf16* qh = q + (size_t)bh * t * D;
+    int b = bh / hq, hh = bh % hq, gh = hh / (hq / hkv);
+    const int ldq = fa2_ld<TOKENS, D>(hq), ldk = fa2_ld<TOKENS, D>(hkv);
+    const bf16* kh = k + fa2_head<TOKENS, D>(b, gh, hkv, t);
+    const bf16* vh = v + fa2_head<TOKENS, D>(b, gh, hkv, t);
+    const bf16* qh = q + fa2_head<TOKENS, D>(b, hh, hq, t);
     const uint32_t* st = starts + (size_t)b * t;
     // This lane's two rows: g and g + 8 of the warp's 16.
     int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
@@ -65,8 +69,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     for (int f = 0; f < KF; f++)
         for (int i = 0; i < 4; i++) {
             int r = row[i & 1], c = f * 16 + 2 * tq + 8 * (i >> 1);
-            qf[f][i] = r < t ? bf16x2(to_f(qh[(size_t)r * D + c]), to_f(qh[(size_t)r * D + c + 1]))
-                             : 0u;
+            const bf16* at = qh + (size_t)min(r, t - 1) * ldq + c;
+            qf[f][i] = r < t ? bf16x2(to_f(at[0]), to_f(at[1])) : 0u;
         }
     float o[NO][4];
     for (int n = 0; n < NO; n++)
@@ -78,10 +82,10 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     // The key tiles the block's rows can see, through the 2-stage K/V pipeline (fa2.cuh).
     Fa2Keys keys = fa2_keys(st, r0, t);
-    if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t);
+    if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t, ldk);
     for (int it = 0; it < keys.tiles; it++) {  // model: main
         int k0 = keys.first + it * FA2_KEYS, s = it & 1;
-        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t);  // model: kv-ready
+        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t, ldk);  // model: kv-ready
         const bf16* kt = ks + s * TILE;
         const bf16* vt = vs + s * TILE;
         // S = Q K^T, 16 x 64 per warp. ldmatrix.x4 gives two n-tiles' B fragments: matrix i
@@ -153,14 +157,14 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
         l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
     }
-    float* oh = out + (size_t)bh * t * D;
+    O* oh = out + fa2_head<TOKENS, D>(b, hh, hq, t);
     for (int h = 0; h < 2; h++) {
         if (row[h] >= t) continue;
         float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
         for (int n = 0; n < NO; n++) {
-            float* dst = oh + (size_t)row[h] * D + n * 8 + 2 * tq;
-            dst[0] = o[n][2 * h] * inv;
-            dst[1] = o[n][2 * h + 1] * inv;
+            O* dst = oh + (size_t)row[h] * ldq + n * 8 + 2 * tq;
+            dst[0] = from_f<O>(o[n][2 * h] * inv);
+            dst[1] = from_f<O>(o[n][2 * h + 1] * inv);
         }
         if (tq == 0)
             lse[(size_t)bh * t + row[h]] = l[h] > 0.f ? m[h] * scale + logf(l[h]) : -INFINITY;
@@ -171,7 +175,13 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     extern "C" __global__ void flash_fa2_fwd_d##D(const bf16* q, const bf16* k, const bf16* v,    \
                                                   const uint32_t* st, float* out, float* lse,     \
                                                   int hq, int hkv, int t, float scale) {          \
-        fa2_fwd<D>(q, k, v, st, out, lse, hq, hkv, t, scale);                                     \
+        fa2_fwd<D, false, float>(q, k, v, st, out, lse, hq, hkv, t, scale);                       \
+    }                                                                                             \
+    extern "C" __global__ void flash_fa2_fwd_rows_d##D(const bf16* q, const bf16* k,              \
+                                                       const bf16* v, const uint32_t* st,         \
+                                                       bf16* out, float* lse, int hq, int hkv,    \
+                                                       int t, float scale) {                      \
+        fa2_fwd<D, true, bf16>(q, k, v, st, out, lse, hq, hkv, t, scale);                         \
     }
 
 // No __launch_bounds__: held to 3 blocks an SM (168 registers), D = 128 spills 8 bytes that the

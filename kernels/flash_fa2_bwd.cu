@@ -13,10 +13,14 @@
 //   dO and dQ in registers. Each dq element is written once, in a fixed order: bit-identical
 //   across runs. crates/model's kernels/flash/cuda.rs runs it unless `TERSE_FLASH_DQ_ATOMIC=1`.
 // Inputs are the forward's (q, k, v bf16, starts, lse) with delta = rowsum(dO * O) and dO as
-// bf16 (B, Hq, T, D); outputs f32. The masks and the block order follow the forward: query i
-// attends keys [starts[i], i], starts never decrease along a row, so the queries a key block can
-// reach are [kb0, end) with `end` found by binary search; the first key blocks are the heaviest
-// under causal masks and are the grid's first, the dQ kernel takes its row blocks in reverse.
+// bf16 (B, Hq, T, D); outputs f32. The `_rows` entry points (the written layer backward's) read
+// q, k, v, dO and the forward's bf16 O in the projections' rows (B, T, H, D), write dq, dk and
+// dv there in bf16, and their dQ kernel computes delta from O and dO and stores it for the
+// dK/dV kernel, so no glue runs around the two kernels. The masks and the block order follow
+// the forward: query i attends keys [starts[i], i], starts never decrease along a row, so the
+// queries a key block can reach are [kb0, end) with `end` found by binary search; the first
+// key blocks are the heaviest under causal masks and are the grid's first, the dQ kernel takes
+// its row blocks in reverse.
 // CPU reference: terse_model's flash/cpu.rs; run on the CPU by crates/simt (kernels/shim).
 //
 // Registers per thread at D = 128 (dK/dV): K and V fragments 2 x 32, dK and dV 2 x 64, S^T and
@@ -44,25 +48,48 @@ __device__ constexpr int bwd_queries() {
     return D == 64 ? FA2_BWD_QT_D64 : FA2_BWD_QT_D128;
 }
 
-// A warp's 16 rows of a (T, D) bf16 head as A fragments straight from global memory (rows
-// g and g + 8 of the fragment are row[0] and row[1]; rows past T are zeros).
+// A warp's 16 rows of a head's (T, D) bf16 rows, `ld` apart, as A fragments straight from
+// global memory (rows g and g + 8 of the fragment are row[0] and row[1]; rows past T are zeros).
 template <int D>
 __device__ __forceinline__ void rows_as_a(uint32_t (&fr)[D / 16][4], const bf16* src,
-                                          const int* row, int t, int tq) {
+                                          const int* row, int t, int tq, int ld) {
     for (int f = 0; f < D / 16; f++)
         for (int i = 0; i < 4; i++) {
             int r = row[i & 1], c = f * 16 + 2 * tq + 8 * (i >> 1);
-            fr[f][i] = r < t ? bf16x2(to_f(src[(size_t)r * D + c]), to_f(src[(size_t)r * D + c + 1]))
-                             : 0u;
+            const bf16* at = src + (size_t)min(r, t - 1) * ld + c;
+            fr[f][i] = r < t ? bf16x2(to_f(at[0]), to_f(at[1])) : 0u;
         }
 }
 
-// Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse; dq (B, Hq, T, D).
-// dq_i = scale * sum_j p_ij (dO_i . v_j - delta_i) k_j.
+// delta = rowsum(dO * O) of the lane's two rows from the forward's bf16 O and dO (rows `ld`
+// apart): each lane of a quad sums the D / 4 columns of its A fragments' layout, then the quad
+// adds its four shares in a fixed order (rows past T give 0). Every lane of the warp takes part
+// (the shuffles).
 template <int D>
+__device__ __forceinline__ void rows_delta(float (&dr)[2], const bf16* o, const bf16* dout,
+                                           const int* row, int t, int tq, int ld) {
+    for (int h = 0; h < 2; h++) dr[h] = 0.f;
+    for (int f = 0; f < D / 16; f++)
+        for (int i = 0; i < 4; i++) {
+            int h = i & 1, r = row[h], c = f * 16 + 2 * tq + 8 * (i >> 1);
+            if (r >= t) continue;
+            size_t at = (size_t)r * ld + c;
+            dr[h] += to_f(o[at]) * to_f(dout[at]) + to_f(o[at + 1]) * to_f(dout[at + 1]);
+        }
+    for (int h = 0; h < 2; h++) {
+        dr[h] += __shfl_xor_sync(0xffffffff, dr[h], 1);
+        dr[h] += __shfl_xor_sync(0xffffffff, dr[h], 2);
+    }
+}
+
+// Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse; dq (B, Hq, T, D) f32.
+// dq_i = scale * sum_j p_ij (dO_i . v_j - delta_i) k_j. With TOKENS, q, k, v, dO, O and dq are
+// the projections' rows (B, T, H, D), dq in G = bf16, and the kernel computes delta itself
+// from O and dO and writes it (B, Hq, T) for the dK/dV kernel that runs after it.
+template <int D, bool TOKENS, typename G>
 __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
-                           const float* lse, const float* delta, const bf16* dout, float* dq,
-                           int hq, int hkv, int t, float scale) {
+                           const float* lse, float* delta, const bf16* dout, G* dq,
+                           const bf16* o, int hq, int hkv, int t, float scale) {
     constexpr int KF = D / 16, NO = D / 8, LD = D + FA2_PAD, TILE = FA2_KEYS * LD;
     constexpr int HK = 32, NH = HK / 8;  // keys per half tile and their n-tiles
     TERSE_DYNAMIC_SHARED(smem);
@@ -72,9 +99,11 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
     int gq = lane / 4, tq = lane % 4, mi = lane / 8, r = lane % 8;
     int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
     int r0 = rb * FA2_ROWS, bh = blockIdx.y;
-    int b = bh / hq, g = b * hkv + (bh % hq) / (hq / hkv);
-    const bf16* kh = k + (size_t)g * t * D;
-    const bf16* vh = v + (size_t)g * t * D;
+    int b = bh / hq, hh = bh % hq, gh = hh / (hq / hkv);
+    const int ldq = fa2_ld<TOKENS, D>(hq), ldk = fa2_ld<TOKENS, D>(hkv);
+    const size_t qo = fa2_head<TOKENS, D>(b, hh, hq, t);
+    const bf16* kh = k + fa2_head<TOKENS, D>(b, gh, hkv, t);
+    const bf16* vh = v + fa2_head<TOKENS, D>(b, gh, hkv, t);
     const uint32_t* st = starts + (size_t)b * t;
     int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
     int lo_key[2], hi_key[2];
@@ -84,7 +113,7 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
         lo_key[h] = in ? (int)st[row[h]] : 1;
         hi_key[h] = in ? row[h] : 0;
         lr[h] = in ? lse[(size_t)bh * t + row[h]] * LOG2E : 0.f;
-        dr[h] = in ? delta[(size_t)bh * t + row[h]] : 0.f;
+        if (!TOKENS) dr[h] = in ? delta[(size_t)bh * t + row[h]] : 0.f;
     }
     // As the forward's (flash_fa2.cu): 32 keys need no mask when every valid row of the warp
     // sees all of them; warp-uniform. Rows past T are never written.
@@ -92,17 +121,22 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
     int w_lo = w_first < t ? (int)st[w_last] : 0, w_hi = w_first < t ? w_first : t;
     const float sl2 = scale * LOG2E;
     uint32_t qf[KF][4], gf[KF][4];
-    rows_as_a<D>(qf, q + (size_t)bh * t * D, row, t, tq);
-    rows_as_a<D>(gf, dout + (size_t)bh * t * D, row, t, tq);
+    rows_as_a<D>(qf, q + qo, row, t, tq, ldq);
+    rows_as_a<D>(gf, dout + qo, row, t, tq, ldq);
+    if (TOKENS) {
+        rows_delta<D>(dr, o + qo, dout + qo, row, t, tq, ldq);
+        for (int h = 0; h < 2; h++)
+            if (tq == 0 && row[h] < t) delta[(size_t)bh * t + row[h]] = dr[h];
+    }
     float acc[NO][4];
     for (int n = 0; n < NO; n++)
         for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
     // The forward's key tiles and K/V pipeline (fa2.cuh).
     Fa2Keys keys = fa2_keys(st, r0, t);
-    if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t);
+    if (keys.tiles > 0) fa2_kv_load<D>(ks, vs, kh, vh, keys.first, t, ldk);
     for (int it = 0; it < keys.tiles; it++) {  // model: dq-main
         int k0 = keys.first + it * FA2_KEYS, s = it & 1;
-        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t);
+        fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t, ldk);
         const bf16* kt = ks + s * TILE;
         const bf16* vt = vs + s * TILE;
         for (int half = 0; half < FA2_KEYS / HK; half++) {  // model: dq-halves
@@ -154,26 +188,26 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
         }
         __syncthreads();  // every warp is done with stage s before it is refilled
     }
-    float* dqh = dq + (size_t)bh * t * D;
+    G* dqh = dq + qo;
     for (int h = 0; h < 2; h++) {
         if (row[h] >= t) continue;
         for (int n = 0; n < NO; n++) {
-            float* dst = dqh + (size_t)row[h] * D + n * 8 + 2 * tq;
-            dst[0] = acc[n][2 * h];
-            dst[1] = acc[n][2 * h + 1];
+            G* dst = dqh + (size_t)row[h] * ldq + n * 8 + 2 * tq;
+            dst[0] = from_f<G>(acc[n][2 * h]);
+            dst[1] = from_f<G>(acc[n][2 * h + 1]);
         }
     }
 }
 
-// One step's QT queries of one head into a stage: Q and dO rows by cp.async, lse, delta and
-// starts by plain stores (a query past T gets start T + 1, which no key reaches).
+// One step's QT queries of one head into a stage: Q and dO rows (`ld` apart) by cp.async, lse,
+// delta and starts by plain stores (a query past T gets start T + 1, which no key reaches).
 template <int D, int QT>
 __device__ __forceinline__ void load_queries(bf16* qs, bf16* gs, float* ls, float* ds, int* ss,
                                              const bf16* q, const bf16* dout, const float* lse,
                                              const float* delta, const uint32_t* st, int i0,
-                                             int t) {
-    load_rows<D, QT>(qs, q, i0, t);  // model: query-rows
-    load_rows<D, QT>(gs, dout, i0, t);  // model: query-rows
+                                             int t, int ld) {
+    load_rows<D, QT>(qs, q, i0, t, ld);  // model: query-rows
+    load_rows<D, QT>(gs, dout, i0, t, ld);  // model: query-rows
     for (int e = threadIdx.x; e < QT; e += FA2_THREADS) {  // model: queries-loop, begin queries
         int i = i0 + e;
         ls[e] = i < t ? lse[i] * LOG2E : 0.f;  // model: query-store
@@ -182,13 +216,13 @@ __device__ __forceinline__ void load_queries(bf16* qs, bf16* gs, float* ls, floa
     }  // model: end queries
 }
 
-// Grid (ceil(T / FA2_ROWS), B * Hkv); dk, dv (B, Hkv, T, D); dq (B, Hq, T, D), added to only
-// when dq_atomic is non-zero.
-template <int D>
+// Grid (ceil(T / FA2_ROWS), B * Hkv); dk, dv (B, Hkv, T, D) f32; dq (B, Hq, T, D), added to
+// only when dq_atomic is non-zero. With TOKENS, q, k, v, dO, dk and dv are the projections'
+// rows (B, T, H, D), dk and dv in G = bf16, and there is no atomic dQ.
+template <int D, bool TOKENS, typename G>
 __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
                              const float* lse, const float* delta, const bf16* dout, float* dq,
-                             float* dk, float* dv, int hq, int hkv, int t, float scale,
-                             int dq_atomic) {
+                             G* dk, G* dv, int hq, int hkv, int t, float scale, int dq_atomic) {
     constexpr int KF = D / 16, NO = D / 8, LD = D + FA2_PAD;
     constexpr int QT = bwd_queries<D>(), NQ = QT / 8, QTILE = QT * LD, LDS = QT + FA2_PAD;
     constexpr int NW = NO / FA2_WARPS;  // dQ n-tiles per warp in the atomic pass
@@ -204,9 +238,11 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     int gq = lane / 4, tq = lane % 4, mi = lane / 8, r = lane % 8;
     int kb0 = blockIdx.x * FA2_ROWS, bg = blockIdx.y;
     int b = bg / hkv, rep = hq / hkv, h0 = (bg % hkv) * rep;
+    const int ldq = fa2_ld<TOKENS, D>(hq), ldk = fa2_ld<TOKENS, D>(hkv);
+    const size_t ko = fa2_head<TOKENS, D>(b, bg % hkv, hkv, t);
     const uint32_t* st = starts + (size_t)b * t;
-    load_rows<D, FA2_ROWS>(kvs, k + (size_t)bg * t * D, kb0, t);  // model: block-rows
-    load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v + (size_t)bg * t * D, kb0, t);  // model: block-rows
+    load_rows<D, FA2_ROWS>(kvs, k + ko, kb0, t, ldk);  // model: block-rows
+    load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v + ko, kb0, t, ldk);  // model: block-rows
     cp_async_commit();
     // The queries the block's keys can reach: [kb0, end), end the first query at or after kb0
     // whose start is past the block's last key (starts never decrease), by binary search.
@@ -221,9 +257,9 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     int per = lo > kb0 ? (lo - kb0 + QT - 1) / QT : 0;  // steps per query head
     int steps = rep * per;
     if (steps > 0) {
-        size_t base = ((size_t)b * hq + h0) * t;
-        load_queries<D, QT>(qs, gs, ls, ds, ss, q + base * D, dout + base * D, lse + base,
-                            delta + base, st, kb0, t);
+        size_t base = ((size_t)b * hq + h0) * t, qo = fa2_head<TOKENS, D>(b, h0, hq, t);
+        load_queries<D, QT>(qs, gs, ls, ds, ss, q + qo, dout + qo, lse + base, delta + base, st,
+                            kb0, t, ldq);
         cp_async_commit();
     }
     // The block's K and V (the first group) have landed; the first stage may still be in flight.
@@ -249,10 +285,10 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
         int h = h0 + s / per, i0 = kb0 + (s % per) * QT, sb = s & 1;
         if (s + 1 < steps) {
             int hn = h0 + (s + 1) / per, in = kb0 + ((s + 1) % per) * QT, o = sb ^ 1;
-            size_t base = ((size_t)b * hq + hn) * t;
+            size_t base = ((size_t)b * hq + hn) * t, qo = fa2_head<TOKENS, D>(b, hn, hq, t);
             load_queries<D, QT>(qs + o * QTILE, gs + o * QTILE, ls + o * QT, ds + o * QT,
-                                ss + o * QT, q + base * D, dout + base * D, lse + base,
-                                delta + base, st, in, t);
+                                ss + o * QT, q + qo, dout + qo, lse + base, delta + base, st, in,
+                                t, ldq);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -322,7 +358,7 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
                 mma_bf16_16816(dkf[n + 1], da, bq + 2, dkf[n + 1]);
             }
         }
-        if (dq_atomic) {  // model: atomic-if
+        if (!TOKENS && dq_atomic) {  // model: atomic-if
             // dS^T into shared memory (this warp's 16 key rows), then dQ (QT x D) += dS  // model: begin atomic
             // (QT x 64 keys) K (64 keys x D), warp w taking columns [w D / 4, (w + 1) D / 4).
             for (int n = 0; n < NQ; n++)
@@ -361,12 +397,12 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     }
     for (int h = 0; h < 2; h++) {
         if (key[h] >= t) continue;
-        size_t at = ((size_t)bg * t + key[h]) * D + 2 * tq;
+        size_t at = ko + (size_t)key[h] * ldk + 2 * tq;
         for (int n = 0; n < NO; n++) {
-            dk[at + n * 8] = dkf[n][2 * h];
-            dk[at + n * 8 + 1] = dkf[n][2 * h + 1];
-            dv[at + n * 8] = dvf[n][2 * h];
-            dv[at + n * 8 + 1] = dvf[n][2 * h + 1];
+            dk[at + n * 8] = from_f<G>(dkf[n][2 * h]);
+            dk[at + n * 8 + 1] = from_f<G>(dkf[n][2 * h + 1]);
+            dv[at + n * 8] = from_f<G>(dvf[n][2 * h]);
+            dv[at + n * 8 + 1] = from_f<G>(dvf[n][2 * h + 1]);
         }
     }
 }
@@ -375,15 +411,30 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     extern "C" __global__ void flash_fa2_bwd_dq_d##D(                                            \
         const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
         const float* delta, const bf16* dout, float* dq, int hq, int hkv, int t, float scale) {  \
-        fa2_bwd_dq<D>(q, k, v, st, lse, delta, dout, dq, hq, hkv, t, scale);                     \
+        fa2_bwd_dq<D, false, float>(q, k, v, st, lse, const_cast<float*>(delta), dout, dq,       \
+                                    nullptr, hq, hkv, t, scale);                                 \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(FA2_THREADS, DKDV_MIN_BLOCKS)                  \
         flash_fa2_bwd_dkdv_d##D(                                                                 \
         const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
         const float* delta, const bf16* dout, float* dq, float* dk, float* dv, int hq, int hkv,  \
         int t, float scale, int dq_atomic) {                                                     \
-        fa2_bwd_dkdv<D>(q, k, v, st, lse, delta, dout, dq, dk, dv, hq, hkv, t, scale,            \
-                        dq_atomic);                                                              \
+        fa2_bwd_dkdv<D, false, float>(q, k, v, st, lse, delta, dout, dq, dk, dv, hq, hkv, t,     \
+                                      scale, dq_atomic);                                         \
+    }                                                                                            \
+    extern "C" __global__ void flash_fa2_bwd_dq_rows_d##D(                                       \
+        const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
+        float* delta, const bf16* dout, bf16* dq, const bf16* o, int hq, int hkv, int t,         \
+        float scale) {                                                                           \
+        fa2_bwd_dq<D, true, bf16>(q, k, v, st, lse, delta, dout, dq, o, hq, hkv, t, scale);      \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(FA2_THREADS, DKDV_MIN_BLOCKS)                  \
+        flash_fa2_bwd_dkdv_rows_d##D(                                                            \
+        const bf16* q, const bf16* k, const bf16* v, const uint32_t* st, const float* lse,       \
+        const float* delta, const bf16* dout, bf16* dk, bf16* dv, int hq, int hkv, int t,        \
+        float scale) {                                                                           \
+        fa2_bwd_dkdv<D, true, bf16>(q, k, v, st, lse, delta, dout, nullptr, dk, dv, hq, hkv, t,  \
+                                    scale, 0);                                                   \
     }
 
 // dK/dV at D = 64 held to 3 blocks an SM (168 registers, no spill): unconstrained it takes

@@ -35,7 +35,7 @@ pub(crate) use logprob::{
 };
 pub(crate) use paged_attention::{paged_decode_attention, paged_kv_write, PagedMeta};
 pub(crate) use rmsnorm::{rms_norm, rms_norm_grad};
-pub(crate) use rope::{rope, rope_inverse_to_tokens, rope_to_heads};
+pub(crate) use rope::{rope, rope_laid_out};
 pub(crate) use swiglu::{swiglu, swiglu_grad};
 
 /// One launch description per kernel entry point of kernels/*.cu: the kernel's name, its grid

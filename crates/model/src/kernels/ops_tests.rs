@@ -88,16 +88,22 @@ fn fused_ops_and_their_backward_equal_the_composite_ops() {
     let rows = vals(&[2, 4, 3, 8], 6); // (B, T, H, D)
     let heads = rows.transpose(1, 2).expect("t").contiguous().expect("c"); // (B, H, T, D)
     let want = rope(&heads, &c, &s).expect("plain");
-    let got = rope_to_heads(&rows, &c, &s).expect("to heads");
+    let got = rope_laid_out(&rows, &c, &s, false, [true, false]).expect("to heads");
     assert_eq!(got.dims(), [2, 3, 4, 8]);
     assert_eq!(max_diff(&got, &want), 0.0);
-    let back = rope_inverse_to_tokens(&got, &c, &s).expect("back");
+    let back = rope_laid_out(&got, &c, &s, true, [false, true]).expect("back");
     assert_eq!(back.dims(), [2, 4, 3, 8]);
     assert!(max_diff(&back, &rows) < 1e-6);
-    let inverse = rope_inverse_to_tokens(&heads, &c, &s).expect("inverse");
+    let inverse = rope_laid_out(&heads, &c, &s, true, [false, true]).expect("inverse");
     let plain = ops::rope_composite(&heads, &c, &s.neg().expect("n")).expect("c");
     let plain = plain.transpose(1, 2).expect("t").contiguous().expect("c");
     assert!(max_diff(&inverse, &plain) < 1e-6);
+    // Rows to rows (the written layer backward's), both ways.
+    let within = rope_laid_out(&rows, &c, &s, false, [true, true]).expect("rows");
+    let want_rows = want.transpose(1, 2).expect("t").contiguous().expect("c");
+    assert_eq!(max_diff(&within, &want_rows), 0.0);
+    let undone = rope_laid_out(&within, &c, &s, true, [true, true]).expect("rows back");
+    assert!(max_diff(&undone, &rows) < 1e-6);
 }
 
 #[test]

@@ -1,11 +1,11 @@
 //! Rotate-half RoPE (kernels/rope.cu), everything about it in one place: the candle op (its
 //! backward is the inverse rotation), its shape check, its f32 CPU reference, its launch
 //! description and its CUDA launch. Either side may be in attention's layout (B, H, T, D) or in
-//! the projections' (B, T, H, D), so that the written layer backward rotates q and k from their
-//! rows straight into attention's layout (`rope_to_heads`) and back (`rope_inverse_to_tokens`).
+//! the projections' (B, T, H, D) (`rope_laid_out`): the written layer backward rotates q and k
+//! in their rows, where its flash attention reads them, and back.
 //!
 //! Data flow: `ops::rope` (fused path) -> `rope` -> CPU reference or CUDA kernel;
-//! model/layer_grad.rs -> `rope_to_heads`, `rope_inverse_to_tokens`.
+//! model/layer_grad.rs -> `rope_laid_out`.
 
 use super::cpu::f32s;
 use super::op::{apply3, Arg, Kernel};
@@ -23,25 +23,25 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     apply3(x, cos, sin, Rope::new(false, [false; 2]))
 }
 
-/// RoPE from the projections' rows x (B, T, H, D) into attention's layout (B, H, T, D): the
-/// transposing copy and the rotation in one pass (no graph: model/layer_grad.rs).
-pub(crate) fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let (b, t, h, d) = x.dims4()?;
+/// RoPE (`inverse`: the inverse rotation) between layouts, without a graph: `tokens[0]` says x
+/// is in the projections' rows (B, T, H, D) rather than attention's layout (B, H, T, D),
+/// `tokens[1]` the same of the result. The written layer backward rotates q and k in their rows
+/// and back (both `true`: model/layer_grad.rs); a transposing copy comes free with the other
+/// pairs.
+pub(crate) fn rope_laid_out(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    inverse: bool,
+    tokens: [bool; 2],
+) -> Result<Tensor> {
+    let op = Rope::new(inverse, tokens);
+    let [b, h, t, d] = op.dims(x.shape())?;
     check::rope(&[b, h, t, d], cos.dims(), sin.dims())?;
     if x.elem_count() == 0 {
-        return x.transpose(1, 2)?.contiguous();
+        return Tensor::zeros(op.out_shape([b, h, t, d]), x.dtype(), x.device());
     }
-    apply3(&x.contiguous()?, cos, sin, Rope::new(false, [true, false]))
-}
-
-/// The inverse rotation of dy (B, H, T, D) into the projections' rows (B, T, H, D): the
-/// gradient of `rope_to_heads` (no graph: model/layer_grad.rs).
-pub(crate) fn rope_inverse_to_tokens(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    check::rope(dy.dims(), cos.dims(), sin.dims())?;
-    if dy.elem_count() == 0 {
-        return dy.transpose(1, 2)?.contiguous();
-    }
-    apply3(&dy.contiguous()?, cos, sin, Rope::new(true, [false, true]))
+    apply3(&x.contiguous()?, cos, sin, op)
 }
 
 /// The rotation (`inverse`: its transpose) with each side's layout: `tokens[0]` x, `tokens[1]`

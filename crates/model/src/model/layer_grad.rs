@@ -3,7 +3,8 @@
 //! Each gradient is written once by the op that owns it (no zero-fill and add per graph edge,
 //! no cast node per weight use), the fused blocks' own backward kernels do the work (RMSNorm,
 //! RoPE's inverse rotation, flash attention, SwiGLU), and every weight is read once as a
-//! detached compute-dtype copy. The autograd path through `Qwen3::layer` stays as its
+//! detached compute-dtype copy. Attention and RoPE work in the projections' rows (B, T, H, D),
+//! so no transposing copy or cast runs around them (kernels/flash/rows.rs). The autograd path through `Qwen3::layer` stays as its
 //! reference (the test below) and runs wherever this one does not apply.
 //!
 //! Data flow: backward.rs's checkpointed loop -> `layer_grad` (when `written_backward`) ->
@@ -22,15 +23,6 @@ fn mm_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// The gradients of y = x W^T for dy (N, Out): (dx (N, In), dW (Out, In)).
 fn linear_grad(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok((dy.matmul(w)?, dy.t()?.matmul(x)?))
-}
-
-/// (B, T, H*D) <-> (B, H, T, D), contiguous.
-fn heads(x: &Tensor, b: usize, t: usize, h: usize, d: usize) -> Result<Tensor> {
-    x.reshape((b, t, h, d))?.transpose(1, 2)?.contiguous() // (B, H, T, D)
-}
-fn rows(x: &Tensor, b: usize, t: usize) -> Result<Tensor> {
-    let (_, h, _, d) = x.dims4()?;
-    x.transpose(1, 2)?.contiguous()?.reshape((b * t, h * d)) // (B*T, H*D)
 }
 
 /// A decoder layer's weights in the compute dtype, detached: cast once per training step and
@@ -58,11 +50,13 @@ pub(crate) struct Saved {
     h: Tensor,
     q: Tensor,
     k: Tensor,
+    /// q and k rotated, v and attention's output a, all in the rows (B, T, H, D).
     qr: Tensor,
     kr: Tensor,
-    vt: Tensor,
-    res: Tensor,
+    v: Tensor,
     a: Tensor,
+    /// Attention's log-sum-exp per (batch, query head, row), for its backward.
+    lse: Tensor,
     x1: Tensor,
     h2: Tensor,
     g: Tensor,
@@ -149,12 +143,14 @@ impl Qwen3 {
             ),
             None => (q.clone(), k.clone()),
         };
-        // RoPE straight from the rows into attention's layout, no transposing copy first.
-        let qr = fused::rope_to_heads(&qn.reshape((b, t, hq, hd))?, cos, sin)?; // (B, Hq, T, D)
-        let kr = fused::rope_to_heads(&kn.reshape((b, t, hkv, hd))?, cos, sin)?; // (B, Hkv, T, D)
-        let vt = heads(&v, b, t, hkv, hd)?; // (B, Hkv, T, D)
-        let (o, res) = fused::flash::attention_saved(&qr, &kr, &vt, ranges)?; // (B, Hq, T, D)
-        let a = rows(&o, b, t)?; // (N, Hq*D)
+        // RoPE and attention in the projections' rows: no transposing copy, no cast.
+        let rot = |x: &Tensor, h: usize| {
+            fused::rope_laid_out(&x.reshape((b, t, h, hd))?, cos, sin, false, [true; 2])
+        };
+        let (qr, kr) = (rot(&qn, hq)?, rot(&kn, hkv)?); // (B, T, Hq, D), (B, T, Hkv, D)
+        let v = v.reshape((b, t, hkv, hd))?; // (B, T, Hkv, D)
+        let (o, lse) = fused::flash::attention_rows(&qr, &kr, &v, ranges)?; // (B, T, Hq, D)
+        let a = o.reshape((n, hq * hd))?; // (N, Hq*D)
         let x1 = (x.reshape((n, hid))? + mm_t(&a, &lw.wo)?)?; // (N, H)
         let h2 = fused::rms_norm(&x1, &lw.wn2, eps)?; // (N, H)
         let (g, u) = (mm_t(&h2, &lw.wg)?, mm_t(&h2, &lw.wu)?); // (N, I)
@@ -167,9 +163,9 @@ impl Qwen3 {
             k,
             qr,
             kr,
-            vt,
-            res,
+            v,
             a,
+            lse,
             x1,
             h2,
             g,
@@ -238,13 +234,15 @@ impl Qwen3 {
         let dx1 = (dy + dx1n)?; // (N, H)
         let (da, dwo) = linear_grad(&s.a, &lw.wo, &dx1)?;
         put("self_attn.o_proj.weight", dwo)?;
-        let do_ = heads(&da, b, t, hq, hd)?; // (B, Hq, T, D)
-        let (dqr, dkr, dvt) =
-            fused::flash::attention_grad(&s.qr, &s.kr, &s.vt, ranges, &s.res, &do_)?;
-        // The inverse rotation straight back into the rows' layout.
-        let dqn = fused::rope_inverse_to_tokens(&dqr, cos, sin)?.reshape((n, hq * hd))?; // (N, Hq*D)
-        let dkn = fused::rope_inverse_to_tokens(&dkr, cos, sin)?.reshape((n, hkv * hd))?; // (N, Hkv*D)
-        let dv = rows(&dvt, b, t)?; // (N, Hkv*D)
+        let do_ = da.reshape((b, t, hq, hd))?; // (B, T, Hq, D)
+        let out = s.a.reshape((b, t, hq, hd))?; // (B, T, Hq, D)
+        let (dqr, dkr, dv) =
+            fused::flash::attention_rows_grad(&s.qr, &s.kr, &s.v, ranges, (&out, &s.lse), &do_)?;
+        let unrot = |d: &Tensor, h: usize| {
+            fused::rope_laid_out(d, cos, sin, true, [true; 2])?.reshape((n, h * hd))
+        };
+        let (dqn, dkn) = (unrot(&dqr, hq)?, unrot(&dkr, hkv)?); // (N, Hq*D), (N, Hkv*D)
+        let dv = dv.reshape((n, hkv * hd))?; // (N, Hkv*D)
         let (dq, dk) = match &lw.norms {
             Some([a, bn]) => {
                 let (dq, dqw) = fused::rms_norm_grad(

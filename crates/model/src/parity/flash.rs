@@ -1,5 +1,7 @@
 //! Parity of flash attention: forward and backward on the device against the CPU
-//! implementation, with left and right padding and packed boundaries.
+//! implementation, with left and right padding and packed boundaries; and the written layer
+//! backward's attention in the projections' rows (kernels/flash/rows.rs: in bf16 on CUDA its
+//! own kernels, delta computed inside) against the same CPU implementation.
 
 use super::common::{bf16_round, bf16_tolerance, grad, rnd, row, Row};
 use candle_core::{DType, Device, Result, Tensor, Var};
@@ -40,15 +42,18 @@ impl Mask {
     }
 }
 
+/// x rounded to bf16 values when the device side runs in bf16 (the reference then sees the
+/// same inputs).
+fn rounded(x: Tensor, dt: DType) -> Result<Tensor> {
+    match dt {
+        DType::BF16 => bf16_round(&x),
+        _ => Ok(x),
+    }
+}
+
 fn flash(dev: &Device, dt: DType, kind: Mask) -> Result<Vec<Row>> {
     let (b, hq, hkv, t, d) = (kind.rows(), 8, 2, 150, 128);
-    let round = |x: Tensor| {
-        if dt == DType::BF16 {
-            bf16_round(&x)
-        } else {
-            Ok(x)
-        }
-    };
+    let round = |x: Tensor| rounded(x, dt);
     let q = round(rnd(&[b, hq, t, d], 1)?)?;
     let k = round(rnd(&[b, hkv, t, d], 2)?)?;
     let v = round(rnd(&[b, hkv, t, d], 3)?)?;
@@ -75,32 +80,67 @@ fn flash(dev: &Device, dt: DType, kind: Mask) -> Result<Vec<Row>> {
         Ok(res)
     };
     let (got, want) = (run(dev, dt)?, run(&Device::Cpu, DType::F32)?);
+    compared("flash attention", dt, kind, &got, &want)
+}
+
+/// The rows `{what} {out,dq,dk,dv} {dtype} ({kind})`: bf16's tolerance of the CPU side in bf16,
+/// 1e-4 in f32. Padding rows (17 of row 0 with left padding) are don't-cares in the output and
+/// dq: both paths give 0.
+fn compared(
+    what: &str,
+    dt: DType,
+    kind: Mask,
+    got: &[Tensor],
+    want: &[Tensor],
+) -> Result<Vec<Row>> {
     let sfx = if dt == DType::BF16 { "bf16" } else { "f32" };
     ["out", "dq", "dk", "dv"]
         .iter()
-        .zip(got.iter().zip(&want))
+        .zip(got.iter().zip(want))
         .map(|(name, (a, c))| {
-            // Padding rows (17 of row 0) are don't-cares in the output and dq: both paths give 0.
-            let tol = if dt == DType::BF16 {
-                bf16_tolerance(c)?
-            } else {
-                1e-4
+            let tol = match dt {
+                DType::BF16 => bf16_tolerance(c)?,
+                _ => 1e-4,
             };
-            row(
-                &format!("flash attention {name} {sfx} ({kind:?})"),
-                a,
-                c,
-                tol,
-            )
+            row(&format!("{what} {name} {sfx} ({kind:?})"), a, c, tol)
         })
         .collect()
 }
 
-/// Every mask kind in `dt`.
+/// `attention_rows` and `attention_rows_grad` on `dev` in `dt` against the CPU in f32 on the
+/// same rounded inputs, laid out (B, T, H, D): out, dq, dk, dv (bf16 results on CUDA, so the
+/// tolerance is bf16's of the reference).
+fn flash_rows(dev: &Device, dt: DType, kind: Mask) -> Result<Vec<Row>> {
+    let (b, hq, hkv, t, d) = (kind.rows(), 8, 2, 150, 128);
+    let round = |x: Tensor| rounded(x, dt);
+    let q = round(rnd(&[b, t, hq, d], 11)?)?;
+    let k = round(rnd(&[b, t, hkv, d], 12)?)?;
+    let v = round(rnd(&[b, t, hkv, d], 13)?)?;
+    let g = round(rnd(&[b, t, hq, d], 14)?)?;
+    let run = |on: &Device, dt: DType| -> Result<Vec<Tensor>> {
+        let put = |x: &Tensor| x.to_device(on)?.to_dtype(dt);
+        let (q, k, v, g) = (put(&q)?, put(&k)?, put(&v)?, put(&g)?);
+        let ranges = kind.ranges(t, on)?;
+        let (out, lse) = crate::kernels::flash::attention_rows(&q, &k, &v, &ranges)?;
+        let (dq, dk, dv) =
+            crate::kernels::flash::attention_rows_grad(&q, &k, &v, &ranges, (&out, &lse), &g)?;
+        [out, dq, dk, dv]
+            .iter()
+            .map(|x| x.to_dtype(DType::F32))
+            .collect()
+    };
+    let (got, want) = (run(dev, dt)?, run(&Device::Cpu, DType::F32)?);
+    compared("flash attention rows", dt, kind, &got, &want)
+}
+
+/// Every mask kind in `dt`, in attention's layout and in the rows.
 fn flash_all(dev: &Device, dt: DType) -> Result<Vec<Row>> {
     let mut rows = vec![];
     for kind in [Mask::Left, Mask::Right, Mask::Packed] {
         rows.extend(flash(dev, dt, kind)?);
+    }
+    for kind in [Mask::Left, Mask::Packed] {
+        rows.extend(flash_rows(dev, dt, kind)?);
     }
     Ok(rows)
 }

@@ -51,9 +51,10 @@ pub(super) fn rope_f32(dev: &Device) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// The written layer backward's RoPE between layouts (`rope_to_heads` from the rows (B, T, H,
-/// D), `rope_inverse_to_tokens` back) on `dev` (in bf16 there with `bf16`, the values already
-/// rounded) against the CPU on the same values, `tol` of the CPU side.
+/// RoPE between layouts (`rope_laid_out`: from the rows (B, T, H, D) into attention's layout,
+/// the inverse back, and rows to rows as the written layer backward runs it) on `dev` (in bf16
+/// there with `bf16`, the values already rounded) against the CPU on the same values, `tol` of
+/// the CPU side.
 fn rope_layouts(
     dev: &Device,
     bf16: bool,
@@ -64,12 +65,13 @@ fn rope_layouts(
 ) -> Result<Vec<Row>> {
     let rows_layout = x.transpose(1, 2)?.contiguous()?; // (B, T, H, D)
     let tag = if bf16 { "bf16 " } else { "" };
-    let run = |d: &Device| -> Result<(Tensor, Tensor)> {
+    let run = |d: &Device| -> Result<(Tensor, Tensor, Tensor)> {
         let put = |t: &Tensor| if bf16 { on_dev(t, d) } else { t.to_device(d) };
         let (cd, sd) = (put(c)?, put(s)?);
-        let heads = fused::rope_to_heads(&put(&rows_layout)?, &cd, &sd)?;
-        let back = fused::rope_inverse_to_tokens(&put(x)?, &cd, &sd)?;
-        Ok((heads, back))
+        let heads = fused::rope_laid_out(&put(&rows_layout)?, &cd, &sd, false, [true, false])?;
+        let back = fused::rope_laid_out(&put(x)?, &cd, &sd, true, [false, true])?;
+        let within = fused::rope_laid_out(&put(&rows_layout)?, &cd, &sd, false, [true, true])?;
+        Ok((heads, back, within))
     };
     let (want, got) = (run(&Device::Cpu)?, run(dev)?);
     Ok(vec![
@@ -84,6 +86,12 @@ fn rope_layouts(
             &got.1,
             &want.1,
             tol(&want.1)?,
+        )?,
+        row(
+            &format!("{tag}rope rows to rows"),
+            &got.2,
+            &want.2,
+            tol(&want.2)?,
         )?,
     ])
 }

@@ -160,14 +160,7 @@ fn run_flash(
 /// Forward and backward of one shape in f32 and bf16 against the CPU flash attention.
 fn check(name: &str, (b, t, hq, hkv, d): (usize, usize, usize, usize, usize), starts: &[u32]) {
     assert_eq!(starts.len(), b * t, "{name}: starts");
-    let dm = FlashDims {
-        b,
-        hq,
-        hkv,
-        t,
-        d,
-        scale: 1.0 / (d as f32).sqrt(),
-    };
+    let dm = FlashDims::new(b, hq, hkv, t, d);
     let (q, k, v) = (
         rand_vec(b * hq * t * d, 31),
         rand_vec(b * hkv * t * d, 32),

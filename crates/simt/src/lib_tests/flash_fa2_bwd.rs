@@ -24,14 +24,7 @@ enum Dq {
 /// The backward of one shape (B, T, Hq, Hkv, D), both ways, against the reference.
 fn check(name: &str, (b, t, hq, hkv, d): (usize, usize, usize, usize, usize), starts: &[u32]) {
     assert_eq!(starts.len(), b * t, "{name}: starts");
-    let dm = FlashDims {
-        b,
-        hq,
-        hkv,
-        t,
-        d,
-        scale: 1.0 / (d as f32).sqrt(),
-    };
+    let dm = FlashDims::new(b, hq, hkv, t, d);
     let (q, k, v) = (
         to_bf16(&rand_vec(b * hq * t * d, 51)),
         to_bf16(&rand_vec(b * hkv * t * d, 52)),

@@ -13,6 +13,7 @@ mod decode;
 mod flash;
 mod flash_fa2;
 mod flash_fa2_bwd;
+mod flash_fa2_rows;
 mod fragments;
 mod norm;
 mod paged_split;

@@ -107,7 +107,7 @@ mod tests {
                 (
                     "kv-ready",
                     1,
-                    "fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t)",
+                    "fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t, ldk)",
                 ),
                 (
                     "k-frag",

@@ -225,7 +225,7 @@ mod tests {
                 ("block-rows", 2, "load_rows<D, FA2_ROWS>(kvs"),
                 ("dkdv-main", 1, "for (int s = 0; s < steps; s++)"),
                 ("column-read", 2, "[c]"),
-                ("atomic-if", 1, "if (dq_atomic) {"),
+                ("atomic-if", 1, "if (!TOKENS && dq_atomic) {"),
                 ("begin atomic", 1, "// dS^T into shared memory"),
                 (
                     "dss-store",

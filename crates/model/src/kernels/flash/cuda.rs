@@ -33,7 +33,7 @@ fn check(dm: Dims) -> Result<()> {
 /// Whether the tensor-core kernels are FlashAttention-2's, kernels/flash_fa2.cu and
 /// flash_fa2_bwd.cu (the default), or flash_tc.cu's (`TERSE_FLASH_FA2=0`, read once: the
 /// fallback if the new kernels fault on a device).
-fn fa2() -> bool {
+pub(super) fn fa2() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         super::tensor_cores_by_default(std::env::var("TERSE_FLASH_FA2").ok().as_deref())

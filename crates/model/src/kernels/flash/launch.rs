@@ -31,6 +31,18 @@ pub struct FlashDims {
 }
 
 impl FlashDims {
+    /// The shape with attention's usual softmax scale, 1 / sqrt(d).
+    pub fn new(b: usize, hq: usize, hkv: usize, t: usize, d: usize) -> Self {
+        Self {
+            b,
+            hq,
+            hkv,
+            t,
+            d,
+            scale: 1.0 / (d as f32).sqrt(),
+        }
+    }
+
     fn tail(&self) -> impl Iterator<Item = Arg> {
         let d = *self;
         ints(&[d.hq, d.hkv, d.t, d.d])
@@ -217,5 +229,39 @@ pub fn flash_fa2_bwd_dkdv(dm: FlashDims, dq_atomic: bool) -> Launch {
             dm.b * dm.hkv,
             args,
         )
+    }
+}
+
+/// `flash_fa2_fwd` in the projections' rows (the written layer backward's): q (B, T, Hq, D), k
+/// and v (B, T, Hkv, D) bf16, starts, out (B, T, Hq, D) bf16, lse (B, Hq, T) f32.
+pub fn flash_fa2_fwd_rows(dm: FlashDims) -> Launch {
+    let l = flash_fa2_fwd(dm);
+    Launch {
+        kernel: format!("flash_fa2_fwd_rows_d{}", dm.d),
+        ..l
+    }
+}
+
+/// `flash_fa2_bwd_dq` in the projections' rows, delta computed and written by the kernel.
+/// Buffers: q, k, v, starts, lse, delta (B, Hq, T, f32, written), dout, dq (B, T, Hq, D, bf16),
+/// the forward's out (B, T, Hq, D, bf16). Runs before `flash_fa2_bwd_dkdv_rows`, which reads
+/// its delta.
+pub fn flash_fa2_bwd_dq_rows(dm: FlashDims) -> Launch {
+    let args = bufs(9).chain(tc_tail(&dm)).collect();
+    Launch {
+        kernel: format!("flash_fa2_bwd_dq_rows_d{}", dm.d),
+        args,
+        ..flash_fa2_bwd_dq(dm)
+    }
+}
+
+/// `flash_fa2_bwd_dkdv` in the projections' rows, without the atomic dQ. Buffers: q, k, v,
+/// starts, lse, delta, dout, dk, dv (B, T, Hkv, D, bf16).
+pub fn flash_fa2_bwd_dkdv_rows(dm: FlashDims) -> Launch {
+    let args = bufs(9).chain(tc_tail(&dm)).collect();
+    Launch {
+        kernel: format!("flash_fa2_bwd_dkdv_rows_d{}", dm.d),
+        args,
+        ..flash_fa2_bwd_dkdv(dm, false)
     }
 }

@@ -16,6 +16,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod launch;
+mod rows;
 #[cfg(test)]
 #[path = "flash_tests.rs"]
 mod tests;
@@ -24,6 +25,8 @@ use crate::kernels::cpu::f32s;
 use crate::kernels::op::{apply3, Arg, Kernel};
 use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor};
 use std::sync::Arc;
+
+pub(crate) use rows::{attention_rows, attention_rows_grad};
 
 /// Whether bf16 calls at head sizes 64 and 128 take the tensor-core kernels or the scalar
 /// ones. The default comes from `TERSE_FLASH_TC` (`0` turns them off for the whole process: a
@@ -170,7 +173,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Resu
 }
 
 /// `attention` without a graph, keeping what its backward reads: (out in q's dtype, the
-/// forward's flat f32 [out; lse]) for `attention_grad` (model/layer_grad.rs).
+/// forward's flat f32 [out; lse]) for `attention_grad` (rows.rs's path off the kernels).
 pub(crate) fn attention_saved(
     q: &Tensor,
     k: &Tensor,
@@ -232,14 +235,7 @@ fn forward_op(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Result<
             ranges.t
         );
     }
-    let dims = Dims {
-        b,
-        hq,
-        hkv,
-        t,
-        d,
-        scale: 1.0 / (d as f32).sqrt(),
-    };
+    let dims = Dims::new(b, hq, hkv, t, d);
     Ok(FlashFwd {
         ranges: ranges.clone(),
         dims,
