@@ -34,7 +34,7 @@ pub(crate) use logprob::{
     logprob_grad, logprob_grad_of_checked, logprob_stats, logprob_stats_of_checked,
 };
 pub(crate) use paged_attention::{paged_decode_attention, paged_kv_write, PagedMeta};
-pub(crate) use rmsnorm::{rms_norm, rms_norm_grad};
+pub(crate) use rmsnorm::{rms_norm, rms_norm_grad, rms_norm_residual};
 pub(crate) use rope::{rope, rope_laid_out};
 pub(crate) use swiglu::{swiglu, swiglu_grad};
 

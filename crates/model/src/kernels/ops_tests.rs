@@ -1,7 +1,6 @@
 //! Tests of the kernel families' ops: each op's forward (the CPU reference) and backward
 //! against the composite candle ops, the one-op RMSNorm backward, the in-place KV write.
 
-use super::rmsnorm::RmsNormBwd;
 use super::*;
 use crate::ops;
 use candle_core::{DType, Device, Tensor, Var};
@@ -52,16 +51,15 @@ fn fused_ops_and_their_backward_equal_the_composite_ops() {
         let d = max_diff(ga.get(v).expect("g"), gb.get(v).expect("g"));
         assert!(d < 1e-4, "rmsnorm grad {d}");
     }
-    // The one-op backward (what CUDA runs) on its CPU reference: (12 + 1, 16) = [dx; dw].
-    let both = crate::kernels::op::apply3(&x, &w, &g, RmsNormBwd { eps: 1e-6 }).expect("bwd");
-    let dx = both
-        .narrow(0, 0, 12)
-        .expect("n")
-        .reshape((3, 4, 16))
-        .expect("r");
-    let dw = both.narrow(0, 12, 1).expect("n").reshape(16).expect("r");
+    // The graph-free backward (what CUDA runs) on its CPU reference, and with a residual
+    // stream's gradient added into dx.
+    let (dx, dw) = rms_norm_grad(&x, &w, &g, 1e-6, None).expect("bwd");
     assert!(max_diff(&dx, gb.get(&x).expect("g")) < 1e-4);
     assert!(max_diff(&dw, gb.get(&w).expect("g")) < 1e-4);
+    let res = vals(&[3, 4, 16], 5);
+    let (dxr, dwr) = rms_norm_grad(&x, &w, &g, 1e-6, Some(&res)).expect("bwd");
+    assert_eq!(max_diff(&dxr, &(&dx + &res).expect("add")), 0.0);
+    assert_eq!(max_diff(&dwr, &dw), 0.0);
 
     let x = Var::from_tensor(&vals(&[2, 3, 4, 8], 4)).expect("x");
     let pos = Tensor::from_vec(vec![0u32, 1, 2, 3, 7, 8, 9, 10], (2, 4), &Device::Cpu).expect("p");

@@ -4,7 +4,7 @@
 //! Data flow: `ops::rms_norm` (fused path) -> `rms_norm` -> CPU reference or CUDA kernel.
 
 use super::cpu::f32s;
-use super::op::{apply2, apply3, Arg, Kernel};
+use super::op::{apply2, Arg, Kernel};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, Result, Shape, Tensor};
@@ -42,13 +42,13 @@ impl Kernel<2> for RmsNorm {
         cuda::rmsnorm_fwd(s1, l1, s2, l2, self.eps)
     }
 
-    /// In f32 (and always on CUDA) `RmsNormBwd`: the `rmsnorm_bwd` kernel, or on the CPU its
+    /// In f32 (and always on CUDA) `rms_norm_grad`: the `rmsnorm_bwd` kernel, or on the CPU its
     /// reference loops; in f64 the composite formula: dx and, by a reduction over rows, dw, both
     /// recomputing the row statistic.
     fn bwd(&self, [x, w]: [&Tensor; 2], _y: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 2]> {
         use candle_core::{DType, D};
         if x.device().is_cuda() || x.dtype() == DType::F32 {
-            let (dx, dw) = rms_norm_grad(x, w, dy, self.eps)?;
+            let (dx, dw) = rms_norm_grad(x, w, dy, self.eps, None)?;
             return Ok([Some(dx), Some(dw.to_dtype(w.dtype())?)]);
         }
         let cols = w.elem_count() as f64;
@@ -65,55 +65,83 @@ impl Kernel<2> for RmsNorm {
     }
 }
 
-/// RMSNorm's gradients for y = rms_norm(x, w) and dy: (dx in x's dtype, dw in f32), by
-/// `RmsNormBwd` (the op's backward, and model/layer_grad.rs's written-out layer backward).
+/// The residual stream's add and the RMSNorm after it, without a graph: (s = x + res, y =
+/// rms_norm(s, w)) for x, res (.., C) and w (C), in x's dtype. On CUDA one `rmsnorm_fwd_res`
+/// launch; elsewhere the add and `rms_norm` (model/layer_grad.rs's forward).
+pub(crate) fn rms_norm_residual(
+    x: &Tensor,
+    res: &Tensor,
+    w: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    check::rmsnorm(x.dims(), w.dims())?;
+    if res.dims() != x.dims() {
+        crate::fail!(
+            "rmsnorm with residual: x {:?}, residual {:?}",
+            x.dims(),
+            res.dims()
+        );
+    }
+    if x.device().is_cuda() && x.elem_count() > 0 {
+        #[cfg(feature = "cuda")]
+        {
+            let same = |t: &Tensor| t.to_dtype(x.dtype())?.contiguous();
+            return cuda::rmsnorm_fwd_res(&x.contiguous()?, &same(res)?, &same(w)?, eps);
+        }
+    }
+    let s = (x + res)?;
+    let y = rms_norm(&s, w, eps)?;
+    Ok((s, y))
+}
+
+/// RMSNorm's gradients for y = rms_norm(x, w) and dy, with `residual` (the gradient of a
+/// residual stream that also feeds x, same shape) added into dx: (dx in x's dtype, dw in f32).
+/// No graph: the op's backward and model/layer_grad.rs's written-out layer backward. On CUDA one
+/// `rmsnorm_bwd` launch in x's dtype (f32 or bf16) after zeroing dw; on the CPU, f32 only, the
+/// reference loops.
 pub(crate) fn rms_norm_grad(
     x: &Tensor,
     w: &Tensor,
     dy: &Tensor,
     eps: f32,
+    residual: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     use candle_core::DType;
-    let f = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
-    let both = apply3(&f(x)?, &f(w)?, &f(dy)?, RmsNormBwd { eps })?; // (rows + 1, C)
-    let rows = both.dim(0)? - 1;
-    let dx = both
-        .narrow(0, 0, rows)?
-        .reshape(x.shape())?
-        .to_dtype(x.dtype())?;
-    let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
-    Ok((dx, dw))
-}
-
-/// RMSNorm backward in one op: f32 x (.., C), w (C), dy (.., C) -> (rows + 1, C) = [dx rows;
-/// dw]. CPU: the reference; CUDA: `rmsnorm_fwd` for the row statistic, then `rmsnorm_bwd`.
-pub(crate) struct RmsNormBwd {
-    pub eps: f32,
-}
-
-impl Kernel<3> for RmsNormBwd {
-    const NAME: &'static str = "terse-rmsnorm-bwd";
-
-    fn cpu(
-        &self,
-        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CpuStorage>; 3],
-    ) -> Result<(CpuStorage, Shape)> {
-        let cols = l2.shape().elem_count();
-        let x = f32s(s1, l1, "rmsnorm bwd x")?;
-        let w = f32s(s2, l2, "rmsnorm bwd w")?;
-        let (_, rstd) = refs::rmsnorm_fwd(x, w, cols, self.eps);
-        let (mut dx, dw) = refs::rmsnorm_bwd(x, w, &rstd, f32s(s3, l3, "rmsnorm bwd dy")?, cols);
-        dx.extend_from_slice(&dw);
-        Ok((CpuStorage::F32(dx), Shape::from((x.len() / cols + 1, cols))))
+    check::rmsnorm(x.dims(), w.dims())?;
+    if dy.dims() != x.dims() || residual.is_some_and(|r| r.dims() != x.dims()) {
+        crate::fail!(
+            "rmsnorm backward: x {:?}, dy {:?}, residual {:?}",
+            x.dims(),
+            dy.dims(),
+            residual.map(|r| r.dims().to_vec())
+        );
     }
-
-    #[cfg(feature = "cuda")]
-    fn cuda(
-        &self,
-        [(s1, l1), (s2, l2), (s3, l3)]: [Arg<CudaStorage>; 3],
-    ) -> Result<(CudaStorage, Shape)> {
-        cuda::rmsnorm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
+    let dt = x.dtype();
+    // Every input in x's dtype, contiguous (a no-op where they already are).
+    let same = |t: &Tensor| t.to_dtype(dt)?.contiguous();
+    let (x, w, dy) = (x.contiguous()?, same(w)?, same(dy)?);
+    let residual = residual.map(same).transpose()?;
+    if x.device().is_cuda() {
+        #[cfg(feature = "cuda")]
+        return cuda::rmsnorm_bwd(&x, &w, &dy, residual.as_ref(), eps);
     }
+    if dt != DType::F32 {
+        crate::fail!("rmsnorm backward on the CPU: f32 only, not {dt:?}");
+    }
+    let cols = w.elem_count();
+    let v = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
+    let (xs, ws) = (v(&x)?, v(&w)?);
+    let (_, rstd) = refs::rmsnorm_fwd(&xs, &ws, cols, eps);
+    let (mut dx, dw) = refs::rmsnorm_bwd(&xs, &ws, &rstd, &v(&dy)?, cols);
+    if let Some(r) = &residual {
+        for (d, r) in dx.iter_mut().zip(v(r)?) {
+            *d += r;
+        }
+    }
+    Ok((
+        Tensor::from_vec(dx, x.shape(), x.device())?,
+        Tensor::from_vec(dw, w.shape(), x.device())?,
+    ))
 }
 
 /// Shape and bounds checks run before every launch, on every device (the kernels index raw
@@ -199,12 +227,32 @@ pub mod launch {
         )
     }
 
-    /// f32 only. Buffers: x, w, rstd (from `rmsnorm_fwd`), dy, dx (rows, cols), dw (cols, zeroed:
-    /// the kernel accumulates into it).
-    pub fn rmsnorm_bwd(rows: usize, cols: usize) -> Launch {
-        let args = bufs(6).chain([Arg::I32(cols as i32)]).collect();
+    /// Buffers: x, res (rows, cols), w (cols), s = x + res and y (rows, cols).
+    pub fn rmsnorm_fwd_res(s: Storage, rows: usize, cols: usize, eps: f32) -> Launch {
+        let args = bufs(5)
+            .chain([Arg::I32(cols as i32), Arg::F32(eps)])
+            .collect();
         per_row(
-            "rmsnorm_bwd_f32".into(),
+            format!("rmsnorm_fwd_res_{}", s.suffix()),
+            "rmsnorm",
+            rows,
+            RMSNORM_BLOCK,
+            args,
+        )
+    }
+
+    /// Buffers: x, w, dy, dres (rows, cols; read only with `residual`, else any buffer), dx
+    /// (rows, cols), dw (cols, f32, zeroed: the kernel accumulates into it).
+    pub fn rmsnorm_bwd(s: Storage, rows: usize, cols: usize, eps: f32, residual: bool) -> Launch {
+        let args = bufs(6)
+            .chain([
+                Arg::I32(cols as i32),
+                Arg::F32(eps),
+                Arg::I32(residual as i32),
+            ])
+            .collect();
+        per_row(
+            format!("rmsnorm_bwd_{}", s.suffix()),
             "rmsnorm",
             rows,
             RMSNORM_BLOCK,
@@ -218,12 +266,13 @@ pub mod launch {
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
     use crate::kernels::describe::Storage as Store;
-    use crate::kernels::launching::{func, store, view, Described};
+    use crate::kernels::launching::{by_dtype, func, store, view, Described};
     use crate::kernels::rmsnorm::launch;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape};
+    use candle_core::op::BackpropOp;
+    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
     /// Launches `rmsnorm_fwd_{sfx}` on contiguous x (rows, cols) and w (cols) -> (y, rstd).
     fn rmsnorm_fwd_launch<T: CudaDType + DeviceRepr>(
@@ -279,46 +328,111 @@ mod cuda {
         Ok((s, lx.shape().clone()))
     }
 
-    /// RMSNorm backward, f32: the row statistic from `rmsnorm_fwd` (its output is scratch), then
-    /// `rmsnorm_bwd` writing dx into rows 0..rows and accumulating dw into the zeroed last row.
-    pub fn rmsnorm_bwd(
-        x: &CudaStorage,
-        lx: &Layout,
-        w: &CudaStorage,
-        lw: &Layout,
-        dy: &CudaStorage,
-        ldy: &Layout,
+    /// (s = x + res, y = RMSNorm(s) * w) in x's dtype: one `rmsnorm_fwd_res` launch.
+    pub fn rmsnorm_fwd_res(
+        x: &Tensor,
+        res: &Tensor,
+        w: &Tensor,
         eps: f32,
-    ) -> Result<(CudaStorage, Shape)> {
-        let dev: &CudaDevice = x.device();
-        let cols = lw.shape().elem_count();
-        let n = lx.shape().elem_count();
-        let rows = n / cols;
-        let (_, rstd) = rmsnorm_fwd_launch::<f32>(x, lx, w, lw, eps, Store::F32)?;
-        let (xv, wv, gv) = (
-            view::<f32>(x, lx, "rmsnorm bwd x")?,
-            view::<f32>(w, lw, "rmsnorm bwd w")?,
-            view::<f32>(dy, ldy, "rmsnorm bwd dy")?,
+    ) -> Result<(Tensor, Tensor)> {
+        let cols = w.elem_count();
+        let rows = x.elem_count() / cols.max(1);
+        let st = store(x.dtype(), "rmsnorm with residual")?;
+        let ((xs, xl), (rs, rl), (ws, wl)) = (
+            x.storage_and_layout(),
+            res.storage_and_layout(),
+            w.storage_and_layout(),
         );
-        let l = launch::rmsnorm_bwd(rows, cols);
-        let bwd = func!(dev, l)?;
-        // dw accumulates with atomics, so its row starts at zero.
-        let mut out = dev.alloc_zeros::<f32>(n + cols)?;
-        {
-            let (mut dx, mut dw) = out.split_at_mut(n);
-            let mut d = Described::new(bwd.builder(), &l);
+        let dev = cuda_of(&xs)?.device().clone();
+        let l = launch::rmsnorm_fwd_res(st, rows, cols, eps);
+        let f = func!(&dev, l)?;
+        let (s, y) = by_dtype!(x.dtype(), "rmsnorm with residual", T => {
+            let (xv, rv, wv) = (
+                view::<T>(cuda_of(&xs)?, xl, "rmsnorm x")?,
+                view::<T>(cuda_of(&rs)?, rl, "rmsnorm residual")?,
+                view::<T>(cuda_of(&ws)?, wl, "rmsnorm w")?,
+            );
+            // SAFETY: the kernel writes every element of s and y.
+            let mut s = unsafe { dev.alloc::<T>(rows * cols)? };
+            let mut y = unsafe { dev.alloc::<T>(rows * cols)? };
+            let mut d = Described::new(f.builder(), &l);
+            d.buf(0, &xv)?
+                .buf(1, &rv)?
+                .buf(2, &wv)?
+                .buf(3, &mut s)?
+                .buf(4, &mut y)?;
+            // SAFETY: x, res, s and y hold rows x cols, w cols elements.
+            unsafe { d.launch() }?;
+            (
+                CudaStorage::wrap_cuda_slice(s, dev.clone()),
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            )
+        });
+        Ok((tensor(s, x.shape()), tensor(y, x.shape())))
+    }
+
+    /// A buffer a kernel filled, as a tensor of `shape` (no copy, no graph).
+    fn tensor(s: CudaStorage, shape: &Shape) -> Tensor {
+        Tensor::from_storage(Storage::Cuda(s), shape.clone(), BackpropOp::none(), false)
+    }
+
+    /// RMSNorm backward in x's dtype: dw zeroed, then one `rmsnorm_bwd` launch (the row
+    /// statistic recomputed inside) -> (dx like x, dw (cols) f32).
+    pub fn rmsnorm_bwd(
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        residual: Option<&Tensor>,
+        eps: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        let cols = w.elem_count();
+        let rows = x.elem_count() / cols.max(1);
+        let st = store(x.dtype(), "rmsnorm backward")?;
+        let ((xs, xl), (ws, wl), (gs, gl)) = (
+            x.storage_and_layout(),
+            w.storage_and_layout(),
+            dy.storage_and_layout(),
+        );
+        let res = residual.map(|r| r.storage_and_layout());
+        let dev = cuda_of(&xs)?.device().clone();
+        let l = launch::rmsnorm_bwd(st, rows, cols, eps, residual.is_some());
+        let f = func!(&dev, l)?;
+        // dw accumulates with atomics, so it starts at zero.
+        let mut dw = dev.alloc_zeros::<f32>(cols)?;
+        let dx = by_dtype!(x.dtype(), "rmsnorm backward", T => {
+            let (xv, wv, gv) = (
+                view::<T>(cuda_of(&xs)?, xl, "rmsnorm bwd x")?,
+                view::<T>(cuda_of(&ws)?, wl, "rmsnorm bwd w")?,
+                view::<T>(cuda_of(&gs)?, gl, "rmsnorm bwd dy")?,
+            );
+            let rv = match &res {
+                Some((rs, rl)) => Some(view::<T>(cuda_of(rs)?, rl, "rmsnorm bwd residual")?),
+                None => None,
+            };
+            // SAFETY: the kernel writes every element of dx.
+            let mut dx = unsafe { dev.alloc::<T>(rows * cols)? };
+            let mut d = Described::new(f.builder(), &l);
             d.buf(0, &xv)?
                 .buf(1, &wv)?
-                .buf(2, &rstd)?
-                .buf(3, &gv)?
+                .buf(2, &gv)?
+                .buf(3, rv.as_ref().unwrap_or(&gv))?
                 .buf(4, &mut dx)?
                 .buf(5, &mut dw)?;
-            // SAFETY: x, dy and dx hold rows x cols, w and dw cols, rstd rows elements.
+            // SAFETY: x, dy, dres and dx hold rows x cols, w and dw cols elements.
             unsafe { d.launch() }?;
-        }
+            CudaStorage::wrap_cuda_slice(dx, dev.clone())
+        });
         Ok((
-            CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            Shape::from((rows + 1, cols)),
+            tensor(dx, x.shape()),
+            tensor(CudaStorage::wrap_cuda_slice(dw, dev), w.shape()),
         ))
+    }
+
+    /// The CUDA storage under a tensor's lock.
+    fn cuda_of(s: &Storage) -> Result<&CudaStorage> {
+        match s {
+            Storage::Cuda(c) => Ok(c),
+            _ => crate::fail!("rmsnorm backward: expected a CUDA tensor"),
+        }
     }
 }

@@ -151,8 +151,9 @@ impl Qwen3 {
         let v = v.reshape((b, t, hkv, hd))?; // (B, T, Hkv, D)
         let (o, lse) = fused::flash::attention_rows(&qr, &kr, &v, ranges)?; // (B, T, Hq, D)
         let a = o.reshape((n, hq * hd))?; // (N, Hq*D)
-        let x1 = (x.reshape((n, hid))? + mm_t(&a, &lw.wo)?)?; // (N, H)
-        let h2 = fused::rms_norm(&x1, &lw.wn2, eps)?; // (N, H)
+                                          // The residual add and the post-attention norm in one pass.
+        let (x1, h2) =
+            fused::rms_norm_residual(&x.reshape((n, hid))?, &mm_t(&a, &lw.wo)?, &lw.wn2, eps)?; // (N, H) x 2
         let (g, u) = (mm_t(&h2, &lw.wg)?, mm_t(&h2, &lw.wu)?); // (N, I)
         let act = fused::swiglu(&g, &u)?; // (N, I)
         let y = (&x1 + mm_t(&act, &lw.wd)?)?.reshape((b, t, hid))?; // (B, T, H)
@@ -210,7 +211,7 @@ impl Qwen3 {
         let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps as f32;
 
-        // The adjoints, from the output back. The residual passes dy to x1 unchanged.
+        // The adjoints, from the output back.
         let dy = dy.to_dtype(s.x.dtype())?.reshape((n, hid))?; // (N, H)
         let mut grads = Vec::with_capacity(14);
         let mut put = |name: &str, g: Tensor| -> Result<()> {
@@ -229,9 +230,9 @@ impl Qwen3 {
         let (dh2u, dwu) = linear_grad(&s.h2, &lw.wu, &du)?;
         put("mlp.gate_proj.weight", dwg)?;
         put("mlp.up_proj.weight", dwu)?;
-        let (dx1n, dwn2) = fused::rms_norm_grad(&s.x1, &lw.wn2, &(dh2g + dh2u)?, eps)?;
+        // The residual passes dy to x1 too: added inside the norm's backward.
+        let (dx1, dwn2) = fused::rms_norm_grad(&s.x1, &lw.wn2, &(dh2g + dh2u)?, eps, Some(&dy))?; // (N, H)
         put("post_attention_layernorm.weight", dwn2)?;
-        let dx1 = (dy + dx1n)?; // (N, H)
         let (da, dwo) = linear_grad(&s.a, &lw.wo, &dx1)?;
         put("self_attn.o_proj.weight", dwo)?;
         let do_ = da.reshape((b, t, hq, hd))?; // (B, T, Hq, D)
@@ -250,12 +251,14 @@ impl Qwen3 {
                     a,
                     &dqn.reshape((n, hq, hd))?,
                     eps,
+                    None,
                 )?;
                 let (dk, dkw) = fused::rms_norm_grad(
                     &s.k.reshape((n, hkv, hd))?,
                     bn,
                     &dkn.reshape((n, hkv, hd))?,
                     eps,
+                    None,
                 )?;
                 put("self_attn.q_norm.weight", dqw)?;
                 put("self_attn.k_norm.weight", dkw)?;
@@ -275,9 +278,9 @@ impl Qwen3 {
         put("self_attn.k_proj.weight", dwk)?;
         put("self_attn.v_proj.weight", dwv)?;
         let dh = ((dhq + dhk)? + dhv)?.reshape((b, t, hid))?; // (B, T, H)
-        let (dxn, dwn1) = fused::rms_norm_grad(&s.x, &lw.wn1, &dh, eps)?;
+        let dx1 = dx1.reshape((b, t, hid))?; // (B, T, H)
+        let (dx, dwn1) = fused::rms_norm_grad(&s.x, &lw.wn1, &dh, eps, Some(&dx1))?; // (B, T, H)
         put("input_layernorm.weight", dwn1)?;
-        let dx = (dx1.reshape((b, t, hid))? + dxn)?; // (B, T, H)
         Ok((dx, grads))
     }
 }

@@ -218,15 +218,49 @@ pub(super) fn kv_cache_bf16(dev: &Device) -> Result<Vec<Row>> {
     )?])
 }
 
-/// `rmsnorm_fwd_bf16` against the f32 reference on bf16-rounded inputs.
+/// `rmsnorm_fwd_bf16`, `rmsnorm_fwd_res_bf16` (the residual add in front) and
+/// `rmsnorm_bwd_bf16` with a residual gradient added into dx (the written layer backward's),
+/// against the f32 reference on bf16-rounded inputs.
 pub(super) fn rmsnorm_bf16(dev: &Device) -> Result<Vec<Row>> {
     let (x, w) = (
         bf16_round(&rnd(&[64, 1024], 1)?)?,
         bf16_round(&rnd(&[1024], 2)?)?,
     );
+    let (dy, res) = (
+        bf16_round(&rnd(&[64, 1024], 3)?)?,
+        bf16_round(&rnd(&[64, 1024], 4)?)?,
+    );
     let c = fused::rms_norm(&x, &w, 1e-6)?;
     let g = fused::rms_norm(&on_dev(&x, dev)?, &on_dev(&w, dev)?, 1e-6)?;
-    Ok(vec![row("bf16 rmsnorm fwd", &g, &c, bf16_tolerance(&c)?)?])
+    let (dxc, dwc) = fused::rms_norm_grad(&x, &w, &dy, 1e-6, Some(&res))?;
+    let put = |t: &Tensor| on_dev(t, dev);
+    let (dxg, dwg) =
+        fused::rms_norm_grad(&put(&x)?, &put(&w)?, &put(&dy)?, 1e-6, Some(&put(&res)?))?;
+    // The device rounds the sum to bf16 before the norm, as a bf16 add would.
+    let yc = fused::rms_norm(&bf16_round(&(&x + &res)?)?, &w, 1e-6)?;
+    let (_, yg) = fused::rms_norm_residual(&put(&x)?, &put(&res)?, &put(&w)?, 1e-6)?;
+    Ok(vec![
+        row("bf16 rmsnorm fwd", &g, &c, bf16_tolerance(&c)?)?,
+        row(
+            "bf16 residual add + rmsnorm",
+            &yg,
+            &yc,
+            bf16_tolerance(&yc)?,
+        )?,
+        row(
+            "bf16 rmsnorm bwd dx + residual",
+            &dxg,
+            &dxc,
+            bf16_tolerance(&dxc)?,
+        )?,
+        // dw sums f32 products of the same rounded values: only the order of the sum differs.
+        row(
+            "bf16 rmsnorm bwd dw",
+            &dwg,
+            &dwc,
+            bf16_tolerance(&dwc)? / 8.0,
+        )?,
+    ])
 }
 
 /// `rope_{fwd,bwd}_bf16` against the f32 reference on bf16-rounded inputs.

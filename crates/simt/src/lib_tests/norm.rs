@@ -30,22 +30,30 @@ fn rmsnorm_forward_and_backward() {
         close("rmsnorm fwd y", &y, &want_y, 1e-4);
         close("rmsnorm fwd rstd", &rstd, &want_rstd, 1e-4);
 
+        // The backward recomputes the row statistic; with `residual` it adds dres into dx.
         let (want_dx, want_dw) = r::rmsnorm_bwd(&x, &w, &want_rstd, &dy, cols);
-        let (mut dx, mut dw) = (vec![0f32; rows * cols], vec![0f32; cols]);
-        let mut dys = dy.clone();
-        go(
-            &launch::rmsnorm_bwd(rows, cols),
-            vec![
-                Buf::F32(&mut xs),
-                Buf::F32(&mut ws),
-                Buf::F32(&mut rstd),
-                Buf::F32(&mut dys),
-                Buf::F32(&mut dx),
-                Buf::F32(&mut dw),
-            ],
-        );
-        close("rmsnorm bwd dx", &dx, &want_dx, 1e-4);
-        close("rmsnorm bwd dw", &dw, &want_dw, 1e-4);
+        let dres = rand_vec(rows * cols, 5);
+        for residual in [false, true] {
+            let (mut dx, mut dw) = (vec![f32::NAN; rows * cols], vec![0f32; cols]);
+            let (mut dys, mut rs) = (dy.clone(), dres.clone());
+            go(
+                &launch::rmsnorm_bwd(Storage::F32, rows, cols, eps, residual),
+                vec![
+                    Buf::F32(&mut xs),
+                    Buf::F32(&mut ws),
+                    Buf::F32(&mut dys),
+                    Buf::F32(&mut rs),
+                    Buf::F32(&mut dx),
+                    Buf::F32(&mut dw),
+                ],
+            );
+            let want: Vec<f32> = match residual {
+                true => want_dx.iter().zip(&dres).map(|(a, b)| a + b).collect(),
+                false => want_dx.clone(),
+            };
+            close(&format!("rmsnorm bwd dx ({residual})"), &dx, &want, 1e-4);
+            close("rmsnorm bwd dw", &dw, &want_dw, 1e-4);
+        }
 
         // bf16: the reference on the rounded inputs.
         let ((mut xb, xr), (mut wb, wr)) = (to_bf16(&x), to_bf16(&w));
@@ -61,6 +69,82 @@ fn rmsnorm_forward_and_backward() {
             ],
         );
         close("bf16 rmsnorm fwd", &from_bf16(&yb), &want, bf16_tol(&want));
+        // bf16 backward with the residual, against the reference on the rounded values.
+        let ((mut gb, gr), (mut rb, rr)) = (to_bf16(&dy), to_bf16(&dres));
+        let (_, rstd_r) = r::rmsnorm_fwd(&xr, &wr, cols, eps);
+        let (dx_r, dw_r) = r::rmsnorm_bwd(&xr, &wr, &rstd_r, &gr, cols);
+        let want: Vec<f32> = dx_r.iter().zip(&rr).map(|(a, b)| a + b).collect();
+        let (mut dxb, mut dw) = (vec![0u16; rows * cols], vec![0f32; cols]);
+        go(
+            &launch::rmsnorm_bwd(Storage::Bf16, rows, cols, eps, true),
+            vec![
+                Buf::Bf16(&mut xb),
+                Buf::Bf16(&mut wb),
+                Buf::Bf16(&mut gb),
+                Buf::Bf16(&mut rb),
+                Buf::Bf16(&mut dxb),
+                Buf::F32(&mut dw),
+            ],
+        );
+        close(
+            "bf16 rmsnorm bwd dx",
+            &from_bf16(&dxb),
+            &want,
+            bf16_tol(&want),
+        );
+        close("bf16 rmsnorm bwd dw", &dw, &dw_r, 1e-3);
+    }
+}
+
+/// The residual add fused in front of the norm: s = x + res and y = RMSNorm(s) * w, in f32
+/// against the reference and in bf16 against the reference on the rounded sum.
+#[test]
+fn rmsnorm_with_the_residual_add() {
+    for (rows, cols) in [(5, 300), (3, 64), (1, 1)] {
+        let (x, res, w) = (
+            rand_vec(rows * cols, 6),
+            rand_vec(rows * cols, 7),
+            rand_vec(cols, 8),
+        );
+        let eps = 1e-6;
+        let sum: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
+        let (want_y, _) = r::rmsnorm_fwd(&sum, &w, cols, eps);
+        let (mut s, mut y) = (vec![f32::NAN; rows * cols], vec![f32::NAN; rows * cols]);
+        let (mut xs, mut rs, mut ws) = (x.clone(), res.clone(), w.clone());
+        go(
+            &launch::rmsnorm_fwd_res(Storage::F32, rows, cols, eps),
+            vec![
+                Buf::F32(&mut xs),
+                Buf::F32(&mut rs),
+                Buf::F32(&mut ws),
+                Buf::F32(&mut s),
+                Buf::F32(&mut y),
+            ],
+        );
+        close("rmsnorm res s", &s, &sum, 0.0);
+        close("rmsnorm res y", &y, &want_y, 1e-4);
+
+        let ((mut xb, xr), (mut rb, rr), (mut wb, wr)) = (to_bf16(&x), to_bf16(&res), to_bf16(&w));
+        let sum16 = to_bf16(&xr.iter().zip(&rr).map(|(a, b)| a + b).collect::<Vec<_>>()).1;
+        let (want_y, _) = r::rmsnorm_fwd(&sum16, &wr, cols, eps);
+        let (mut sb, mut yb) = (vec![0u16; rows * cols], vec![0u16; rows * cols]);
+        go(
+            &launch::rmsnorm_fwd_res(Storage::Bf16, rows, cols, eps),
+            vec![
+                Buf::Bf16(&mut xb),
+                Buf::Bf16(&mut rb),
+                Buf::Bf16(&mut wb),
+                Buf::Bf16(&mut sb),
+                Buf::Bf16(&mut yb),
+            ],
+        );
+        close("bf16 rmsnorm res s", &from_bf16(&sb), &sum16, 0.0);
+        close(
+            "bf16 rmsnorm res y",
+            &from_bf16(&yb),
+            &want_y,
+            bf16_tol(&want_y),
+        );
     }
 }
 
