@@ -16,12 +16,13 @@
 
 typedef __nv_bfloat16 bf16;
 
-// Where head h of batch row b starts in a tensor of `heads` heads, and its row stride: in
-// attention's layout (B, H, T, D) the head is one (T, D) block; in the projections' rows
-// (B, T, H, D) (`TOKENS`, the written layer backward's layout) its rows are H * D apart.
+// Where a head starts, by its flat index `head` = b * heads + h (the grid's), in a tensor of
+// `heads` heads: in attention's layout (B, H, T, D) the head is one (T, D) block; in the
+// projections' rows (B, T, H, D) (`TOKENS`, the written layer backward's layout) its rows are
+// H * D apart (fa2_ld).
 template <bool TOKENS, int D>
-__device__ __forceinline__ size_t fa2_head(int b, int h, int heads, int t) {
-    return TOKENS ? (size_t)b * t * heads * D + (size_t)h * D : ((size_t)b * heads + h) * t * D;
+__device__ __forceinline__ size_t fa2_head(int head, int heads, int t) {
+    return TOKENS ? ((size_t)(head / heads) * t * heads + head % heads) * D : (size_t)head * t * D;
 }
 template <bool TOKENS, int D>
 __device__ __forceinline__ int fa2_ld(int heads) {

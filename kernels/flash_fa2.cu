@@ -48,11 +48,11 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     int gq = lane / 4, tq = lane % 4;  // the fragments' groupID and threadID_in_group
     int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
     int r0 = rb * FA2_ROWS, bh = blockIdx.y;
-    int b = bh / hq, hh = bh % hq, gh = hh / (hq / hkv);
+    int b = bh / hq, g = b * hkv + (bh % hq) / (hq / hkv);
     const int ldq = fa2_ld<TOKENS, D>(hq), ldk = fa2_ld<TOKENS, D>(hkv);
-    const bf16* kh = k + fa2_head<TOKENS, D>(b, gh, hkv, t);
-    const bf16* vh = v + fa2_head<TOKENS, D>(b, gh, hkv, t);
-    const bf16* qh = q + fa2_head<TOKENS, D>(b, hh, hq, t);
+    const bf16* kh = k + fa2_head<TOKENS, D>(g, hkv, t);
+    const bf16* vh = v + fa2_head<TOKENS, D>(g, hkv, t);
+    const bf16* qh = q + fa2_head<TOKENS, D>(bh, hq, t);
     const uint32_t* st = starts + (size_t)b * t;
     // This lane's two rows: g and g + 8 of the warp's 16.
     int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
@@ -69,8 +69,9 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     for (int f = 0; f < KF; f++)
         for (int i = 0; i < 4; i++) {
             int r = row[i & 1], c = f * 16 + 2 * tq + 8 * (i >> 1);
-            const bf16* at = qh + (size_t)min(r, t - 1) * ldq + c;
-            qf[f][i] = r < t ? bf16x2(to_f(at[0]), to_f(at[1])) : 0u;
+            qf[f][i] = r < t ? bf16x2(to_f(qh[(size_t)r * ldq + c]),
+                                      to_f(qh[(size_t)r * ldq + c + 1]))
+                             : 0u;
         }
     float o[NO][4];
     for (int n = 0; n < NO; n++)
@@ -157,7 +158,7 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
         l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
     }
-    O* oh = out + fa2_head<TOKENS, D>(b, hh, hq, t);
+    O* oh = out + fa2_head<TOKENS, D>(bh, hq, t);
     for (int h = 0; h < 2; h++) {
         if (row[h] >= t) continue;
         float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;

@@ -99,11 +99,11 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
     int gq = lane / 4, tq = lane % 4, mi = lane / 8, r = lane % 8;
     int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
     int r0 = rb * FA2_ROWS, bh = blockIdx.y;
-    int b = bh / hq, hh = bh % hq, gh = hh / (hq / hkv);
+    int b = bh / hq, g = b * hkv + (bh % hq) / (hq / hkv);
     const int ldq = fa2_ld<TOKENS, D>(hq), ldk = fa2_ld<TOKENS, D>(hkv);
-    const size_t qo = fa2_head<TOKENS, D>(b, hh, hq, t);
-    const bf16* kh = k + fa2_head<TOKENS, D>(b, gh, hkv, t);
-    const bf16* vh = v + fa2_head<TOKENS, D>(b, gh, hkv, t);
+    const size_t qo = fa2_head<TOKENS, D>(bh, hq, t);
+    const bf16* kh = k + fa2_head<TOKENS, D>(g, hkv, t);
+    const bf16* vh = v + fa2_head<TOKENS, D>(g, hkv, t);
     const uint32_t* st = starts + (size_t)b * t;
     int row[2] = {r0 + w * 16 + gq, r0 + w * 16 + gq + 8};
     int lo_key[2], hi_key[2];
@@ -239,7 +239,7 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     int kb0 = blockIdx.x * FA2_ROWS, bg = blockIdx.y;
     int b = bg / hkv, rep = hq / hkv, h0 = (bg % hkv) * rep;
     const int ldq = fa2_ld<TOKENS, D>(hq), ldk = fa2_ld<TOKENS, D>(hkv);
-    const size_t ko = fa2_head<TOKENS, D>(b, bg % hkv, hkv, t);
+    const size_t ko = fa2_head<TOKENS, D>(bg, hkv, t);
     const uint32_t* st = starts + (size_t)b * t;
     load_rows<D, FA2_ROWS>(kvs, k + ko, kb0, t, ldk);  // model: block-rows
     load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v + ko, kb0, t, ldk);  // model: block-rows
@@ -257,7 +257,8 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     int per = lo > kb0 ? (lo - kb0 + QT - 1) / QT : 0;  // steps per query head
     int steps = rep * per;
     if (steps > 0) {
-        size_t base = ((size_t)b * hq + h0) * t, qo = fa2_head<TOKENS, D>(b, h0, hq, t);
+        size_t base = ((size_t)b * hq + h0) * t;
+        size_t qo = fa2_head<TOKENS, D>(b * hq + h0, hq, t);
         load_queries<D, QT>(qs, gs, ls, ds, ss, q + qo, dout + qo, lse + base, delta + base, st,
                             kb0, t, ldq);
         cp_async_commit();
@@ -285,7 +286,8 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
         int h = h0 + s / per, i0 = kb0 + (s % per) * QT, sb = s & 1;
         if (s + 1 < steps) {
             int hn = h0 + (s + 1) / per, in = kb0 + ((s + 1) % per) * QT, o = sb ^ 1;
-            size_t base = ((size_t)b * hq + hn) * t, qo = fa2_head<TOKENS, D>(b, hn, hq, t);
+            size_t base = ((size_t)b * hq + hn) * t;
+            size_t qo = fa2_head<TOKENS, D>(b * hq + hn, hq, t);
             load_queries<D, QT>(qs + o * QTILE, gs + o * QTILE, ls + o * QT, ds + o * QT,
                                 ss + o * QT, q + qo, dout + qo, lse + base, delta + base, st, in,
                                 t, ldq);

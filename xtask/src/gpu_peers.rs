@@ -58,6 +58,11 @@ pub fn peer_ratios(report: &serde_json::Map<String, Value>) -> Value {
                 format!("attention_fwd_bwd_t{t}_sdpa_{b}_over_terse"),
                 div(f(&theirs, &format!("{b}_s")), f(&ours, "flash_s")),
             );
+            // The training path's attention (in the rows, no graph).
+            out.insert(
+                format!("attention_fwd_bwd_t{t}_sdpa_{b}_over_terse_rows"),
+                div(f(&theirs, &format!("{b}_s")), f(&ours, "rows_s")),
+            );
         }
     }
     Value::Object(out)
@@ -70,7 +75,8 @@ mod tests {
     /// The ratios read the 2026-12-04 rows as gpu-check and the peers script write them:
     /// terse's 8k training at 11,480 tokens/s against HF's 28,987 is 0.396, its flash forward
     /// at 157 TFLOP/s against cuDNN's 555 is 0.283, SDPA flash's 1.24 ms fwd+bwd at 4096
-    /// against terse's 4.09 is 0.303; the kept-layer row is preferred; a missing side is null.
+    /// against terse's 4.09 is 0.303; the kept-layer row is preferred; a missing side is null;
+    /// the rows path's time, where there is one, gives its own ratio.
     #[test]
     fn peer_ratios_read_both_sides_of_one_report() {
         let report: serde_json::Map<String, Value> = serde_json::from_value(json!({
@@ -79,7 +85,8 @@ mod tests {
                 {"t": 8192, "keep": "auto", "tokens_per_s": 14493.5},
                 {"t": 16384, "keep": "none", "tokens_per_s": 10443.0}],
             "flash_kernel": {"tensor_cores": {"tflops": 157.4}},
-            "attention_paths": [{"t": 1024, "flash_s": 0.000743}, {"t": 4096, "flash_s": 0.004086}],
+            "attention_paths": [{"t": 1024, "flash_s": 0.000743},
+                                {"t": 4096, "flash_s": 0.004086, "rows_s": 0.002}],
             "torch_peers": {
                 "flash_fwd_t8192": {"flash": {"tflops": 277.4}, "cudnn": {"tflops": 555.4}},
                 "attention_paths": [{"t": 1024, "flash_s": 0.000403, "cudnn_s": 0.000344},
@@ -106,6 +113,15 @@ mod tests {
         );
         assert!(
             r["attention_fwd_bwd_t4096_sdpa_cudnn_over_terse"].is_null(),
+            "{r}"
+        );
+        // The training path's attention, a time the 2026-12-04 run did not have (made up here).
+        near(
+            "attention_fwd_bwd_t4096_sdpa_flash_over_terse_rows",
+            0.001237 / 0.002,
+        );
+        assert!(
+            r["attention_fwd_bwd_t1024_sdpa_flash_over_terse_rows"].is_null(),
             "{r}"
         );
         // Steps skipped (`--skip`): their ratios are null, nothing panics.

@@ -26,7 +26,7 @@ use crate::kernels::op::{apply3, Arg, Kernel};
 use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor};
 use std::sync::Arc;
 
-pub(crate) use rows::{attention_rows, attention_rows_grad};
+pub use rows::{attention_rows, attention_rows_grad};
 
 /// Whether bf16 calls at head sizes 64 and 128 take the tensor-core kernels or the scalar
 /// ones. The default comes from `TERSE_FLASH_TC` (`0` turns them off for the whole process: a

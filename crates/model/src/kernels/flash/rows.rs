@@ -64,7 +64,7 @@ fn swap(x: &Tensor) -> Result<Tensor> {
 
 /// Causal grouped-query attention over key ranges in the projections' rows: (out (B, T, Hq, D)
 /// in q's dtype, lse (B * Hq * T) f32, kept for `attention_rows_grad`).
-pub(crate) fn attention_rows(
+pub fn attention_rows(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -84,7 +84,7 @@ pub(crate) fn attention_rows(
 
 /// The gradients (dq, dk, dv) of `attention_rows`' inputs in the rows layout and their dtype,
 /// for dout (B, T, Hq, D), from its (out, lse).
-pub(crate) fn attention_rows_grad(
+pub fn attention_rows_grad(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
