@@ -241,3 +241,34 @@ fn weighted_completion_rewards_add_to_the_verifier_s_reward() {
     }
     assert!(plain.iter().any(|s| s.1 > 0));
 }
+
+/// `.model(..)` starts a built trainer from a model made in code (here the SFT checkpoint's
+/// own weights, so the step is the one `model.path` gives); `.run()` refuses it with one line
+/// naming it, and writes nothing.
+#[test]
+fn the_builder_takes_a_model_for_build_and_run_refuses_it() {
+    let root = crate::scratch("plugins-model");
+    let cfg = crate::from_sft(&root, "given", 1);
+    let (dev, dtype) = cfg.run.device_and_dtype().expect("device");
+    let path = cfg.model.path.clone();
+    let load = || terse_model::Qwen3::load(&path, &dev, dtype).expect("model");
+    let mut given = terse_train::GrpoTrainer::builder(cfg.clone())
+        .model(load())
+        .build()
+        .expect("build");
+    let mut loaded = terse_train::GrpoTrainer::builder(cfg.clone())
+        .build()
+        .expect("build");
+    let (a, b) = (given.step().expect("step"), loaded.step().expect("step"));
+    assert_eq!((a.reward, a.loss), (b.reward, b.loss));
+    let e = terse_train::GrpoTrainer::builder(cfg)
+        .model(load())
+        .run()
+        .expect_err("run with a given model")
+        .to_string();
+    assert!(e.contains("`.model(..)`") && !e.contains('\n'), "{e}");
+    assert!(
+        !root.join("given/config.toml").exists(),
+        "a refused run wrote its config"
+    );
+}

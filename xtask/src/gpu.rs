@@ -206,6 +206,7 @@ pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode
             "nccl" => crate::gpu_nccl::nccl(d),
             "hf_generate" => Ok(crate::gpu_bench::hf_generate()),
             "torch_peers" => Ok(crate::gpu_bench::torch_peers()),
+            "grpo_step" => crate::gpu_grpo::grpo_step(d),
             other => anyhow::bail!("gpu-check: no step named {other}"),
         }));
     }

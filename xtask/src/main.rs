@@ -14,6 +14,8 @@ mod check_model;
 mod eval;
 mod fake_gpu;
 mod gpu;
+// gpu-check's `grpo_step` (the `cuda` build); its test runs a tiny shape on the CPU in every build.
+mod gpu_grpo;
 // gpu-check (the `cuda` build) reads it; its test runs in every build.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod gpu_peers;

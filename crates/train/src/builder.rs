@@ -37,6 +37,8 @@ pub struct TrainerBuilder {
     /// again (run/config_record.rs, run_loop.rs).
     pub(crate) allow_config_change: bool,
     pub(crate) eval_again: bool,
+    /// `.model(..)`: the policy to start from instead of `model.path`'s weights (`build`).
+    pub(crate) model: Option<Qwen3>,
 }
 
 /// What a trainer starts from besides the builder's parts: loaded by `build` (step 0 from
@@ -68,6 +70,7 @@ impl GrpoTrainer {
             collective: None,
             allow_config_change: false,
             eval_again: false,
+            model: None,
         }
     }
 }
@@ -140,14 +143,29 @@ impl TrainerBuilder {
         self
     }
 
-    /// A trainer at step 0: the policy and tokenizer from `model.path` (a checkpoint), a fresh
-    /// AdamW, the same weights as the KL reference when `grpo.kl_coef > 0`.
+    /// `build` starts from this policy instead of loading `model.path`'s weights (the tokenizer
+    /// is still `model.path`'s): a model made in code, such as the random Qwen3-0.6B shape
+    /// gpu-check's `grpo_step` times. It must be on the run's device, in its dtype; a KL
+    /// reference, if the config has one, is still loaded from `model.path`. `.run()` refuses it:
+    /// a run starts from its config (`model.init`), so that it can be resumed.
+    pub fn model(mut self, policy: Qwen3) -> Self {
+        self.model = Some(policy);
+        self
+    }
+
+    /// A trainer at step 0: the policy and tokenizer from `model.path` (a checkpoint; the
+    /// policy `.model(..)` gave, if any), a fresh AdamW, the same weights as the KL reference
+    /// when `grpo.kl_coef > 0`.
     pub fn build(mut self) -> Result<GrpoTrainer> {
         self.check()?;
+        let given = self.model.take();
         let cfg = &self.cfg;
         let (dev, dtype) = cfg.run.device_and_dtype()?;
         let path = cfg.model.path.clone();
-        let mut policy = Qwen3::load(&path, &dev, dtype)?;
+        let mut policy = match given {
+            Some(m) => m,
+            None => Qwen3::load(&path, &dev, dtype)?,
+        };
         crate::load::add_configured_lora(cfg, &mut policy)?;
         let reference = if crate::load::needs_reference(cfg) {
             Some(Qwen3::load(&path, &dev, dtype)?)

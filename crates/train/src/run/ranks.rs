@@ -36,6 +36,12 @@ impl TrainerBuilder {
     /// it and every other rank None (they write nothing and observe nothing). Every rank must
     /// be given the same config file.
     pub fn run(self) -> Result<Option<RunSummary>> {
+        if self.model.is_some() {
+            anyhow::bail!(
+                "builder: `.model(..)` is for `.build()`; a run starts from its config's \
+                 `model.init` and `model.path`, so that it can be resumed"
+            );
+        }
         match &self.collective {
             Some(c) if c.rank() != 0 => follow(self).map(|()| None),
             _ => crate::run::run_loop::train_loop(self).map(Some),
