@@ -185,6 +185,13 @@ pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode
             }));
             continue;
         }
+        // The profile runs scaled down there too, so that CI runs its CUDA events.
+        if emulated && key == "profile" {
+            steps.push(Step::new(key, expect_s, move || {
+                Ok(emulated_row(Some(crate::gpu_profile::emulated(d)?)))
+            }));
+            continue;
+        }
         if emulated && key != "nccl" {
             steps.push(Step::new(key, expect_s, move || Ok(emulated_row(None))));
             continue;
@@ -202,6 +209,7 @@ pub fn gpu_check(out: &Path, skip: Vec<String>, limit_s: f64) -> Result<ExitCode
             "flash_kernel" => crate::gpu_long::flash_kernel(d),
             "attention_paths" => crate::gpu_long::attention_paths(d),
             "long_context" => with_model(&|m| crate::gpu_long::long_context(d, m)),
+            "profile" => with_model(&|m| crate::gpu_profile::profile(d, m)),
             "logprob" => crate::gpu_bench::logprob(d),
             "nccl" => crate::gpu_nccl::nccl(d),
             "hf_generate" => Ok(crate::gpu_bench::hf_generate()),

@@ -102,6 +102,20 @@ pub fn long_context(dev: &Device, model: &mut Qwen3) -> Result<Value> {
     Ok(Value::Array(rows))
 }
 
+/// The long-context steps' tokens: two sequences of 5/8 and 3/8 of `t`, deterministic ids
+/// below `v - 1`.
+pub fn packed_rows(t: usize, v: usize) -> Vec<Vec<u32>> {
+    [t * 5 / 8, t - t * 5 / 8]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            (0..n)
+                .map(|j| ((i * 131 + j * 17) % (v - 1)) as u32)
+                .collect()
+        })
+        .collect()
+}
+
 fn long_context_runs(dev: &Device, model: &Qwen3) -> Result<Value> {
     let ctx = context(dev)?;
     let cfg = model.config.clone();
@@ -109,16 +123,8 @@ fn long_context_runs(dev: &Device, model: &Qwen3) -> Result<Value> {
     let v = cfg.vocab_size;
     let mut out = vec![];
     for t in [8192usize, 16384] {
-        let lens = [t * 5 / 8, t - t * 5 / 8];
-        let rows: Vec<Vec<u32>> = lens
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                (0..n)
-                    .map(|j| ((i * 131 + j * 17) % (v - 1)) as u32)
-                    .collect()
-            })
-            .collect();
+        let rows = packed_rows(t, v);
+        let lens: Vec<usize> = rows.iter().map(Vec::len).collect();
         let batch = Batch::packed(&rows, dev)?;
         let (sel, targets) = batch.next_token_selection();
         dev.synchronize()?;

@@ -30,6 +30,8 @@ mod gpu_long;
 mod gpu_nccl;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod gpu_plan;
+#[cfg(feature = "cuda")]
+mod gpu_profile;
 mod kernel_model;
 mod launch;
 mod mem;

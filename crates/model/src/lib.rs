@@ -37,6 +37,7 @@ pub mod lora;
 pub mod model;
 pub mod ops;
 pub mod paged;
+pub mod profile;
 pub mod reference;
 pub mod testing;
 

@@ -15,6 +15,7 @@
 
 use crate::kernels::op::{apply2, Arg, Kernel};
 use crate::ops::accum_dtype;
+use crate::profile::Category::{HeadBackward, HeadForward};
 use candle_core::{CpuStorage, Result, Shape, Storage, Tensor, D};
 
 /// Rows per chunk by default: 512 rows x 151,936 x 4 bytes = 311 MB per block at Qwen3 scale.
@@ -92,8 +93,10 @@ fn logprobs_by(
         let tg = targets.narrow(0, start, len)?;
         if path == Path::Written {
             // The GEMM's own output, read by the kernel as it is; log Z kept for the backward.
-            let logits = hc.matmul(&wd.t()?)?; // (n, V)
-            let stats = crate::kernels::logprob_stats_of_checked(&logits, &tg)?; // (n, 3)
+            let stats = crate::profile::span(hc.device(), HeadForward, || {
+                let logits = hc.matmul(&wd.t()?)?; // (n, V)
+                crate::kernels::logprob_stats_of_checked(&logits, &tg) // (n, 3)
+            })?;
             parts.push(stats.narrow(1, 0, 1)?.squeeze(1)?);
             lse_parts.push(stats.narrow(1, 1, 1)?.squeeze(1)?);
             continue;
@@ -226,7 +229,10 @@ impl Kernel<2> for FusedLogProb {
         // A frozen head (LoRA) needs no (V, H) gradient: skip its matmul per chunk.
         let head_grad = weight.track_op();
         if let (Path::Written, Some(lse)) = (self.path, &self.lse) {
-            let (dh, dw) = self.written_bwd(&hidden.detach(), lse, grad, head_grad)?;
+            let h = hidden.detach();
+            let (dh, dw) = crate::profile::span(h.device(), HeadBackward, || {
+                self.written_bwd(&h, lse, grad, head_grad)
+            })?;
             return Ok([
                 Some(dh),
                 dw.map(|d| d.to_dtype(weight.dtype())).transpose()?,

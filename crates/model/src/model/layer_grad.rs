@@ -13,16 +13,19 @@
 use super::Qwen3;
 use crate::kernels as fused;
 use crate::kernels::flash::KeyRanges;
+use crate::profile::{span, Category as C};
 use candle_core::{Result, Tensor};
 
 /// x (N, In) @ W^T with W (Out, In) -> (N, Out).
 fn mm_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    x.matmul(&w.t()?)
+    span(x.device(), C::Matmul, || x.matmul(&w.t()?))
 }
 
 /// The gradients of y = x W^T for dy (N, Out): (dx (N, In), dW (Out, In)).
 fn linear_grad(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
-    Ok((dy.matmul(w)?, dy.t()?.matmul(x)?))
+    span(x.device(), C::Matmul, || {
+        Ok((dy.matmul(w)?, dy.t()?.matmul(x)?))
+    })
 }
 
 /// A decoder layer's weights in the compute dtype, detached: cast once per training step and
@@ -81,7 +84,10 @@ impl Qwen3 {
     /// Layer l's weights in the compute dtype (one cast each).
     pub(crate) fn layer_weights(&self, l: usize) -> Result<LayerWeights> {
         let c = &self.config;
-        let w = |name: &str| self.w(&format!("model.layers.{l}.{name}"), false);
+        let w = |name: &str| {
+            let key = format!("model.layers.{l}.{name}");
+            span(&self.device, C::Cast, || self.w(&key, false))
+        };
         Ok(LayerWeights {
             l,
             wn1: w("input_layernorm.weight")?,
@@ -127,36 +133,49 @@ impl Qwen3 {
         let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps as f32;
         let x = x.detach().contiguous()?;
-        let h = fused::rms_norm(&x, &lw.wn1, eps)?.reshape((n, hid))?; // (N, H)
+        let dev = x.device();
+        let h = span(dev, C::Norm, || fused::rms_norm(&x, &lw.wn1, eps))?.reshape((n, hid))?; // (N, H)
         let (mut q, mut k, mut v) = (mm_t(&h, &lw.wq)?, mm_t(&h, &lw.wk)?, mm_t(&h, &lw.wv)?); // (N, Hq*D), (N, Hkv*D) x 2
         if let Some([bq, bk, bv]) = &lw.bias {
-            (q, k, v) = (
-                q.broadcast_add(bq)?,
-                k.broadcast_add(bk)?,
-                v.broadcast_add(bv)?,
-            );
+            (q, k, v) = span(dev, C::Elementwise, || {
+                Ok((
+                    q.broadcast_add(bq)?,
+                    k.broadcast_add(bk)?,
+                    v.broadcast_add(bv)?,
+                ))
+            })?;
         }
         let (qn, kn) = match &lw.norms {
-            Some([a, bn]) => (
-                fused::rms_norm(&q.reshape((n, hq, hd))?, a, eps)?, // (N, Hq, D)
-                fused::rms_norm(&k.reshape((n, hkv, hd))?, bn, eps)?, // (N, Hkv, D)
-            ),
+            Some([a, bn]) => span(dev, C::Norm, || {
+                Ok((
+                    fused::rms_norm(&q.reshape((n, hq, hd))?, a, eps)?, // (N, Hq, D)
+                    fused::rms_norm(&k.reshape((n, hkv, hd))?, bn, eps)?, // (N, Hkv, D)
+                ))
+            })?,
             None => (q.clone(), k.clone()),
         };
         // RoPE and attention in the projections' rows: no transposing copy, no cast.
         let rot = |x: &Tensor, h: usize| {
-            fused::rope_laid_out(&x.reshape((b, t, h, hd))?, cos, sin, false, [true; 2])
+            let x = x.reshape((b, t, h, hd))?; // (B, T, H, D)
+            span(dev, C::Rope, || {
+                fused::rope_laid_out(&x, cos, sin, false, [true; 2])
+            })
         };
         let (qr, kr) = (rot(&qn, hq)?, rot(&kn, hkv)?); // (B, T, Hq, D), (B, T, Hkv, D)
         let v = v.reshape((b, t, hkv, hd))?; // (B, T, Hkv, D)
-        let (o, lse) = fused::flash::attention_rows(&qr, &kr, &v, ranges)?; // (B, T, Hq, D)
+        let (o, lse) = span(dev, C::FlashForward, || {
+            fused::flash::attention_rows(&qr, &kr, &v, ranges)
+        })?; // (B, T, Hq, D)
         let a = o.reshape((n, hq * hd))?; // (N, Hq*D)
                                           // The residual add and the post-attention norm in one pass.
-        let (x1, h2) =
-            fused::rms_norm_residual(&x.reshape((n, hid))?, &mm_t(&a, &lw.wo)?, &lw.wn2, eps)?; // (N, H) x 2
+        let (xr, ao) = (x.reshape((n, hid))?, mm_t(&a, &lw.wo)?); // (N, H) x 2
+        let (x1, h2) = span(dev, C::Norm, || {
+            fused::rms_norm_residual(&xr, &ao, &lw.wn2, eps)
+        })?; // (N, H) x 2
         let (g, u) = (mm_t(&h2, &lw.wg)?, mm_t(&h2, &lw.wu)?); // (N, I)
-        let act = fused::swiglu(&g, &u)?; // (N, I)
-        let y = (&x1 + mm_t(&act, &lw.wd)?)?.reshape((b, t, hid))?; // (B, T, H)
+        let act = span(dev, C::Elementwise, || fused::swiglu(&g, &u))?; // (N, I)
+        let down = mm_t(&act, &lw.wd)?; // (N, H)
+        let y = span(dev, C::Elementwise, || &x1 + &down)?.reshape((b, t, hid))?; // (B, T, H)
         Ok(Saved {
             x,
             h,
@@ -212,6 +231,7 @@ impl Qwen3 {
         let eps = c.rms_norm_eps as f32;
 
         // The adjoints, from the output back.
+        let dev = s.x.device();
         let dy = dy.to_dtype(s.x.dtype())?.reshape((n, hid))?; // (N, H)
         let mut grads = Vec::with_capacity(14);
         let mut put = |name: &str, g: Tensor| -> Result<()> {
@@ -220,46 +240,49 @@ impl Qwen3 {
                 Some(v) => v.dtype(),
                 None => crate::fail!("internal: weight `{key}` missing"),
             };
-            grads.push((key, g.to_dtype(master)?));
+            grads.push((key, span(dev, C::Cast, || g.to_dtype(master))?));
             Ok(())
         };
         let (dact, dwd) = linear_grad(&s.act, &lw.wd, &dy)?;
         put("mlp.down_proj.weight", dwd)?;
-        let (dg, du) = fused::swiglu_grad(&s.g, &s.u, &dact)?; // (N, I) each
+        let (dg, du) = span(dev, C::Elementwise, || {
+            fused::swiglu_grad(&s.g, &s.u, &dact)
+        })?; // (N, I) each
         let (dh2g, dwg) = linear_grad(&s.h2, &lw.wg, &dg)?;
         let (dh2u, dwu) = linear_grad(&s.h2, &lw.wu, &du)?;
         put("mlp.gate_proj.weight", dwg)?;
         put("mlp.up_proj.weight", dwu)?;
         // The residual passes dy to x1 too: added inside the norm's backward.
-        let (dx1, dwn2) = fused::rms_norm_grad(&s.x1, &lw.wn2, &(dh2g + dh2u)?, eps, Some(&dy))?; // (N, H)
+        let dh2 = span(dev, C::Elementwise, || dh2g + dh2u)?; // (N, H)
+        let (dx1, dwn2) = span(dev, C::Norm, || {
+            fused::rms_norm_grad(&s.x1, &lw.wn2, &dh2, eps, Some(&dy))
+        })?; // (N, H)
         put("post_attention_layernorm.weight", dwn2)?;
         let (da, dwo) = linear_grad(&s.a, &lw.wo, &dx1)?;
         put("self_attn.o_proj.weight", dwo)?;
         let do_ = da.reshape((b, t, hq, hd))?; // (B, T, Hq, D)
         let out = s.a.reshape((b, t, hq, hd))?; // (B, T, Hq, D)
-        let (dqr, dkr, dv) =
-            fused::flash::attention_rows_grad(&s.qr, &s.kr, &s.v, ranges, (&out, &s.lse), &do_)?;
+        let (dqr, dkr, dv) = span(dev, C::FlashBackward, || {
+            fused::flash::attention_rows_grad(&s.qr, &s.kr, &s.v, ranges, (&out, &s.lse), &do_)
+        })?;
         let unrot = |d: &Tensor, h: usize| {
-            fused::rope_laid_out(d, cos, sin, true, [true; 2])?.reshape((n, h * hd))
+            span(dev, C::Rope, || {
+                fused::rope_laid_out(d, cos, sin, true, [true; 2])
+            })?
+            .reshape((n, h * hd))
         };
         let (dqn, dkn) = (unrot(&dqr, hq)?, unrot(&dkr, hkv)?); // (N, Hq*D), (N, Hkv*D)
         let dv = dv.reshape((n, hkv * hd))?; // (N, Hkv*D)
         let (dq, dk) = match &lw.norms {
             Some([a, bn]) => {
-                let (dq, dqw) = fused::rms_norm_grad(
-                    &s.q.reshape((n, hq, hd))?,
-                    a,
-                    &dqn.reshape((n, hq, hd))?,
-                    eps,
-                    None,
-                )?;
-                let (dk, dkw) = fused::rms_norm_grad(
-                    &s.k.reshape((n, hkv, hd))?,
-                    bn,
-                    &dkn.reshape((n, hkv, hd))?,
-                    eps,
-                    None,
-                )?;
+                let (sq, gq) = (s.q.reshape((n, hq, hd))?, dqn.reshape((n, hq, hd))?); // (N, Hq, D)
+                let (sk, gk) = (s.k.reshape((n, hkv, hd))?, dkn.reshape((n, hkv, hd))?); // (N, Hkv, D)
+                let (dq, dqw) = span(dev, C::Norm, || {
+                    fused::rms_norm_grad(&sq, a, &gq, eps, None)
+                })?;
+                let (dk, dkw) = span(dev, C::Norm, || {
+                    fused::rms_norm_grad(&sk, bn, &gk, eps, None)
+                })?;
                 put("self_attn.q_norm.weight", dqw)?;
                 put("self_attn.k_norm.weight", dkw)?;
                 (dq.reshape((n, hq * hd))?, dk.reshape((n, hkv * hd))?)
@@ -277,9 +300,11 @@ impl Qwen3 {
         put("self_attn.q_proj.weight", dwq)?;
         put("self_attn.k_proj.weight", dwk)?;
         put("self_attn.v_proj.weight", dwv)?;
-        let dh = ((dhq + dhk)? + dhv)?.reshape((b, t, hid))?; // (B, T, H)
+        let dh = span(dev, C::Elementwise, || (dhq + dhk)? + dhv)?.reshape((b, t, hid))?; // (B, T, H)
         let dx1 = dx1.reshape((b, t, hid))?; // (B, T, H)
-        let (dx, dwn1) = fused::rms_norm_grad(&s.x, &lw.wn1, &dh, eps, Some(&dx1))?; // (B, T, H)
+        let (dx, dwn1) = span(dev, C::Norm, || {
+            fused::rms_norm_grad(&s.x, &lw.wn1, &dh, eps, Some(&dx1))
+        })?; // (B, T, H)
         put("input_layernorm.weight", dwn1)?;
         Ok((dx, grads))
     }
@@ -364,5 +389,43 @@ mod tests {
             want.sort();
             assert_eq!(keys, want, "shape {i}");
         }
+    }
+
+    /// A profile of the written layer backward sees every category of its ops (issue 57's
+    /// `profile` step reads the same spans from CUDA events), and its recompute's casts of
+    /// the layer's weights; off, the same call records nothing.
+    #[test]
+    fn a_profile_sees_each_category_of_the_written_layer() {
+        use crate::profile::{finish, start, Category as C};
+        let dev = Device::Cpu;
+        let cfg = Config::synthetic(64, 64, 128, 2, 4, 2, 16, true).expect("config");
+        let m = Qwen3::random(cfg.clone(), 3, &dev, DType::F32).expect("model");
+        let t = 9;
+        let ranges = KeyRanges::packed(&[5, 4], t, &dev).expect("ranges");
+        let pos: Vec<u32> = (0..5).chain(0..4).collect();
+        let pos = Tensor::from_vec(pos, (1, t), &dev).expect("pos");
+        let (cos, sin) = crate::ops::rope_tables(&pos, cfg.head_dim, cfg.rope_theta, DType::F32)
+            .expect("tables");
+        let x = Tensor::randn(0f32, 1.0, (1, t, cfg.hidden_size), &dev).expect("x");
+        let run = || {
+            let lw = m.layer_weights(0).expect("weights");
+            m.layer_grad(&lw, &x, &cos, &sin, &ranges, &x)
+                .expect("layer_grad")
+        };
+        start();
+        run();
+        let totals = finish(&dev).expect("finish");
+        let spans = |c: C| totals.iter().find(|x| x.category == c).map(|x| x.spans);
+        // 7 projections forward and 7 backward; norms: 3 spans forward (q and k norms in one),
+        // 4 backward.
+        assert_eq!(spans(C::Matmul), Some(14), "{totals:?}");
+        assert_eq!(spans(C::FlashForward), Some(1));
+        assert_eq!(spans(C::FlashBackward), Some(1));
+        assert_eq!(spans(C::Rope), Some(4));
+        assert_eq!(spans(C::Norm), Some(7));
+        assert!(spans(C::Elementwise).is_some_and(|n| n >= 4), "{totals:?}");
+        assert!(spans(C::Cast).is_some_and(|n| n >= 11), "{totals:?}");
+        run();
+        assert!(finish(&dev).expect("off").is_empty());
     }
 }

@@ -10,7 +10,9 @@
 //! lets a tile skip every key block outside its rows' ranges.
 //!
 //! Data flow: `Qwen3::hidden_states` -> `attention` -> `FlashFwd` (out, lse) ... backward:
-//! `FlashFwd::bwd` -> `FlashBwd` (dq, dk, dv).
+//! `FlashFwd::bwd` -> `FlashBwd` (dq, dk, dv). The written layer backward (no graph) calls
+//! `attention_rows` and `attention_rows_grad` instead (rows.rs: the projections' layout, its own
+//! kernels on CUDA).
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
