@@ -1,9 +1,10 @@
 //! gpu-check's `profile` (issue 57's item 1, the training half): one packed, layer-checkpointed
 //! forward+backward of the Qwen3-0.6B shape (random bf16 weights) at 16k tokens through the
-//! written layer backward and the log-prob head, after one unprofiled run, with
+//! written layer backward and the log-prob head, then clipping and an AdamW step (lr 1e-6),
+//! after one unprofiled forward+backward, with
 //! `terse_model::profile` on: each category's device milliseconds by CUDA events (matmuls,
 //! flash forward and backward, the head's forward and backward, norms, RoPE, elementwise,
-//! casts), its share of the step's wall time, and what no span covers (the embedding, the
+//! casts, the optimizer), its share of the step's wall time, and what no span covers (the embedding, the
 //! final norm, layout copies, allocation and the host's own time between launches).
 
 use anyhow::{bail, Result};
@@ -77,9 +78,17 @@ pub fn profiled(dev: &Device, model: &Qwen3, t: usize) -> Result<Value> {
     // Once unprofiled: module loading and the first allocations are not the step's.
     drop(model.logprob_backward(&batch, &sel, &targets, &mut loss)?);
     dev.synchronize()?;
+    // The optimizer's state is made before the profile: a run makes it once.
+    let mut opt = terse_optim::AdamW::new(terse_optim::AdamWConfig::default(), model.vars())?;
     terse_model::profile::start();
     let t0 = Instant::now();
-    let grads = model.logprob_backward(&batch, &sel, &targets, &mut loss);
+    let mut step = || -> Result<terse_model::backward::Gradients> {
+        let mut grads = model.logprob_backward(&batch, &sel, &targets, &mut loss)?;
+        terse_optim::clip_grad_norm(&mut grads, 1.0)?;
+        opt.step(model.vars(), &grads, 1e-6)?;
+        Ok(grads)
+    };
+    let grads = step();
     let totals = terse_model::profile::finish(dev);
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
     let grads = grads?;

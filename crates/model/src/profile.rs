@@ -5,8 +5,8 @@
 //! Off (the default) a span is one thread-local read and no event, so the training path pays
 //! nothing. Spans do not nest: each marks one op's launches.
 //!
-//! Data flow: gpu-check's `profile` -> `start` -> model/layer_grad.rs and logprob.rs `span`s
-//! during one step -> `finish` (synchronises once, then reads every pair) -> per-category
+//! Data flow: gpu-check's `profile` -> `start` -> model/layer_grad.rs, logprob.rs and
+//! terse-optim's `span`s during one step -> `finish` (synchronises once, then reads every pair) -> per-category
 //! milliseconds and span counts; the step's wall time less their sum is what no span covers.
 
 use candle_core::{Device, Result};
@@ -31,6 +31,8 @@ pub enum Category {
     Elementwise,
     /// dtype casts: the weights once a step, the gradients to the master dtype.
     Cast,
+    /// Clipping's norm and the AdamW update (terse-optim).
+    Optimizer,
 }
 
 impl Category {
@@ -46,6 +48,7 @@ impl Category {
             Category::Rope => "rope",
             Category::Elementwise => "elementwise",
             Category::Cast => "cast",
+            Category::Optimizer => "optimizer",
         }
     }
 }
@@ -129,12 +132,9 @@ fn mark(device: &Device) -> Result<Mark> {
     }
 }
 
-/// Runs `f`, timed as `category` on `device` while a profile is on.
-pub(crate) fn span<R>(
-    device: &Device,
-    category: Category,
-    f: impl FnOnce() -> Result<R>,
-) -> Result<R> {
+/// Runs `f`, timed as `category` on `device` while this thread's profile is on (terse-optim
+/// marks its own; research code may mark its ops the same way).
+pub fn span<R>(device: &Device, category: Category, f: impl FnOnce() -> Result<R>) -> Result<R> {
     if !ON.with(Cell::get) {
         return f();
     }

@@ -120,6 +120,15 @@ impl AdamW {
     /// (terse_model's `adamw::step`), bit-identical to the per-tensor update of the rest and of
     /// the CPU.
     pub fn step(&mut self, params: &BTreeMap<String, Var>, grads: &Grads, lr: f64) -> Result<()> {
+        let Some(dev) = params.values().next().map(|v| v.device().clone()) else {
+            return self.update(params, grads, lr);
+        };
+        use terse_model::profile::{span, Category};
+        span(&dev, Category::Optimizer, || self.update(params, grads, lr))
+    }
+
+    /// `step`'s update (a profile's `Optimizer` span around it).
+    fn update(&mut self, params: &BTreeMap<String, Var>, grads: &Grads, lr: f64) -> Result<()> {
         let c = self.config.clone();
         if let Some(k) = grads.keys().find(|k| !params.contains_key(*k)) {
             return Err(Error::Msg(format!("gradient for unknown parameter `{k}`")));

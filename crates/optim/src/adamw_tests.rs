@@ -203,3 +203,29 @@ fn load_rejects_mismatched_names_and_shapes() {
     assert!(e.contains("`b.exp_avg"), "{e}");
     assert!(AdamW::from_safetensors(AdamWConfig::default(), &p, b"garbage").is_err());
 }
+
+/// A profile (terse_model::profile) sees clipping and the update as one `Optimizer` span each,
+/// and the update's numbers are the same with the profile on.
+#[test]
+fn a_profile_sees_the_optimizer() {
+    use terse_model::profile::{finish, start, Category};
+    let run = |profiled: bool| {
+        let p = params(&[("a", &[1.0, 2.0, 3.0]), ("b", &[0.5])]);
+        let mut opt = AdamW::new(AdamWConfig::default(), &p).expect("opt");
+        let mut g = grads(&p, 1);
+        if profiled {
+            start();
+        }
+        crate::clip_grad_norm(&mut g, 1.0).expect("clip");
+        opt.step(&p, &g, 1e-2).expect("step");
+        let totals = finish(&Device::Cpu).expect("finish");
+        let a = p["a"].as_tensor().to_vec1::<f32>().expect("a");
+        (totals, a)
+    };
+    let (totals, a) = run(true);
+    let spans: Vec<(Category, usize)> = totals.iter().map(|t| (t.category, t.spans)).collect();
+    assert_eq!(spans, [(Category::Optimizer, 2)]);
+    let (none, b) = run(false);
+    assert!(none.is_empty());
+    assert_eq!(a, b);
+}

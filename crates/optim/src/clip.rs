@@ -32,6 +32,15 @@ pub fn accumulate(acc: &mut Grads, new: Grads) -> Result<()> {
 /// before clipping (torch: coef = max_norm / (norm + 1e-6), applied only when < 1). A non-finite
 /// norm is returned as is and nothing is scaled: the caller decides to stop or skip the step.
 pub fn clip_grad_norm(grads: &mut Grads, max_norm: f64) -> Result<f64> {
+    let Some(dev) = grads.values().next().map(|g| g.device().clone()) else {
+        return Ok(0.0);
+    };
+    use terse_model::profile::{span, Category};
+    span(&dev, Category::Optimizer, || clip_in_place(grads, max_norm))
+}
+
+/// `clip_grad_norm` on a non-empty set.
+fn clip_in_place(grads: &mut Grads, max_norm: f64) -> Result<f64> {
     let norm = sum_of_squares(grads)?.sqrt();
     if !norm.is_finite() {
         return Ok(norm);
