@@ -51,17 +51,7 @@ pub fn emulated(dev: &Device) -> Result<Value> {
     for (k, v) in cats {
         spans.insert(k, v["spans"].clone());
     }
-    for want in [
-        "matmul",
-        "flash_forward",
-        "flash_backward",
-        "head_forward",
-        "head_backward",
-        "norm",
-        "rope",
-        "elementwise",
-        "cast",
-    ] {
+    for want in terse_model::profile::Category::ALL.map(|c| c.name()) {
         if spans.get(want).and_then(Value::as_u64).unwrap_or(0) == 0 {
             bail!("profile on the emulated device: no `{want}` span in {spans:?}");
         }

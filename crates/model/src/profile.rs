@@ -36,6 +36,20 @@ pub enum Category {
 }
 
 impl Category {
+    /// Every category, in order.
+    pub const ALL: [Category; 10] = [
+        Category::Matmul,
+        Category::FlashForward,
+        Category::FlashBackward,
+        Category::HeadForward,
+        Category::HeadBackward,
+        Category::Norm,
+        Category::Rope,
+        Category::Elementwise,
+        Category::Cast,
+        Category::Optimizer,
+    ];
+
     /// The report's key.
     pub fn name(self) -> &'static str {
         match self {

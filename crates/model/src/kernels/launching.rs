@@ -27,6 +27,24 @@ pub(crate) fn view<'a, T: CudaDType>(
     }
 }
 
+/// The CUDA storage under a tensor's storage lock (`what` names the tensor in the error).
+pub(crate) fn cuda_storage<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaStorage> {
+    match s {
+        candle_core::Storage::Cuda(c) => Ok(c),
+        _ => crate::fail!("{what}: expected a CUDA tensor"),
+    }
+}
+
+/// A device buffer launches filled, as a fresh tensor of `shape`: no copy and no graph (the
+/// graph-free ops that return several buffers, each its own tensor).
+pub(crate) fn tensor_of(
+    s: CudaStorage,
+    shape: impl Into<candle_core::Shape>,
+) -> candle_core::Tensor {
+    let op = candle_core::op::BackpropOp::none();
+    candle_core::Tensor::from_storage(candle_core::Storage::Cuda(s), shape, op, false)
+}
+
 /// The storage type of a kernel instantiation.
 pub(crate) fn store(dt: DType, what: &str) -> Result<Store> {
     match dt {

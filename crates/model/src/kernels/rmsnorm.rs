@@ -266,13 +266,13 @@ pub mod launch {
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
     use crate::kernels::describe::Storage as Store;
-    use crate::kernels::launching::{by_dtype, func, store, view, Described};
+    use crate::kernels::launching::Described;
+    use crate::kernels::launching::{by_dtype, cuda_storage, func, store, tensor_of, view};
     use crate::kernels::rmsnorm::launch;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::op::BackpropOp;
-    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
+    use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Tensor};
 
     /// Launches `rmsnorm_fwd_{sfx}` on contiguous x (rows, cols) and w (cols) -> (y, rstd).
     fn rmsnorm_fwd_launch<T: CudaDType + DeviceRepr>(
@@ -343,14 +343,14 @@ mod cuda {
             res.storage_and_layout(),
             w.storage_and_layout(),
         );
-        let dev = cuda_of(&xs)?.device().clone();
+        let dev = cuda_storage(&xs, "rmsnorm x")?.device().clone();
         let l = launch::rmsnorm_fwd_res(st, rows, cols, eps);
         let f = func!(&dev, l)?;
         let (s, y) = by_dtype!(x.dtype(), "rmsnorm with residual", T => {
             let (xv, rv, wv) = (
-                view::<T>(cuda_of(&xs)?, xl, "rmsnorm x")?,
-                view::<T>(cuda_of(&rs)?, rl, "rmsnorm residual")?,
-                view::<T>(cuda_of(&ws)?, wl, "rmsnorm w")?,
+                view::<T>(cuda_storage(&xs, "rmsnorm x")?, xl, "rmsnorm x")?,
+                view::<T>(cuda_storage(&rs, "rmsnorm residual")?, rl, "rmsnorm residual")?,
+                view::<T>(cuda_storage(&ws, "rmsnorm w")?, wl, "rmsnorm w")?,
             );
             // SAFETY: the kernel writes every element of s and y.
             let mut s = unsafe { dev.alloc::<T>(rows * cols)? };
@@ -368,12 +368,7 @@ mod cuda {
                 CudaStorage::wrap_cuda_slice(y, dev.clone()),
             )
         });
-        Ok((tensor(s, x.shape()), tensor(y, x.shape())))
-    }
-
-    /// A buffer a kernel filled, as a tensor of `shape` (no copy, no graph).
-    fn tensor(s: CudaStorage, shape: &Shape) -> Tensor {
-        Tensor::from_storage(Storage::Cuda(s), shape.clone(), BackpropOp::none(), false)
+        Ok((tensor_of(s, x.shape()), tensor_of(y, x.shape())))
     }
 
     /// RMSNorm backward in x's dtype: dw zeroed, then one `rmsnorm_bwd` launch (the row
@@ -394,19 +389,22 @@ mod cuda {
             dy.storage_and_layout(),
         );
         let res = residual.map(|r| r.storage_and_layout());
-        let dev = cuda_of(&xs)?.device().clone();
+        let dev = cuda_storage(&xs, "rmsnorm x")?.device().clone();
         let l = launch::rmsnorm_bwd(st, rows, cols, eps, residual.is_some());
         let f = func!(&dev, l)?;
         // dw accumulates with atomics, so it starts at zero.
         let mut dw = dev.alloc_zeros::<f32>(cols)?;
         let dx = by_dtype!(x.dtype(), "rmsnorm backward", T => {
             let (xv, wv, gv) = (
-                view::<T>(cuda_of(&xs)?, xl, "rmsnorm bwd x")?,
-                view::<T>(cuda_of(&ws)?, wl, "rmsnorm bwd w")?,
-                view::<T>(cuda_of(&gs)?, gl, "rmsnorm bwd dy")?,
+                view::<T>(cuda_storage(&xs, "rmsnorm x")?, xl, "rmsnorm bwd x")?,
+                view::<T>(cuda_storage(&ws, "rmsnorm w")?, wl, "rmsnorm bwd w")?,
+                view::<T>(cuda_storage(&gs, "rmsnorm dy")?, gl, "rmsnorm bwd dy")?,
             );
             let rv = match &res {
-                Some((rs, rl)) => Some(view::<T>(cuda_of(rs)?, rl, "rmsnorm bwd residual")?),
+                Some((rs, rl)) => {
+                    let r = cuda_storage(rs, "rmsnorm residual")?;
+                    Some(view::<T>(r, rl, "rmsnorm bwd residual")?)
+                }
                 None => None,
             };
             // SAFETY: the kernel writes every element of dx.
@@ -423,16 +421,8 @@ mod cuda {
             CudaStorage::wrap_cuda_slice(dx, dev.clone())
         });
         Ok((
-            tensor(dx, x.shape()),
-            tensor(CudaStorage::wrap_cuda_slice(dw, dev), w.shape()),
+            tensor_of(dx, x.shape()),
+            tensor_of(CudaStorage::wrap_cuda_slice(dw, dev), w.shape()),
         ))
-    }
-
-    /// The CUDA storage under a tensor's lock.
-    fn cuda_of(s: &Storage) -> Result<&CudaStorage> {
-        match s {
-            Storage::Cuda(c) => Ok(c),
-            _ => crate::fail!("rmsnorm backward: expected a CUDA tensor"),
-        }
     }
 }

@@ -220,8 +220,21 @@ pub(crate) fn attention_grad(
 
 /// The checked forward op for q, k, v over `ranges`.
 fn forward_op(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Result<FlashFwd> {
-    let (b, hq, t, d) = q.dims4()?;
-    let (bk, hkv, tk, dk) = k.dims4()?;
+    Ok(FlashFwd {
+        ranges: ranges.clone(),
+        dims: checked_dims([q, k, v], ranges, false)?,
+    })
+}
+
+/// The call's shape from q, k, v in attention's layout (B, H, T, D), or with `tokens` in the
+/// projections' rows (B, T, H, D) (rows.rs); an error names the shapes when they do not fit
+/// (q heads a multiple of kv heads) or the key ranges are another batch's.
+fn checked_dims([q, k, v]: [&Tensor; 3], ranges: &KeyRanges, tokens: bool) -> Result<Dims> {
+    let bhtd = |x: &Tensor| -> Result<(usize, usize, usize, usize)> {
+        let (b, p, r, d) = x.dims4()?;
+        Ok(if tokens { (b, r, p, d) } else { (b, p, r, d) })
+    };
+    let ((b, hq, t, d), (bk, hkv, tk, dk)) = (bhtd(q)?, bhtd(k)?);
     if (bk, tk, dk) != (b, t, d) || v.dims() != k.dims() || hkv == 0 || hq % hkv != 0 {
         crate::fail!(
             "flash attention: q {:?}, k {:?}, v {:?} (q heads a multiple of kv heads)",
@@ -237,11 +250,7 @@ fn forward_op(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Result<
             ranges.t
         );
     }
-    let dims = Dims::new(b, hq, hkv, t, d);
-    Ok(FlashFwd {
-        ranges: ranges.clone(),
-        dims,
-    })
+    Ok(Dims::new(b, hq, hkv, t, d))
 }
 
 /// Whether `attention` serves these inputs: f32 on the CPU; f32 or bf16 on CUDA (with the

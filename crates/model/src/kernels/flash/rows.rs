@@ -11,36 +11,16 @@
 //! Data flow: model/layer_grad.rs `layer_forward` -> `attention_rows` (out, lse) ...
 //! `layer_grad_saved` -> `attention_rows_grad` (dq, dk, dv).
 
-use super::{attention_grad, attention_saved, Dims, KeyRanges};
+use super::{attention_grad, attention_saved, checked_dims, Dims, KeyRanges};
 use candle_core::{DType, Result, Tensor};
 
-/// The checked shape of a rows call: q (B, T, Hq, D), k and v (B, T, Hkv, D).
-fn dims(q: &Tensor, k: &Tensor, v: &Tensor, ranges: &KeyRanges) -> Result<Dims> {
-    let (b, t, hq, d) = q.dims4()?;
-    let (bk, tk, hkv, dk) = k.dims4()?;
-    if (bk, tk, dk) != (b, t, d) || v.dims() != k.dims() || hkv == 0 || hq % hkv != 0 {
-        crate::fail!(
-            "flash attention (rows): q {:?}, k {:?}, v {:?} (q heads a multiple of kv heads)",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        );
-    }
-    if (ranges.b, ranges.t) != (b, t) {
-        crate::fail!(
-            "flash attention (rows): key ranges for ({}, {}), q has ({b}, {t})",
-            ranges.b,
-            ranges.t
-        );
-    }
-    Ok(Dims::new(b, hq, hkv, t, d))
-}
-
-/// Whether the `_rows` kernels serve a call: on CUDA, bf16, a head size they are built for,
-/// FlashAttention-2's kernels on, and every buffer starting 16-byte aligned (cp.async).
-fn kernels(q: &Tensor, dm: Dims, all: &[&Tensor]) -> bool {
+/// Whether the `_rows` kernels serve a call on `all` (q first): on CUDA, bf16, a head size they
+/// are built for, FlashAttention-2's kernels on, and every buffer starting 16-byte aligned
+/// (cp.async).
+fn kernels(dm: Dims, all: &[&Tensor]) -> bool {
     #[cfg(feature = "cuda")]
     {
+        let q = all[0];
         q.device().is_cuda()
             && q.dtype() == DType::BF16
             && all
@@ -52,7 +32,7 @@ fn kernels(q: &Tensor, dm: Dims, all: &[&Tensor]) -> bool {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (q, dm, all);
+        let _ = (dm, all);
         false
     }
 }
@@ -70,9 +50,9 @@ pub fn attention_rows(
     v: &Tensor,
     ranges: &KeyRanges,
 ) -> Result<(Tensor, Tensor)> {
-    let dm = dims(q, k, v, ranges)?;
+    let dm = checked_dims([q, k, v], ranges, true)?;
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    if kernels(&q, dm, &[&q, &k, &v]) && q.elem_count() > 0 {
+    if kernels(dm, &[&q, &k, &v]) && q.elem_count() > 0 {
         #[cfg(feature = "cuda")]
         return cuda::forward(&q, &k, &v, &ranges.tensor, dm);
     }
@@ -92,10 +72,10 @@ pub fn attention_rows_grad(
     (out, lse): (&Tensor, &Tensor),
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let dm = dims(q, k, v, ranges)?;
+    let dm = checked_dims([q, k, v], ranges, true)?;
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     let (out, dout) = (out.contiguous()?, dout.to_dtype(q.dtype())?.contiguous()?);
-    if kernels(&q, dm, &[&q, &k, &v, &out, &dout]) && q.elem_count() > 0 {
+    if kernels(dm, &[&q, &k, &v, &out, &dout]) && q.elem_count() > 0 {
         #[cfg(feature = "cuda")]
         return cuda::backward([&q, &k, &v], &ranges.tensor, (&out, lse), &dout, dm);
     }
@@ -119,31 +99,16 @@ pub fn attention_rows_grad(
 mod cuda {
     use super::super::launch;
     use super::Dims;
-    use crate::kernels::launching::{func, view, Described};
+    use crate::kernels::launching::{cuda_storage, func, tensor_of, view, Described};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView};
+    use candle_core::cuda_backend::cudarc::driver::CudaView;
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::op::BackpropOp;
-    use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape, Storage, Tensor};
+    use candle_core::{CudaStorage, Layout, Result, Storage, Tensor};
     use half::bf16;
-
-    /// The CUDA storage under a tensor's lock.
-    fn cuda<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
-        match s {
-            Storage::Cuda(c) => Ok(c),
-            _ => crate::fail!("flash attention (rows) {what}: expected a CUDA tensor"),
-        }
-    }
 
     /// The contiguous view of a locked tensor as `T`.
     fn at<'a, T: CudaDType>(s: &'a Storage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
-        view::<T>(cuda(s, what)?, l, what)
-    }
-
-    /// A buffer the kernels filled, as a tensor of `shape` (no copy).
-    fn tensor<T: CudaDType>(s: CudaSlice<T>, dev: &CudaDevice, shape: impl Into<Shape>) -> Tensor {
-        let st = CudaStorage::wrap_cuda_slice(s, dev.clone());
-        Tensor::from_storage(Storage::Cuda(st), shape, BackpropOp::none(), false)
+        view::<T>(cuda_storage(s, what)?, l, what)
     }
 
     /// (q, k, v) -> (out (B, T, Hq, D) bf16, lse (B * Hq * T) f32): one launch.
@@ -161,7 +126,7 @@ mod cuda {
             v.storage_and_layout(),
             starts.storage_and_layout(),
         );
-        let dev = cuda(&qs, "q")?.device().clone();
+        let dev = cuda_storage(&qs, "q")?.device().clone();
         let rows = dm.b * dm.hq * dm.t;
         // SAFETY: the kernel writes every element of out and every lse entry.
         let mut out = unsafe { dev.alloc::<bf16>(rows * dm.d)? };
@@ -182,9 +147,10 @@ mod cuda {
             .buf(5, &mut lse)?;
         // SAFETY: q, out (B, T, Hq, D), k, v (B, T, Hkv, D), starts (B, T), lse (B, Hq, T).
         unsafe { d.launch() }?;
+        let wrap = |s| CudaStorage::wrap_cuda_slice(s, dev.clone());
         Ok((
-            tensor(out, &dev, (dm.b, dm.t, dm.hq, dm.d)),
-            tensor(lse, &dev, rows),
+            tensor_of(wrap(out), (dm.b, dm.t, dm.hq, dm.d)),
+            tensor_of(CudaStorage::wrap_cuda_slice(lse, dev.clone()), rows),
         ))
     }
 
@@ -218,7 +184,7 @@ mod cuda {
             at::<bf16>(&gs, gl, "dout")?,
             at::<bf16>(&os, ol, "out")?,
         );
-        let dev = cuda(&qs, "q")?.device().clone();
+        let dev = cuda_storage(&qs, "q")?.device().clone();
         let rows = dm.b * dm.hq * dm.t;
         let (nq, nk) = (rows * dm.d, dm.b * dm.hkv * dm.t * dm.d);
         // SAFETY: the dQ kernel writes every delta entry and every element of dq; the dK/dV
@@ -256,10 +222,11 @@ mod cuda {
         // SAFETY: as above; dk and dv as k and v.
         unsafe { d.launch() }?;
         let (sq, sk) = ((dm.b, dm.t, dm.hq, dm.d), (dm.b, dm.t, dm.hkv, dm.d));
+        let wrap = |s| CudaStorage::wrap_cuda_slice(s, dev.clone());
         Ok((
-            tensor(dq, &dev, sq),
-            tensor(dk, &dev, sk),
-            tensor(dv, &dev, sk),
+            tensor_of(wrap(dq), sq),
+            tensor_of(wrap(dk), sk),
+            tensor_of(wrap(dv), sk),
         ))
     }
 }
