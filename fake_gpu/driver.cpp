@@ -485,6 +485,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned 
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
     ENTER("cuGraphLaunch");
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    graph_step(exec);
     CUresult r = (CUresult)launch_graph(exec, s);
     if (r == CUDA_SUCCESS) count(kGraphLaunches);
     return r;
@@ -495,6 +496,7 @@ CUresult cuGraphUpload(CUgraphExec exec, CUstream) {
 }
 CUresult cuGraphExecDestroy(CUgraphExec exec) {
     ENTER("cuGraphExecDestroy");
+    graph_forget(exec);
     if (exec) destroy_graph_exec(exec);
     return CUDA_SUCCESS;
 }
@@ -575,7 +577,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     if (gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
     unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
     if (CUresult f = (CUresult)fault(Fault::kLaunch)) return f;
-    if (!capturing(s)) count(kLaunches);  // a recorded one runs, and counts, as its graph
+    count_launch(s, kLaunches);  // a recorded one runs, and counts, as its graph
     launch(reinterpret_cast<Function*>(f), grid, block, shared, s, params);
     return CUDA_SUCCESS;
 }

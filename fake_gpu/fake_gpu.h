@@ -138,9 +138,30 @@ enum Counter : size_t {
     kFrees,            // cuMemFree(Async), cuMemFreeHost, cudaFree(Async)
     kAllocBytes,       // bytes of device memory allocated (memory.cpp's alloc: cuMemAlloc, cudaMalloc)
     kPoolReleases,     // synchronisations that hand the default pool's freed memory back (memory.cpp)
+    kGraphSteps,       // graph launches that follow a launch of the same graph on the same thread
+    kGraphStepHostNs,  // ... and the thread's CPU time outside API calls since that launch
+    kGraphKernels,     // kernels and library launches graph launches replay (a graph's nodes)
     kCounterCount
 };
+// After the counters, `terse_fake_gpu_counters` writes two clocks of the *calling* thread, so that
+// host time resolves to microseconds whatever else runs on the machine: its CPU time now, and its
+// CPU time spent inside outermost API calls so far. Their difference between two readings is the
+// thread's own host work (not the time it was descheduled, nor the GEMM pool's threads).
+enum Reading : size_t {
+    kThreadCpuNs = kCounterCount,  // the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID)
+    kThreadInsideCpuNs,            // ... of which inside its outermost API calls
+    kReadingCount
+};
 void count(Counter c, uint64_t n = 1);
+// A kernel or library launch on `stream`: counted in `c` when it runs now, or recorded as one
+// of the capture's graph's kernels (kGraphKernels counts it at each graph launch).
+void count_launch(Stream stream, Counter c);
+// Called by cuGraphLaunch: when the calling thread's previous graph launch was of `exec` too,
+// the host work between the two (the thread's CPU time outside API calls: one replayed step's
+// own host cost, free of whatever ran once before the loop) counts in kGraphStepHostNs.
+void graph_step(const void* exec);
+// Called by cuGraphExecDestroy: a later graph at the same address starts afresh.
+void graph_forget(const void* exec);
 // Which API a call belongs to: a driver call counts in kDriverCalls, another in kLibraryCalls.
 enum class Api { Driver, Library };
 // Marks one API call for its lifetime: counted, and timed, when it is the thread's outermost
@@ -156,12 +177,14 @@ class ApiScope {
    private:
     bool outer_;
     uint64_t start_ns_;
+    uint64_t start_cpu_ns_;
 };
 
 }  // namespace fake_gpu
 
-// The counters in `Counter` order: writes min(n, kCounterCount) of them into `out` and returns
-// kCounterCount (exported by libcuda.so.1; absent from a real driver).
+// The counters in `Counter` order, then the calling thread's clocks (`Reading`): writes
+// min(n, kReadingCount) values into `out` and returns kReadingCount (exported by libcuda.so.1;
+// absent from a real driver).
 // ---- Injected faults (faults.cpp): TERSE_FAKE_GPU_FAULT and TERSE_FAKE_GPU_KILL_RANK.
 namespace fake_gpu {
 enum class Fault : size_t { kAlloc = 0, kLaunch, kCopy, kCount };

@@ -25,6 +25,7 @@ namespace {
 // capture allocated are released when the last of them goes.
 struct GraphData {
     std::vector<std::function<void()>> work;
+    uint64_t kernels = 0;  // the recorded kernel and library launches
     std::vector<uint64_t> owned;
     ~GraphData() {
         for (uint64_t p : owned) release(p, "cuGraphDestroy (a block the capture allocated)");
@@ -286,6 +287,13 @@ bool capturing(Stream stream) {
     return capture_of(resolve(stream)) != nullptr;
 }
 
+void count_launch(Stream stream, Counter c) {
+    std::lock_guard<std::recursive_mutex> g(device());
+    Capture* cap = capture_of(resolve(stream));
+    if (!cap) count(c);
+    else if (!cap->invalidated) cap->graph->kernels++;
+}
+
 int refuse_on_capturing(Stream stream, const char* function) {
     std::lock_guard<std::recursive_mutex> g(device());
     Capture* c = capture_of(resolve(stream));
@@ -330,6 +338,7 @@ int launch_graph(void* exec, Stream stream) {
     StreamObj& s = resolve(stream);
     if (s.capture) return refuse(*s.capture, "cuGraphLaunch");
     auto data = *static_cast<std::shared_ptr<GraphData>*>(exec);
+    count(kGraphKernels, data->kernels);
     push(s, [data] {
         for (auto& w : data->work) w();
     });

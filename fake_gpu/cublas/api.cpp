@@ -169,7 +169,7 @@ cublasStatus_t gemm(const char* function, cublasHandle_t handle, cublasOperation
         }
         check_matrix(C, type_size(ct), m, n, ldc, stride_c, batch, function, "C");
         // A GEMM a capture records runs, and counts, as its graph.
-        if (!fake_gpu::capturing(stream)) fake_gpu::count(fake_gpu::kLibraryLaunches);
+        fake_gpu::count_launch(stream, fake_gpu::kLibraryLaunches);
         fake_gpu::enqueue(stream, [job]() { run_gemm(job); });
     };
     switch (compute) {

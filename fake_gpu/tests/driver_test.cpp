@@ -18,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "fake_gpu.h"
 
@@ -60,11 +61,11 @@ static const char kPtx[] = R"(.version 8.0
 // direction (device-to-device ones in neither), each explicit sync, allocation, free and launch.
 static void counters(bool with_module) {
     using namespace fake_gpu;
-    uint64_t a[kCounterCount], b[kCounterCount];
-    CHECK(terse_fake_gpu_counters(a, kCounterCount) == kCounterCount);
+    uint64_t a[kReadingCount], b[kReadingCount];
+    CHECK(terse_fake_gpu_counters(a, kReadingCount) == kReadingCount);
     // A short buffer gets only what fits.
     uint64_t two[3] = {0, 0, 12345};
-    CHECK(terse_fake_gpu_counters(two, 2) == kCounterCount && two[2] == 12345);
+    CHECK(terse_fake_gpu_counters(two, 2) == kReadingCount && two[2] == 12345);
     auto t0 = std::chrono::steady_clock::now();
     uint64_t calls = 0;
     auto call = [&](CUresult r, const char* what) {
@@ -115,8 +116,8 @@ static void counters(bool with_module) {
     auto wall = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
-    CHECK(terse_fake_gpu_counters(b, kCounterCount) == kCounterCount);
-    auto delta = [&](Counter c) { return b[c] - a[c]; };
+    CHECK(terse_fake_gpu_counters(b, kReadingCount) == kReadingCount);
+    auto delta = [&](size_t c) { return b[c] - a[c]; };
     CHECK(delta(kDriverCalls) == calls);
     CHECK(delta(kLaunches) == launches);
     CHECK(delta(kGraphLaunches) == 0);
@@ -128,9 +129,34 @@ static void counters(bool with_module) {
     CHECK(delta(kD2HBytes) == 1000 + 10 + (with_module ? 128 : 0));
     CHECK(delta(kInsideNs) > 0 && delta(kInsideNs) <= wall);
     CHECK(delta(kLibraryCalls) == 0 && delta(kLibraryLaunches) == 0);
+    CHECK(delta(kThreadInsideCpuNs) > 0 && delta(kThreadInsideCpuNs) <= delta(kThreadCpuNs));
     std::printf("counters: %llu calls, %llu of %llu ns inside the driver\n",
                 (unsigned long long)calls, (unsigned long long)delta(kInsideNs),
                 (unsigned long long)wall);
+}
+
+// The calling thread's clocks: 20 ms of host arithmetic outside any call count in its CPU time
+// and not inside; 50 ms asleep count in neither; a call's own work counts inside.
+static void thread_clocks() {
+    using namespace fake_gpu;
+    uint64_t a[kReadingCount], b[kReadingCount];
+    terse_fake_gpu_counters(a, kReadingCount);
+    volatile double x = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(20)) x = x + 1.0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CUdeviceptr d;
+    CHECK(cuMemAlloc(&d, 1 << 20) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    terse_fake_gpu_counters(b, kReadingCount);
+    uint64_t cpu = b[kThreadCpuNs] - a[kThreadCpuNs];
+    uint64_t inside = b[kThreadInsideCpuNs] - a[kThreadInsideCpuNs];
+    // At least 5 ms of the spin ran on this thread's CPU even on a loaded machine; the sleep
+    // adds at most a few scheduler ticks.
+    CHECK(cpu - inside >= 5000000 && cpu - inside < 45000000);
+    CHECK(inside > 0 && inside < cpu);
+    std::printf("thread clocks: %llu ns of CPU, %llu inside\n", (unsigned long long)cpu,
+                (unsigned long long)inside);
 }
 
 // The default memory pool: with the release threshold at its default (0) a synchronisation hands
@@ -218,7 +244,7 @@ static void graphs(bool with_module) {
     }
     size_t free0, total;
     CHECK(cuMemGetInfo(&free0, &total) == CUDA_SUCCESS);
-    CHECK(terse_fake_gpu_counters(a, kCounterCount) == kCounterCount);
+    CHECK(terse_fake_gpu_counters(a, kCounterCount) == kReadingCount);
 
     // The capture: pinned input up, through a block of the capture's own, to `out`; a kernel.
     CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
@@ -251,15 +277,33 @@ static void graphs(bool with_module) {
         CHECK(cuMemcpyDtoHAsync(down, out, 256, s) == CUDA_SUCCESS);
         CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
         CHECK(r[0] == v && r[127] == v);
+        if (v == 9) {  // between the two launches: 10 ms of host arithmetic, and calls
+            volatile double x = 0;
+            auto t0 = std::chrono::steady_clock::now();
+            while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(10)) x = x + 1.0;
+            // ... whose own time (filling 256 MiB twice, tens of ms) is not host work.
+            CUdeviceptr big;
+            CHECK(cuMemAlloc(&big, 256 << 20) == CUDA_SUCCESS);
+            CHECK(cuMemsetD8(big, 1, 256 << 20) == CUDA_SUCCESS);
+            CHECK(cuMemFree(big) == CUDA_SUCCESS);
+        }
         if (with_module) {
             float k[32];
             std::memcpy(k, r + 128, sizeof k);
             CHECK(k[0] == 1.f && k[31] == 30.f);
         }
     }
-    CHECK(terse_fake_gpu_counters(b, kCounterCount) == kCounterCount);
+    CHECK(terse_fake_gpu_counters(b, kCounterCount) == kReadingCount);
     CHECK(b[kGraphLaunches] - a[kGraphLaunches] == 2);
     CHECK(b[kLaunches] - a[kLaunches] == 0);  // the recorded kernel ran as its graph
+    // One step between two launches of the graph; its host work is the spin (at least 2 ms of
+    // it on this thread's CPU on a loaded machine, at most its 10 ms and a little), not the
+    // calls' own time.
+    uint64_t gap = b[kGraphStepHostNs] - a[kGraphStepHostNs];
+    CHECK(b[kGraphSteps] - a[kGraphSteps] == 1);
+    CHECK(gap < 15000000);
+    CHECK(b[kGraphKernels] - a[kGraphKernels] == (with_module ? 2u : 0u));  // 1 node, 2 launches
+    CHECK(gap >= 2000000);
     // The capture's block lives as long as the graph.
     size_t free1;
     CHECK(cuMemGetInfo(&free1, &total) == CUDA_SUCCESS);
@@ -345,6 +389,7 @@ int main(int argc, char** argv) {
 
     counters(argc > 1);
     pool();
+    thread_clocks();
     graphs(argc > 1);
 
     // Bounds and lifetime.

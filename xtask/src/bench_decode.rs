@@ -11,7 +11,9 @@
 //! captured into its bucket's graph) and with `--new-tokens`; the difference of the last two
 //! over the difference in `RolloutStats::steps` is the steady decode step (on CUDA a graph
 //! launch), and that of the first two is reported as `first_decode_step`. Host time is the wall time minus the time
-//! inside the libraries (which on the emulated device includes the kernels themselves).
+//! inside the libraries (which on the emulated device includes the kernels themselves), and,
+//! resolving to microseconds on a loaded machine, the rollout thread's CPU time outside them
+//! (`host_cpu_ms_per_step`: neither the emulated kernels nor time descheduled count).
 //!
 //! Data flow: `decode` -> `measure` (per batch and path: `run` twice) -> `figures` -> the
 //! printed lines and the JSON object.
@@ -25,8 +27,9 @@ use std::time::Instant;
 use terse_model::{Config, Qwen3};
 use terse_rollout::{generate_with_stats, KvBudget};
 
-/// fake_gpu.h's `Counter`, in its order: the names of `terse_fake_gpu_counters`' fields.
-pub const FIELDS: [&str; 13] = [
+/// fake_gpu.h's `Counter` then `Reading`, in order: the names of `terse_fake_gpu_counters`'
+/// fields. The last two are the reading thread's CPU clock and its share inside API calls.
+pub const FIELDS: [&str; 18] = [
     "launches",
     "graph_launches",
     "driver_calls",
@@ -40,6 +43,11 @@ pub const FIELDS: [&str; 13] = [
     "frees",
     "alloc_bytes",
     "pool_releases",
+    "graph_steps",
+    "graph_step_host_ns",
+    "graph_kernels",
+    "thread_cpu_ns",
+    "thread_inside_cpu_ns",
 ];
 
 /// One reading of the emulated device's counters (`FIELDS` order).
@@ -133,8 +141,9 @@ pub fn figures(long: &Run, short: &Run) -> Result<Value> {
 
 /// The counters' growth `d` over `n` steps of `wall_ns` in all, per step (bench decode's decode
 /// step, bench model's training step): wall time, launches as a GPU counts them, each counter,
-/// and host time (wall minus the time inside the libraries). Counter figures are null without
-/// `d`.
+/// and host time: wall minus the time inside the libraries, and the calling thread's CPU time
+/// outside them (`host_cpu_ms_per_step`, the one that resolves a millisecond when the emulated
+/// kernels take seconds). Counter figures are null without `d`.
 pub fn per_step(d: Option<&Counts>, n: f64, wall_ns: f64) -> serde_json::Map<String, Value> {
     let mut out = serde_json::Map::new();
     out.insert("wall_ms_per_step".into(), json!(wall_ns / n / 1e6));
@@ -148,6 +157,7 @@ pub fn per_step(d: Option<&Counts>, n: f64, wall_ns: f64) -> serde_json::Map<Str
     for (key, field) in [
         ("kernel_launches_per_step", "launches"),
         ("graph_launches_per_step", "graph_launches"),
+        ("graph_kernels_per_step", "graph_kernels"),
         ("library_launches_per_step", "library_launches"),
         ("driver_calls_per_step", "driver_calls"),
         ("library_calls_per_step", "library_calls"),
@@ -168,6 +178,25 @@ pub fn per_step(d: Option<&Counts>, n: f64, wall_ns: f64) -> serde_json::Map<Str
     out.insert(
         "host_ms_per_step".into(),
         per(&|d| (wall_ns - d.get("inside_ns") as f64).max(0.0) / 1e6),
+    );
+    out.insert(
+        "host_cpu_ms_per_step".into(),
+        per(&|d| {
+            d.get("thread_cpu_ns")
+                .saturating_sub(d.get("thread_inside_cpu_ns")) as f64
+                / 1e6
+        }),
+    );
+    // A replayed step's own host work, launch to launch of one graph: the measure that
+    // resolves well under a millisecond, since nothing run once (prefill, capture) enters it.
+    out.insert(
+        "host_cpu_ms_per_graph_step".into(),
+        match d {
+            Some(d) if d.get("graph_steps") > 0 => {
+                json!(d.get("graph_step_host_ns") as f64 / d.get("graph_steps") as f64 / 1e6)
+            }
+            _ => Value::Null,
+        },
     );
     out
 }
@@ -286,6 +315,13 @@ pub fn measure(m: &Qwen3, batches: &[usize], setup: &Setup) -> Result<Value> {
             "d2h_bytes": ratio(&baseline, &new, "d2h_bytes_per_step"),
             "launches": ratio(&baseline, &new, "launches_per_step"),
             "host_ms": ratio(&baseline, &new, "host_ms_per_step"),
+            "host_cpu_ms": ratio(&baseline, &new, "host_cpu_ms_per_step"),
+            // The graph step's own host work against the uncaptured step's (the baseline has
+            // no graph: its host CPU time per step).
+            "host_cpu_ms_graph": match (baseline["host_cpu_ms_per_step"].as_f64(), new["host_cpu_ms_per_graph_step"].as_f64()) {
+                (Some(b), Some(n)) if n > 0.0 => json!(b / n),
+                _ => Value::Null,
+            },
         });
         let Value::Object(mut new) = new else {
             bail!("bench decode: the new path's figures are not an object");
@@ -379,13 +415,20 @@ pub fn emit(report: &Value, out: Option<&Path>, as_json: bool) -> Result<ExitCod
 /// One batch's line: the new path's figures and the baseline's, side by side.
 fn print_row(b: usize, row: &Value) {
     let f = |v: &Value, k: &str| v[k].as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
+    let ms3 = |v: &Value| {
+        let at = |k: &str| v[k].as_f64().map(|x| format!("{x:.3}"));
+        match (at("host_cpu_ms_per_step"), at("host_cpu_ms_per_graph_step")) {
+            (Some(a), Some(g)) => format!("{a}; {g} launch to launch"),
+            (a, _) => a.unwrap_or_else(|| "-".to_string()),
+        }
+    };
     let base = &row["baseline"];
     println!(
-        "decode batch {b}: per step {} ms wall, {} ms host, {} launches, {} driver calls, {} syncs, {} allocs, {} B down, {} B up; baseline {} ms wall, {} ms host, {} launches, {} B down (x{} fewer bytes down, x{} fewer launches)",
-        f(row, "wall_ms_per_step"), f(row, "host_ms_per_step"), f(row, "launches_per_step"),
+        "decode batch {b}: per step {} ms wall, {} ms host ({} ms of host CPU), {} launches, {} driver calls, {} syncs, {} allocs, {} B down, {} B up; baseline {} ms wall, {} ms host ({} ms of host CPU), {} launches, {} B down (x{} fewer bytes down, x{} fewer launches)",
+        f(row, "wall_ms_per_step"), f(row, "host_ms_per_step"), ms3(row), f(row, "launches_per_step"),
         f(row, "driver_calls_per_step"), f(row, "syncs_per_step"), f(row, "allocs_per_step"),
         f(row, "d2h_bytes_per_step"), f(row, "h2d_bytes_per_step"),
-        f(base, "wall_ms_per_step"), f(base, "host_ms_per_step"), f(base, "launches_per_step"),
+        f(base, "wall_ms_per_step"), f(base, "host_ms_per_step"), ms3(base), f(base, "launches_per_step"),
         f(base, "d2h_bytes_per_step"),
         f(&row["baseline_over_new"], "d2h_bytes"), f(&row["baseline_over_new"], "launches"),
     );

@@ -31,6 +31,8 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
             ("alloc_bytes", 4_096),
             ("driver_calls", 300),
             ("pool_releases", 1),
+            ("thread_cpu_ns", 10_000_000),
+            ("thread_inside_cpu_ns", 400_000),
         ])),
     };
     let long = Run {
@@ -49,6 +51,11 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
             ("driver_calls", 400),
             ("frees", 8),
             ("pool_releases", 5),
+            ("graph_steps", 3),
+            ("graph_kernels", 2_000),
+            ("graph_step_host_ns", 600_000),
+            ("thread_cpu_ns", 13_600_000),
+            ("thread_inside_cpu_ns", 2_000_000),
         ])),
     };
     let f = figures(&long, &short).expect("figures");
@@ -58,6 +65,7 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
     assert_eq!(get("launches_per_step"), (40.0 + 4.0 + 20.0) / 4.0); // graphs and GEMMs count
     assert_eq!(get("kernel_launches_per_step"), 10.0);
     assert_eq!(get("graph_launches_per_step"), 1.0);
+    assert_eq!(get("graph_kernels_per_step"), 500.0); // the graphs' nodes, replayed
     assert_eq!(get("library_launches_per_step"), 5.0);
     assert_eq!(get("d2h_bytes_per_step"), 64.0);
     assert_eq!(get("h2d_bytes_per_step"), 8.0);
@@ -69,7 +77,9 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
     assert_eq!(get("driver_calls_per_step"), 25.0);
     assert_eq!(get("inside_ms_per_step"), 1.0);
     assert_eq!(get("host_ms_per_step"), 1.0); // (8 - 4) ms over 4 steps
-                                              // Without counters: wall time only, every counter figure null.
+    assert_eq!(get("host_cpu_ms_per_step"), 0.5); // (3.6 - 1.6) ms of the thread's CPU over 4
+    assert_eq!(get("host_cpu_ms_per_graph_step"), 0.2); // 0.6 ms over 3 launch-to-launch steps
+                                                        // Without counters: wall time only, every counter figure null.
     let bare = |r: &Run| Run {
         counts: None,
         ..r.clone()
@@ -80,6 +90,8 @@ fn figures_are_the_long_runs_excess_per_decode_step() {
         "launches_per_step",
         "d2h_bytes_per_step",
         "host_ms_per_step",
+        "host_cpu_ms_per_step",
+        "host_cpu_ms_per_graph_step",
     ] {
         assert!(f[k].is_null(), "{k} in {f}");
     }
@@ -175,6 +187,7 @@ fn a_cpu_measurement_has_every_key_and_wall_time_only() {
                 "syncs_per_step",
                 "allocs_per_step",
                 "host_ms_per_step",
+                "host_cpu_ms_per_step",
             ] {
                 assert!(side[k].is_null(), "{k} in {row}");
             }

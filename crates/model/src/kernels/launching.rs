@@ -35,6 +35,15 @@ pub(crate) fn cuda_storage<'a>(s: &'a candle_core::Storage, what: &str) -> Resul
     }
 }
 
+/// The contiguous view, as `T`, of a tensor's storage under its lock (`what` names it).
+pub(crate) fn locked_view<'a, T: CudaDType>(
+    s: &'a candle_core::Storage,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    view::<T>(cuda_storage(s, what)?, l, what)
+}
+
 /// A device buffer launches filled, as a fresh tensor of `shape`: no copy and no graph (the
 /// graph-free ops that return several buffers, each its own tensor).
 pub(crate) fn tensor_of(

@@ -261,3 +261,56 @@ fn swiglu_and_its_backward_pass_a_finite_difference_check() {
         }
     }
 }
+
+/// A paged step's fused query and key (the CPU reference behind the op) equal the plain
+/// sequence it stands for: candle's norm and rotation, then the cache write; with and without
+/// head norms; and a bad shape is refused in one line naming the op.
+#[test]
+fn paged_qk_equals_the_plain_norm_rope_and_write() {
+    let (n, hq, hkv, nb, bs, d) = (3, 4, 2, 4, 16, 32);
+    let meta = PagedMeta::from_tables(
+        vec![0, 1, 2],
+        1,
+        vec![6, 16, 1],
+        vec![5, 16 + 15, 32],
+        [nb, bs],
+        &Device::Cpu,
+    )
+    .expect("meta");
+    let (q, k) = (vals(&[n, hq, d], 4), vals(&[n, hkv, d], 5));
+    let (qn, kn) = (
+        vals(&[d], 6).affine(0.5, 1.0).expect("w"),
+        vals(&[d], 7).affine(0.5, 1.0).expect("w"),
+    );
+    let pos = Tensor::from_vec(vec![5u32, 31, 0], (n, 1), &Device::Cpu).expect("pos");
+    let (cos, sin) = ops::rope_tables(&pos, d, 1e6, DType::F32).expect("tables"); // (N, 1, D/2)
+    for norm in [true, false] {
+        let plain_pool = vals(&[nb, hkv, bs, d], 8);
+        let fused_pool = plain_pool.copy().expect("copy");
+        let head = |x: &Tensor, w: &Tensor, h: usize| {
+            let x = match norm {
+                true => ops::rms_norm(x, w, 1e-6).expect("norm"),
+                false => x.clone(),
+            };
+            let x = x.reshape((n, h, 1, d)).expect("r"); // (N, H, 1, D)
+            ops::rope(&x, &cos, &sin)
+                .expect("rope")
+                .reshape((n, h, d))
+                .expect("r")
+        };
+        let want_q = head(&q, &qn, hq);
+        paged_kv_write(&plain_pool, &head(&k, &kn, hkv), &meta).expect("write");
+        let norms = norm.then_some((&qn, &kn));
+        let got_q = paged_qk(&q, &k, norms, 1e-6, (&cos, &sin), &fused_pool, &meta).expect("qk");
+        assert!(max_diff(&got_q, &want_q) < 1e-5, "q, norm {norm}");
+        assert!(
+            max_diff(&fused_pool, &plain_pool) < 1e-5,
+            "pool, norm {norm}"
+        );
+    }
+    let pool = vals(&[nb, hkv, bs, d], 8);
+    let bad = paged_qk(&q, &q, None, 1e-6, (&cos, &sin), &pool, &meta)
+        .expect_err("k with q's heads")
+        .to_string();
+    assert!(bad.starts_with("paged qk:") && !bad.contains('\n'), "{bad}");
+}

@@ -95,6 +95,31 @@ impl Qwen3 {
         let v = self
             .qkv_proj(&h, &format!("{p}.self_attn.v_proj"), train)?
             .reshape((b, t, hkv, hd))?;
+        if let Some(LayerKv::Paged(pk, pv, meta)) = &cache {
+            let (pk, pv, meta) = (*pk, *pv, *meta);
+            if self.paged_qk_serves(&q, train) {
+                // One kernel normalises and rotates q and k and writes k into its slot.
+                let norms = match c.qk_norm {
+                    true => Some((
+                        self.w(&format!("{p}.self_attn.q_norm.weight"), train)?,
+                        self.w(&format!("{p}.self_attn.k_norm.weight"), train)?,
+                    )),
+                    false => None,
+                };
+                let tables = (&cos.squeeze(1)?, &sin.squeeze(1)?); // (N, hd/2)
+                let q = fused::paged_qk(
+                    &q.squeeze(1)?,
+                    &k.squeeze(1)?,
+                    norms.as_ref().map(|(a, b)| (a, b)),
+                    eps as f32,
+                    tables,
+                    pk,
+                    meta,
+                )?; // (N, Hq, hd)
+                fused::paged_kv_write(pv, &v.squeeze(1)?, meta)?;
+                return self.paged_attention_block(&p, x, &q, (pk, pv, meta), train);
+            }
+        }
         let q = self
             .head_norm(&q, &format!("{p}.self_attn.q_norm.weight"), train)?
             .transpose(1, 2)?; // (B, Hq, T, hd)
@@ -110,11 +135,7 @@ impl Qwen3 {
                 // One new token per sequence, into its block; attention over its block table.
                 fused::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
                 fused::paged_kv_write(pv, &v.squeeze(2)?, meta)?;
-                let attn = fused::paged_decode_attention(&q.squeeze(2)?, pk, pv, meta)?; // (B, Hq, hd)
-                let attn = attn.reshape((b, 1, hq * hd))?;
-                let x =
-                    (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
-                return self.mlp_block(&p, x, train);
+                return self.paged_attention_block(&p, x, &q.squeeze(2)?, (pk, pv, meta), train);
             }
             Some(LayerKv::Flat(ck, cv, off, Some(valid))) if t == 1 => {
                 // One new slot: write it in place and attend over the valid slots only, with
@@ -151,6 +172,37 @@ impl Qwen3 {
             .reshape((b, t, hq * hd))?;
         let x = (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
         self.mlp_block(&p, x, train)
+    }
+
+    /// Whether a paged step's query and key go through the one `paged_qk` kernel: on CUDA
+    /// (unless `TERSE_FUSED=0`), outside training, one token per row, f32 or bf16. Elsewhere
+    /// the plain norms, rotations and cache write run (the CPU's numbers do not move).
+    fn paged_qk_serves(&self, q: &Tensor, train: bool) -> bool {
+        q.device().is_cuda()
+            && crate::device::fused()
+            && !train
+            && q.dim(1).is_ok_and(|t| t == 1)
+            && matches!(
+                q.dtype(),
+                candle_core::DType::F32 | candle_core::DType::BF16
+            )
+    }
+
+    /// The rest of a paged layer once its K/V are in the pools: attention of q (N, Hq, hd) over
+    /// the block tables, the output projection, the residual add and the MLP block.
+    fn paged_attention_block(
+        &self,
+        p: &str,
+        x: &Tensor,
+        q: &Tensor,
+        (pk, pv, meta): (&Tensor, &Tensor, &std::sync::Arc<crate::kernels::PagedMeta>),
+        train: bool,
+    ) -> Result<Tensor> {
+        let (n, hq, hd) = q.dims3()?;
+        let attn = fused::paged_decode_attention(q, pk, pv, meta)?; // (N, Hq, hd)
+        let attn = attn.reshape((n, 1, hq * hd))?;
+        let x = (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
+        self.mlp_block(p, x, train)
     }
 
     /// The second half of a decoder layer: x + MLP(RMSNorm(x)).

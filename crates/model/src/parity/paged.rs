@@ -1,5 +1,6 @@
 //! gpu-check's parity groups for the paged cache's decode ops (`kernels::paged_kv_write`,
-//! `kernels::paged_decode_attention`): K/V written token
+//! `kernels::paged_decode_attention`, `kernels::paged_qk`): a step's fused query and key
+//! against the reference, then K/V written token
 //! by token into blocks scattered over the pool (four sequences growing in turn, so their
 //! blocks interleave), then one decode attention over the block tables, on the device against
 //! the CPU reference, in f32 and in bf16; then rows of 1 to 8,300 slots in one batch (up to
@@ -9,7 +10,7 @@
 
 use super::common::{bf16_round, bf16_tolerance, rnd, row, Row};
 use crate::kernels::paged_split::{reset_flash_decoding, set_flash_decoding};
-use crate::kernels::{paged_decode_attention, paged_kv_write, PagedMeta};
+use crate::kernels::{paged_decode_attention, paged_kv_write, paged_qk, PagedMeta};
 use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -152,12 +153,63 @@ fn long_rows(dev: &Device, dt: DType, round: bool, what: &str) -> Result<Vec<Row
     ])
 }
 
+/// A decode step's fused query and key (`kernels::paged_qk`) at Qwen3-0.6B's head layout (Hq 16,
+/// Hkv 8, D 128, q_norm and k_norm), 5 rows writing scattered slots -> [q; the key pool], flat.
+fn paged_qk_step(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
+    let (n, hq, hkv, d, bs, nb) = (5usize, 16, 8, 128, 16, 8);
+    let prep = |t: Tensor| -> Result<Tensor> {
+        let t = if round { bf16_round(&t)? } else { t };
+        t.to_device(dev)?.to_dtype(dt)
+    };
+    // Row r attends len[r] slots of its one block tables[r] and writes the last.
+    let (tables, lens) = (vec![7u32, 2, 5, 0, 3], vec![1u32, 16, 9, 4, 12]);
+    let slots = tables
+        .iter()
+        .zip(&lens)
+        .map(|(&t, &l)| t * bs as u32 + l - 1);
+    let meta = PagedMeta::from_tables(
+        tables.clone(),
+        1,
+        lens.clone(),
+        slots.collect(),
+        [nb, bs],
+        dev,
+    )?;
+    let pos = Tensor::from_vec(vec![0u32, 15, 1000, 3, 40_000], (n, 1), &Device::Cpu)?;
+    let (cos, sin) = crate::ops::rope_tables(&pos, d, 1e6, DType::F32)?; // (N, 1, D/2)
+    let (cos, sin) = (prep(cos)?, prep(sin)?);
+    let w = |seed| -> Result<Tensor> { prep(rnd(&[d], seed)?.affine(0.5, 1.0)?) };
+    let (qn, kn) = (w(41)?, w(42)?);
+    let pool = prep(rnd(&[nb, hkv, bs, d], 43)?)?;
+    let (q, k) = (
+        prep(rnd(&[n, hq, d], 44)?)?,
+        prep(rnd(&[n, hkv, d], 45)?.affine(3.0, 0.0)?)?,
+    );
+    let out = paged_qk(&q, &k, Some((&qn, &kn)), 1e-6, (&cos, &sin), &pool, &meta)?;
+    let flat = |t: &Tensor| {
+        t.to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .flatten_all()
+    };
+    Tensor::cat(&[flat(&out)?, flat(&pool)?], 0)
+}
+
 pub(crate) fn paged_f32(dev: &Device) -> Result<Vec<Row>> {
     let (g, c) = (
         paged_attention(dev, DType::F32, false)?,
         paged_attention(&Device::Cpu, DType::F32, false)?,
     );
     let mut rows = vec![row("paged kv write + decode attention", &g, &c, 1e-4)?];
+    let (qg, qc) = (
+        paged_qk_step(dev, DType::F32, false)?,
+        paged_qk_step(&Device::Cpu, DType::F32, false)?,
+    );
+    rows.push(row(
+        "paged qk: norm + rope + key write [q; pool]",
+        &qg,
+        &qc,
+        1e-5,
+    )?);
     rows.extend(long_rows(dev, DType::F32, false, "")?);
     Ok(rows)
 }
@@ -177,6 +229,18 @@ pub(crate) fn paged_bf16(dev: &Device) -> Result<Vec<Row>> {
         &c,
         bf16_tolerance(&c)?,
     )?];
+    let (qg, qc) = (
+        paged_qk_step(dev, dt, true)?,
+        paged_qk_step(&Device::Cpu, DType::F32, true)?,
+    );
+    // Three bf16 roundings on the device (the norm's two, as HF rounds, and the rotation's),
+    // where the f32 reference rounds none: twice the one-rounding tolerance.
+    rows.push(row(
+        "bf16 paged qk: norm + rope + key write [q; pool]",
+        &qg,
+        &qc,
+        2.0 * bf16_tolerance(&qc)?,
+    )?);
     rows.extend(long_rows(dev, dt, true, "bf16 ")?);
     Ok(rows)
 }

@@ -99,17 +99,10 @@ pub fn attention_rows_grad(
 mod cuda {
     use super::super::launch;
     use super::Dims;
-    use crate::kernels::launching::{cuda_storage, func, tensor_of, view, Described};
+    use crate::kernels::launching::{cuda_storage, func, locked_view, tensor_of, Described};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::CudaView;
-    use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaStorage, Layout, Result, Storage, Tensor};
+    use candle_core::{CudaStorage, Result, Tensor};
     use half::bf16;
-
-    /// The contiguous view of a locked tensor as `T`.
-    fn at<'a, T: CudaDType>(s: &'a Storage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
-        view::<T>(cuda_storage(s, what)?, l, what)
-    }
 
     /// (q, k, v) -> (out (B, T, Hq, D) bf16, lse (B * Hq * T) f32): one launch.
     pub(super) fn forward(
@@ -132,10 +125,10 @@ mod cuda {
         let mut out = unsafe { dev.alloc::<bf16>(rows * dm.d)? };
         let mut lse = unsafe { dev.alloc::<f32>(rows)? };
         let (qv, kv, vv, sv) = (
-            at::<bf16>(&qs, ql, "q")?,
-            at::<bf16>(&ks, kl, "k")?,
-            at::<bf16>(&vs, vl, "v")?,
-            at::<u32>(&ss, sl, "starts")?,
+            locked_view::<bf16>(&qs, ql, "q")?,
+            locked_view::<bf16>(&ks, kl, "k")?,
+            locked_view::<bf16>(&vs, vl, "v")?,
+            locked_view::<u32>(&ss, sl, "starts")?,
         );
         let f = func!(&dev, l)?;
         let mut d = Described::new(f.builder(), &l);
@@ -174,15 +167,15 @@ mod cuda {
             out.storage_and_layout(),
         );
         let (qv, kv, vv, sv) = (
-            at::<bf16>(&qs, ql, "q")?,
-            at::<bf16>(&ks, kl, "k")?,
-            at::<bf16>(&vs, vl, "v")?,
-            at::<u32>(&ss, sl, "starts")?,
+            locked_view::<bf16>(&qs, ql, "q")?,
+            locked_view::<bf16>(&ks, kl, "k")?,
+            locked_view::<bf16>(&vs, vl, "v")?,
+            locked_view::<u32>(&ss, sl, "starts")?,
         );
         let (lv, gv, ov) = (
-            at::<f32>(&ls, ll, "lse")?,
-            at::<bf16>(&gs, gl, "dout")?,
-            at::<bf16>(&os, ol, "out")?,
+            locked_view::<f32>(&ls, ll, "lse")?,
+            locked_view::<bf16>(&gs, gl, "dout")?,
+            locked_view::<bf16>(&os, ol, "out")?,
         );
         let dev = cuda_storage(&qs, "q")?.device().clone();
         let rows = dm.b * dm.hq * dm.t;
