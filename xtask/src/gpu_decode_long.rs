@@ -45,14 +45,18 @@ pub fn emulated_model(dev: &Device) -> Result<Qwen3> {
 }
 
 /// One decode step of every row (one token each, room reserved first); the logits (B, V).
-fn step(
+/// gpu_profile.rs's decode step too.
+pub(crate) fn step(
     model: &Qwen3,
     cache: &mut PagedKvCache,
     tables: &mut [BlockTable],
     token: u32,
 ) -> Result<Tensor> {
     for t in tables.iter_mut() {
-        ensure!(cache.reserve(t, 1)?, "decode_long: the pool is too small");
+        ensure!(
+            cache.reserve(t, 1)?,
+            "decode step: the paged pool is too small"
+        );
     }
     let ids = [token];
     let mut seqs: Vec<PagedSeq> = tables

@@ -43,8 +43,9 @@ pub const BENCH_STEPS: [(&str, f64); 12] = [
     ("attention_paths", 10.0),
     // 2.3 s on 2026-12-04; since 2026-12-07 twice (layers recomputed, then kept).
     ("long_context", 30.0),
-    // Two forward+backward passes at 16k (about 1.6 s each on 2026-12-04), one with events.
-    ("profile", 10.0),
+    // Two forward+backward passes at 16k (about 1.6 s each on 2026-12-04), one with events;
+    // then two decode steps at batch 64 over 1k contexts (the 9 GB cache filled first).
+    ("profile", 12.0),
     ("logprob", 10.0),
     // NCCL at world size 1: its first initialisation may hang, so after terse's own rows.
     ("nccl", 30.0),

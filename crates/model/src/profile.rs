@@ -1,12 +1,13 @@
-//! Where a training step's device time goes, by category (issue 57's `profile`): while a profile
-//! is on (`start` ... `finish`, on one thread: the profile is the calling thread's), each span
-//! the written layer backward and the log-prob head mark (`span`) is bracketed by two CUDA
+//! Where a training step's or a decode step's device time goes, by category (issue 57's
+//! `profile`): while a profile is on (`start` ... `finish`, on one thread: the profile is the
+//! calling thread's), each span the written layer backward, the log-prob head, the layers'
+//! forward (model/forward.rs) and the sampler mark (`span`) is bracketed by two CUDA
 //! events on the device's stream, or by the host clock on the CPU, where ops run synchronously.
 //! Off (the default) a span is one thread-local read and no event, so the training path pays
 //! nothing. Spans do not nest: each marks one op's launches.
 //!
-//! Data flow: gpu-check's `profile` -> `start` -> model/layer_grad.rs, logprob.rs and
-//! terse-optim's `span`s during one step -> `finish` (synchronises once, then reads every pair) -> per-category
+//! Data flow: gpu-check's `profile` -> `start` -> model/layer_grad.rs, model/forward.rs,
+//! logprob.rs, kernels/sample/ and terse-optim's `span`s during one step -> `finish` (synchronises once, then reads every pair) -> per-category
 //! milliseconds and span counts; the step's wall time less their sum is what no span covers.
 
 use candle_core::{Device, Result};
@@ -33,11 +34,16 @@ pub enum Category {
     Cast,
     /// Clipping's norm and the AdamW update (terse-optim).
     Optimizer,
+    /// A decode step's cache writes and attention over the cache (with the fused query and
+    /// key on CUDA: their norms and RoPE).
+    DecodeAttention,
+    /// The device sampler's draws.
+    Sample,
 }
 
 impl Category {
     /// Every category, in order.
-    pub const ALL: [Category; 10] = [
+    pub const ALL: [Category; 12] = [
         Category::Matmul,
         Category::FlashForward,
         Category::FlashBackward,
@@ -48,6 +54,8 @@ impl Category {
         Category::Elementwise,
         Category::Cast,
         Category::Optimizer,
+        Category::DecodeAttention,
+        Category::Sample,
     ];
 
     /// The report's key.
@@ -63,6 +71,8 @@ impl Category {
             Category::Elementwise => "elementwise",
             Category::Cast => "cast",
             Category::Optimizer => "optimizer",
+            Category::DecodeAttention => "decode_attention",
+            Category::Sample => "sample",
         }
     }
 }

@@ -11,7 +11,8 @@ use crate::batch::Batch;
 use crate::kernels as fused;
 use crate::kernels::flash::{self, KeyRanges};
 use crate::logprob;
-use crate::ops::{attention_bias, gqa_attention, rms_norm, rope, rope_tables};
+use crate::ops::{attention_bias, gqa_attention, rope, rope_tables};
+use crate::profile::{span, Category as C};
 use candle_core::{Result, Tensor};
 
 /// The KV cache a decoder layer writes and attends over: the preallocated cache (K, V, the
@@ -40,7 +41,22 @@ impl Qwen3 {
         let (b, t, i) = x.dims3()?;
         let w = self.w(name, train)?;
         let out = w.dim(0)?;
-        x.reshape((b * t, i))?.matmul(&w.t()?)?.reshape((b, t, out))
+        let y = span(&self.device, C::Matmul, || {
+            x.reshape((b * t, i))?.matmul(&w.t()?)
+        })?;
+        y.reshape((b, t, out))
+    }
+
+    /// RMSNorm of x with the weight `name`, a `Norm` span of the profile.
+    fn norm(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
+        let w = self.w(name, train)?;
+        let eps = self.config.rms_norm_eps;
+        span(&self.device, C::Norm, || crate::ops::rms_norm(x, &w, eps))
+    }
+
+    /// x + y, the residual stream's add (an `Elementwise` span).
+    fn residual(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        span(&self.device, C::Elementwise, || x + y)
     }
 
     /// A q/k/v projection `{name}.weight`, plus `{name}.bias` where the architecture has one
@@ -59,7 +75,7 @@ impl Qwen3 {
         if !self.config.qk_norm {
             return Ok(x.clone());
         }
-        rms_norm(x, &self.w(name, train)?, self.config.rms_norm_eps)
+        self.norm(x, name, train)
     }
 
     /// One decoder layer. `cache` = (layer cache k/v, slot offset, slot validity (B * capacity),
@@ -81,11 +97,7 @@ impl Qwen3 {
         let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
 
-        let h = rms_norm(
-            x,
-            &self.w(&format!("{p}.input_layernorm.weight"), train)?,
-            eps,
-        )?;
+        let h = self.norm(x, &format!("{p}.input_layernorm.weight"), train)?;
         let q = self
             .qkv_proj(&h, &format!("{p}.self_attn.q_proj"), train)?
             .reshape((b, t, hq, hd))?;
@@ -107,16 +119,19 @@ impl Qwen3 {
                     false => None,
                 };
                 let tables = (&cos.squeeze(1)?, &sin.squeeze(1)?); // (N, hd/2)
-                let q = fused::paged_qk(
-                    &q.squeeze(1)?,
-                    &k.squeeze(1)?,
-                    norms.as_ref().map(|(a, b)| (a, b)),
-                    eps as f32,
-                    tables,
-                    pk,
-                    meta,
-                )?; // (N, Hq, hd)
-                fused::paged_kv_write(pv, &v.squeeze(1)?, meta)?;
+                let q = span(&self.device, C::DecodeAttention, || {
+                    let q = fused::paged_qk(
+                        &q.squeeze(1)?,
+                        &k.squeeze(1)?,
+                        norms.as_ref().map(|(a, b)| (a, b)),
+                        eps as f32,
+                        tables,
+                        pk,
+                        meta,
+                    )?; // (N, Hq, hd)
+                    fused::paged_kv_write(pv, &v.squeeze(1)?, meta)?;
+                    Ok(q)
+                })?;
                 return self.paged_attention_block(&p, x, &q, (pk, pv, meta), train);
             }
         }
@@ -127,27 +142,32 @@ impl Qwen3 {
             .head_norm(&k, &format!("{p}.self_attn.k_norm.weight"), train)?
             .transpose(1, 2)?; // (B, Hkv, T, hd)
         let v = v.transpose(1, 2)?.contiguous()?; // (B, Hkv, T, hd)
-        let q = rope(&q, cos, sin)?;
-        let k = rope(&k, cos, sin)?.contiguous()?;
+        let (q, k) = span(&self.device, C::Rope, || {
+            Ok((rope(&q, cos, sin)?, rope(&k, cos, sin)?.contiguous()?))
+        })?;
         let (k, v) = match cache {
             None => (k, v),
             Some(LayerKv::Paged(pk, pv, meta)) => {
                 // One new token per sequence, into its block; attention over its block table.
-                fused::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
-                fused::paged_kv_write(pv, &v.squeeze(2)?, meta)?;
+                span(&self.device, C::DecodeAttention, || {
+                    fused::paged_kv_write(pk, &k.squeeze(2)?, meta)?;
+                    fused::paged_kv_write(pv, &v.squeeze(2)?, meta)
+                })?;
                 return self.paged_attention_block(&p, x, &q.squeeze(2)?, (pk, pv, meta), train);
             }
             Some(LayerKv::Flat(ck, cv, off, Some(valid))) if t == 1 => {
                 // One new slot: write it in place and attend over the valid slots only, with
                 // no bias tensor and no (B, Hq, 1, S) score matrix. `valid` is on the device
                 // already: uploaded once per step, not once per layer.
-                fused::kv_write(ck, &k.squeeze(2)?, off)?;
-                fused::kv_write(cv, &v.squeeze(2)?, off)?;
-                let attn = fused::decode_attention(&q.squeeze(2)?, ck, cv, valid, off + 1)?; // (B, Hq, hd)
+                let attn = span(&self.device, C::DecodeAttention, || {
+                    fused::kv_write(ck, &k.squeeze(2)?, off)?;
+                    fused::kv_write(cv, &v.squeeze(2)?, off)?;
+                    fused::decode_attention(&q.squeeze(2)?, ck, cv, valid, off + 1)
+                    // (B, Hq, hd)
+                })?;
                 let attn = attn.reshape((b, 1, hq * hd))?;
-                let x =
-                    (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
-                return self.mlp_block(&p, x, train);
+                let o = self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?;
+                return self.mlp_block(&p, x, &o, train);
             }
             Some(LayerKv::Flat(ck, cv, off, _)) => {
                 // A cache in another dtype (f16) stores rounded K/V and hands them back
@@ -161,7 +181,11 @@ impl Qwen3 {
         };
         let attn = match mask {
             Some(Mask::Bias(bias)) => gqa_attention(&q, &k, &v, bias)?, // (B, Hq, T, hd)
-            Some(Mask::Ranges(r)) if cache.is_none() => flash::attention(&q, &k, &v, r)?,
+            Some(Mask::Ranges(r)) if cache.is_none() => {
+                span(&self.device, C::FlashForward, || {
+                    flash::attention(&q, &k, &v, r)
+                })?
+            }
             _ => crate::fail!(
                 "layer {l}: the attention needs a bias or (without a cache) key ranges"
             ),
@@ -170,8 +194,8 @@ impl Qwen3 {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, t, hq * hd))?;
-        let x = (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
-        self.mlp_block(&p, x, train)
+        let o = self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?;
+        self.mlp_block(&p, x, &o, train)
     }
 
     /// Whether a paged step's query and key go through the one `paged_qk` kernel: on CUDA
@@ -199,30 +223,42 @@ impl Qwen3 {
         train: bool,
     ) -> Result<Tensor> {
         let (n, hq, hd) = q.dims3()?;
-        let attn = fused::paged_decode_attention(q, pk, pv, meta)?; // (N, Hq, hd)
+        let attn = span(&self.device, C::DecodeAttention, || {
+            fused::paged_decode_attention(q, pk, pv, meta) // (N, Hq, hd)
+        })?;
         let attn = attn.reshape((n, 1, hq * hd))?;
-        let x = (x + self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?)?;
-        self.mlp_block(p, x, train)
+        let o = self.linear(&attn, &format!("{p}.self_attn.o_proj.weight"), train)?;
+        self.mlp_block(p, x, &o, train)
     }
 
-    /// The second half of a decoder layer: x + MLP(RMSNorm(x)).
-    fn mlp_block(&self, p: &str, x: Tensor, train: bool) -> Result<Tensor> {
-        let eps = self.config.rms_norm_eps;
-        let h = rms_norm(
-            &x,
-            &self.w(&format!("{p}.post_attention_layernorm.weight"), train)?,
-            eps,
-        )?;
+    /// The second half of a decoder layer, from the residual stream `x` and the attention
+    /// block's output `o`: s = x + o, then s + MLP(RMSNorm(s)). Outside training on CUDA (unless `TERSE_FUSED=0`) the add and the norm are one
+    /// `rmsnorm_fwd_res` launch (HF's rounding, as the training path's norm); elsewhere two ops.
+    fn mlp_block(&self, p: &str, x: &Tensor, o: &Tensor, train: bool) -> Result<Tensor> {
+        let name = format!("{p}.post_attention_layernorm.weight");
+        let (x, h) = if x.device().is_cuda() && crate::device::fused() && !train {
+            let (w, eps) = (self.w(&name, train)?, self.config.rms_norm_eps as f32);
+            span(&self.device, C::Norm, || {
+                fused::rms_norm_residual(o, x, &w, eps)
+            })?
+        } else {
+            let x = self.residual(x, o)?;
+            let h = self.norm(&x, &name, train)?;
+            (x, h)
+        };
         let gate = self.linear(&h, &format!("{p}.mlp.gate_proj.weight"), train)?;
         let up = self.linear(&h, &format!("{p}.mlp.up_proj.weight"), train)?;
         // On CUDA one kernel each way (kernels/swiglu.cu); the CPU keeps candle's two ops,
         // whose rounding the fused reference does not repeat (`TERSE_FUSED=0`: CUDA too).
-        let act = if h.device().is_cuda() && crate::device::fused() {
-            crate::kernels::swiglu(&gate, &up)?
-        } else {
-            (gate.silu()? * up)?
-        };
-        x + self.linear(&act, &format!("{p}.mlp.down_proj.weight"), train)?
+        let act = span(&self.device, C::Elementwise, || {
+            if h.device().is_cuda() && crate::device::fused() {
+                crate::kernels::swiglu(&gate, &up)
+            } else {
+                gate.silu()? * up
+            }
+        })?;
+        let down = self.linear(&act, &format!("{p}.mlp.down_proj.weight"), train)?;
+        self.residual(&x, &down)
     }
 
     pub(crate) fn embed(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
@@ -272,7 +308,7 @@ impl Qwen3 {
         for l in 0..c.num_hidden_layers {
             x = self.layer(l, &x, &cos, &sin, Some(mask.as_mask()), None, train)?;
         }
-        rms_norm(&x, &self.w("model.norm.weight", train)?, c.rms_norm_eps)
+        self.norm(&x, "model.norm.weight", train)
     }
 
     /// Full logits (B, T, V) in the accumulation dtype, no graph. Only for small vocabularies

@@ -69,9 +69,17 @@ impl Qwen3 {
 
     /// Hidden states (B, H) -> logits (B, V) in the accumulation dtype.
     pub(crate) fn paged_head(&self, x: &Tensor) -> Result<Tensor> {
+        use crate::profile::{span, Category as C};
         let c = &self.config;
-        let h = rms_norm(x, &self.w("model.norm.weight", false)?, c.rms_norm_eps)?;
-        h.matmul(&self.w(self.head_name(), false)?.t()?)?
-            .to_dtype(crate::ops::accum_dtype(self.compute_dtype)) // (B, V)
+        let dev = &self.device;
+        let (wn, wh) = (
+            self.w("model.norm.weight", false)?,
+            self.w(self.head_name(), false)?,
+        );
+        let h = span(dev, C::Norm, || rms_norm(x, &wn, c.rms_norm_eps))?;
+        let logits = span(dev, C::HeadForward, || h.matmul(&wh.t()?))?;
+        span(dev, C::Cast, || {
+            logits.to_dtype(crate::ops::accum_dtype(self.compute_dtype)) // (B, V)
+        })
     }
 }

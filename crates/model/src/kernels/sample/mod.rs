@@ -40,7 +40,9 @@ pub fn uniform_words(u: f64) -> [u32; 2] {
 /// device: (B, 4) u32, a row's token, both log-probs and entropy (`unpack` reads them). What a
 /// decode graph captures (paged/graphs.rs): it uploads and downloads nothing.
 pub fn sample_packed(logits: &Tensor, uniforms: &Tensor, w: &Warpers) -> Result<Tensor> {
-    apply2(&logits.contiguous()?, uniforms, Sample(*w)) // (B, 4) u32
+    crate::profile::span(logits.device(), crate::profile::Category::Sample, || {
+        apply2(&logits.contiguous()?, uniforms, Sample(*w)) // (B, 4) u32
+    })
 }
 
 /// `sample_packed`'s rows, read back (4 words a row).
