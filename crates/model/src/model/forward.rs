@@ -48,7 +48,7 @@ impl Qwen3 {
     }
 
     /// RMSNorm of x with the weight `name`, a `Norm` span of the profile.
-    fn norm(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
+    pub(crate) fn norm(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
         let w = self.w(name, train)?;
         let eps = self.config.rms_norm_eps;
         span(&self.device, C::Norm, || crate::ops::rms_norm(x, &w, eps))
@@ -198,13 +198,17 @@ impl Qwen3 {
         self.mlp_block(&p, x, &o, train)
     }
 
+    /// Whether the inference-only fused kernels run: on CUDA, outside training, unless
+    /// `TERSE_FUSED=0` (the CPU keeps the plain ops, so its numbers do not move).
+    fn inference_kernels(&self, train: bool) -> bool {
+        self.device.is_cuda() && crate::device::fused() && !train
+    }
+
     /// Whether a paged step's query and key go through the one `paged_qk` kernel: on CUDA
     /// (unless `TERSE_FUSED=0`), outside training, one token per row, f32 or bf16. Elsewhere
     /// the plain norms, rotations and cache write run (the CPU's numbers do not move).
     fn paged_qk_serves(&self, q: &Tensor, train: bool) -> bool {
-        q.device().is_cuda()
-            && crate::device::fused()
-            && !train
+        self.inference_kernels(train)
             && q.dim(1).is_ok_and(|t| t == 1)
             && matches!(
                 q.dtype(),
@@ -232,11 +236,12 @@ impl Qwen3 {
     }
 
     /// The second half of a decoder layer, from the residual stream `x` and the attention
-    /// block's output `o`: s = x + o, then s + MLP(RMSNorm(s)). Outside training on CUDA (unless `TERSE_FUSED=0`) the add and the norm are one
-    /// `rmsnorm_fwd_res` launch (HF's rounding, as the training path's norm); elsewhere two ops.
+    /// block's output `o`: s = x + o, then s + MLP(RMSNorm(s)). With `inference_kernels` the add
+    /// and the norm are one `rmsnorm_fwd_res` launch (HF's rounding, as the training path's
+    /// norm); elsewhere two ops.
     fn mlp_block(&self, p: &str, x: &Tensor, o: &Tensor, train: bool) -> Result<Tensor> {
         let name = format!("{p}.post_attention_layernorm.weight");
-        let (x, h) = if x.device().is_cuda() && crate::device::fused() && !train {
+        let (x, h) = if self.inference_kernels(train) {
             let (w, eps) = (self.w(&name, train)?, self.config.rms_norm_eps as f32);
             span(&self.device, C::Norm, || {
                 fused::rms_norm_residual(o, x, &w, eps)

@@ -12,7 +12,7 @@ use super::{BlockTable, PagedKvCache};
 use crate::kernels::PagedMeta;
 use crate::model::forward::LayerKv;
 use crate::model::Qwen3;
-use crate::ops::{rms_norm, rope_tables};
+use crate::ops::rope_tables;
 use candle_core::{Result, Tensor};
 
 impl Qwen3 {
@@ -70,13 +70,9 @@ impl Qwen3 {
     /// Hidden states (B, H) -> logits (B, V) in the accumulation dtype.
     pub(crate) fn paged_head(&self, x: &Tensor) -> Result<Tensor> {
         use crate::profile::{span, Category as C};
-        let c = &self.config;
         let dev = &self.device;
-        let (wn, wh) = (
-            self.w("model.norm.weight", false)?,
-            self.w(self.head_name(), false)?,
-        );
-        let h = span(dev, C::Norm, || rms_norm(x, &wn, c.rms_norm_eps))?;
+        let h = self.norm(x, "model.norm.weight", false)?;
+        let wh = self.w(self.head_name(), false)?;
         let logits = span(dev, C::HeadForward, || h.matmul(&wh.t()?))?;
         span(dev, C::Cast, || {
             logits.to_dtype(crate::ops::accum_dtype(self.compute_dtype)) // (B, V)
