@@ -5,7 +5,9 @@
 // CPU reference: terse_model::kernels::swiglu.
 //
 // Layout: g, u, y, dy contiguous with n elements; the backward writes dg and du into one
-// buffer of 2n elements (dg first).
+// buffer of 2n elements (dg first). The stacked forward (inference) reads one buffer of rows
+// [g | u] of 2 `width` values each (the gate and up projections as one GEMM) into y's rows of
+// `width`, with the same math and rounding.
 #include "common.cuh"
 
 template <typename T>
@@ -15,6 +17,17 @@ __device__ void swiglu_fwd(const T* g, const T* u, T* y, size_t n) {
     float a = to_f(g[k]);
     float s = 1.f / (1.f + expf(-a));
     y[k] = from_f<T>(a * s * to_f(u[k]));
+}
+
+template <typename T>
+__device__ void swiglu_stacked(const T* gu, T* y, size_t n, size_t width) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    const T* row = gu + (k / width) * 2 * width;
+    size_t c = k % width;
+    float a = to_f(row[c]);
+    float s = 1.f / (1.f + expf(-a));
+    y[k] = from_f<T>(a * s * to_f(row[width + c]));
 }
 
 template <typename T>
@@ -30,6 +43,9 @@ __device__ void swiglu_bwd(const T* g, const T* u, const T* dy, T* dgu, size_t n
 #define INSTANTIATE(T, S)                                                                      \
     extern "C" __global__ void swiglu_fwd_##S(const T* g, const T* u, T* y, size_t n) {       \
         swiglu_fwd<T>(g, u, y, n);                                                             \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_stacked_##S(const T* gu, T* y, size_t n, size_t width) { \
+        swiglu_stacked<T>(gu, y, n, width);                                                    \
     }                                                                                          \
     extern "C" __global__ void swiglu_bwd_##S(const T* g, const T* u, const T* dy, T* dgu,    \
                                               size_t n) {                                      \

@@ -127,8 +127,13 @@ fn agreement(
     Ok((diff, a.iter().zip(&b).filter(|(x, y)| x == y).count()))
 }
 
-/// The row (see the module docs).
+/// The row (see the module docs), on the decoding copy rollout reads (`with_decoding_weights`:
+/// weights cast once, projections stacked).
 pub fn decode_long(dev: &Device, model: &Qwen3, emulated: bool) -> Result<Value> {
+    model.with_decoding_weights(|m| decode_long_on(dev, m, emulated))
+}
+
+fn decode_long_on(dev: &Device, model: &Qwen3, emulated: bool) -> Result<Value> {
     let (b, mean, n) = shape(emulated);
     let cfg = &model.config;
     let lens: Vec<usize> = (0..b).map(|i| context(i, b, mean)).collect();

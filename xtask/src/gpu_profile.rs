@@ -74,8 +74,13 @@ pub fn emulated(dev: &Device) -> Result<Value> {
 
 /// One profiled decode step of `b` rows at `ctx` tokens of context each (a paged cache in the
 /// compute dtype, filled without a prefill), logits through the device sampler, after one
-/// unprofiled step.
-pub fn decode_profiled(dev: &Device, model: &Qwen3, (b, ctx): (usize, usize)) -> Result<Value> {
+/// unprofiled step; on the decoding copy rollout reads (`with_decoding_weights`: weights cast
+/// once, projections stacked).
+pub fn decode_profiled(dev: &Device, model: &Qwen3, shape: (usize, usize)) -> Result<Value> {
+    model.with_decoding_weights(|m| decode_profiled_on(dev, m, shape))
+}
+
+fn decode_profiled_on(dev: &Device, model: &Qwen3, (b, ctx): (usize, usize)) -> Result<Value> {
     use terse_model::sample::{sample_packed, uniform_words, Warpers};
     use terse_model::BlockTable;
     const BLOCK: usize = 256;

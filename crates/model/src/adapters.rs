@@ -98,7 +98,8 @@ impl Qwen3 {
     /// weight at every use: with adapters, or f32 masters under bf16 compute (CUDA). Else the
     /// model itself. The rollout makes one per GRPO step (`generate` makes one per call for
     /// callers that did not); `TERSE_DECODE_CASTS=1` keeps the old per-use casts of unadapted
-    /// masters (the baseline `bench decode` measures in the same run).
+    /// masters (the baseline `bench decode` measures in the same run). On CUDA the copy's
+    /// q/k/v and gate/up weights are stacked (model/stacked.rs): one GEMM each.
     pub fn with_decoding_weights<T, E: From<candle_core::Error>>(
         &self,
         f: impl FnOnce(&Qwen3) -> std::result::Result<T, E>,
@@ -109,7 +110,9 @@ impl Qwen3 {
             .any(|v| v.dtype() != self.compute_dtype);
         let old_path = std::env::var("TERSE_DECODE_CASTS").is_ok_and(|v| v == "1");
         if self.lora.is_some() || (casts_per_use && !old_path) {
-            f(&self.merged()?)
+            let mut copy = self.merged()?;
+            copy.stack_projections()?;
+            f(&copy)
         } else {
             f(self)
         }

@@ -1,5 +1,5 @@
 //! The CUDA kernels of kernels/*.cu as candle custom ops, one file per kernel family (one per
-//! .cu file): adamw.rs, rmsnorm.rs, rope.rs, swiglu.rs, logprob.rs, kv_cache.rs, paged_attention.rs (with paged_split.rs, its flash-decoding launch), paged_qk.rs (a decode step's query and key), sample/ and flash/. Each
+//! .cu file): adamw.rs, rmsnorm.rs, rope.rs, swiglu.rs, logprob.rs, kv_cache.rs, paged_attention.rs (with paged_split.rs, its flash-decoding launch), paged_qkv.rs (a decode step's query, key and value), sample/ and flash/. Each
 //! holds the family's op (its [`op::Kernel`] impl: the CPU path runs the family's f32 reference,
 //! the CUDA path launches the kernel), its shape checks (run before every launch, on every
 //! device, so a wrong shape is an error, never an out-of-bounds read), its reference, its launch
@@ -23,7 +23,7 @@ mod launching;
 pub(crate) mod logprob;
 pub(crate) mod op;
 pub(crate) mod paged_attention;
-pub(crate) mod paged_qk;
+pub(crate) mod paged_qkv;
 pub(crate) mod paged_split;
 pub(crate) mod rmsnorm;
 pub(crate) mod rope;
@@ -35,10 +35,10 @@ pub(crate) use logprob::{
     logprob_grad, logprob_grad_of_checked, logprob_stats, logprob_stats_of_checked,
 };
 pub(crate) use paged_attention::{paged_decode_attention, paged_kv_write, PagedMeta};
-pub(crate) use paged_qk::paged_qk;
+pub(crate) use paged_qkv::paged_qkv;
 pub(crate) use rmsnorm::{rms_norm, rms_norm_grad, rms_norm_residual};
 pub(crate) use rope::{rope, rope_laid_out};
-pub(crate) use swiglu::{swiglu, swiglu_grad};
+pub(crate) use swiglu::{swiglu, swiglu_grad, swiglu_stacked};
 
 /// One launch description per kernel entry point of kernels/*.cu: the kernel's name, its grid
 /// and block, and its argument list in order (buffers by their position in the caller's list,
@@ -53,7 +53,7 @@ pub mod launch {
     pub use crate::kernels::kv_cache::launch::*;
     pub use crate::kernels::logprob::launch::*;
     pub use crate::kernels::paged_attention::launch::*;
-    pub use crate::kernels::paged_qk::launch::*;
+    pub use crate::kernels::paged_qkv::launch::*;
     pub use crate::kernels::paged_split::launch::*;
     pub use crate::kernels::paged_split::{SplitPlan, MAX_SPLITS, SPLIT_CHUNK};
     pub use crate::kernels::rmsnorm::launch::*;
@@ -68,7 +68,7 @@ pub(crate) mod references {
     pub use crate::kernels::kv_cache::reference::*;
     pub use crate::kernels::logprob::reference::*;
     pub use crate::kernels::paged_attention::reference::*;
-    pub use crate::kernels::paged_qk::reference::*;
+    pub use crate::kernels::paged_qkv::reference::*;
     pub use crate::kernels::rmsnorm::reference::*;
     pub use crate::kernels::rope::reference::*;
     pub use crate::kernels::swiglu::reference::*;

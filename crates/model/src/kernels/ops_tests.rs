@@ -262,11 +262,33 @@ fn swiglu_and_its_backward_pass_a_finite_difference_check() {
     }
 }
 
-/// A paged step's fused query and key (the CPU reference behind the op) equal the plain
-/// sequence it stands for: candle's norm and rotation, then the cache write; with and without
-/// head norms; and a bad shape is refused in one line naming the op.
+/// The stacked SwiGLU (rows [g | u]) is the plain op on the two halves, bit for bit, and refuses
+/// an odd row in one line.
 #[test]
-fn paged_qk_equals_the_plain_norm_rope_and_write() {
+fn swiglu_stacked_equals_swiglu_of_the_halves() {
+    let (g, u) = (
+        vals(&[2, 3, 5], 1).affine(3.0, 0.0).expect("g"),
+        vals(&[2, 3, 5], 2),
+    );
+    let gu = Tensor::cat(&[&g, &u], 2).expect("cat"); // (2, 3, 10)
+    let want = swiglu(&g, &u).expect("plain");
+    let got = swiglu_stacked(&gu).expect("stacked");
+    assert_eq!(got.dims(), &[2, 3, 5]);
+    assert_eq!(max_diff(&got, &want), 0.0);
+    let odd = swiglu_stacked(&vals(&[2, 7], 3))
+        .expect_err("odd")
+        .to_string();
+    assert!(
+        odd.starts_with("swiglu stacked:") && !odd.contains('\n'),
+        "{odd}"
+    );
+}
+
+/// A paged step's fused query, key and value (the CPU reference behind the op) equal the plain
+/// sequence it stands for: candle's norm and rotation, then the two cache writes; with and
+/// without head norms; and bad shapes are refused in one line naming the op.
+#[test]
+fn paged_qkv_equals_the_plain_norm_rope_and_writes() {
     let (n, hq, hkv, nb, bs, d) = (3, 4, 2, 4, 16, 32);
     let meta = PagedMeta::from_tables(
         vec![0, 1, 2],
@@ -277,7 +299,14 @@ fn paged_qk_equals_the_plain_norm_rope_and_write() {
         &Device::Cpu,
     )
     .expect("meta");
-    let (q, k) = (vals(&[n, hq, d], 4), vals(&[n, hkv, d], 5));
+    let qkv = vals(&[n, (hq + 2 * hkv) * d], 4); // (N, (Hq + 2 Hkv) D)
+    let part = |from: usize, h: usize| {
+        qkv.narrow(1, from * d, h * d)
+            .expect("narrow")
+            .reshape((n, h, d))
+            .expect("r") // (N, H, D)
+    };
+    let (q, k, v) = (part(0, hq), part(hq, hkv), part(hq + hkv, hkv));
     let (qn, kn) = (
         vals(&[d], 6).affine(0.5, 1.0).expect("w"),
         vals(&[d], 7).affine(0.5, 1.0).expect("w"),
@@ -285,8 +314,8 @@ fn paged_qk_equals_the_plain_norm_rope_and_write() {
     let pos = Tensor::from_vec(vec![5u32, 31, 0], (n, 1), &Device::Cpu).expect("pos");
     let (cos, sin) = ops::rope_tables(&pos, d, 1e6, DType::F32).expect("tables"); // (N, 1, D/2)
     for norm in [true, false] {
-        let plain_pool = vals(&[nb, hkv, bs, d], 8);
-        let fused_pool = plain_pool.copy().expect("copy");
+        let plain = (vals(&[nb, hkv, bs, d], 8), vals(&[nb, hkv, bs, d], 9));
+        let fused = (plain.0.copy().expect("copy"), plain.1.copy().expect("copy"));
         let head = |x: &Tensor, w: &Tensor, h: usize| {
             let x = match norm {
                 true => ops::rms_norm(x, w, 1e-6).expect("norm"),
@@ -299,18 +328,37 @@ fn paged_qk_equals_the_plain_norm_rope_and_write() {
                 .expect("r")
         };
         let want_q = head(&q, &qn, hq);
-        paged_kv_write(&plain_pool, &head(&k, &kn, hkv), &meta).expect("write");
+        paged_kv_write(&plain.0, &head(&k, &kn, hkv), &meta).expect("write");
+        paged_kv_write(&plain.1, &v, &meta).expect("write");
         let norms = norm.then_some((&qn, &kn));
-        let got_q = paged_qk(&q, &k, norms, 1e-6, (&cos, &sin), &fused_pool, &meta).expect("qk");
+        let got_q =
+            paged_qkv(&qkv, norms, 1e-6, (&cos, &sin), (&fused.0, &fused.1), &meta).expect("qkv");
         assert!(max_diff(&got_q, &want_q) < 1e-5, "q, norm {norm}");
-        assert!(
-            max_diff(&fused_pool, &plain_pool) < 1e-5,
-            "pool, norm {norm}"
-        );
+        assert!(max_diff(&fused.0, &plain.0) < 1e-5, "keys, norm {norm}");
+        assert!(max_diff(&fused.1, &plain.1) == 0.0, "values, norm {norm}");
     }
-    let pool = vals(&[nb, hkv, bs, d], 8);
-    let bad = paged_qk(&q, &q, None, 1e-6, (&cos, &sin), &pool, &meta)
-        .expect_err("k with q's heads")
+    let pools = (vals(&[nb, hkv, bs, d], 8), vals(&[nb, hkv, bs, d], 9));
+    // One query head for two key heads: not a whole group.
+    let narrow = qkv.narrow(1, 0, (1 + 2 * hkv) * d).expect("narrow");
+    let bad = paged_qkv(
+        &narrow,
+        None,
+        1e-6,
+        (&cos, &sin),
+        (&pools.0, &pools.1),
+        &meta,
+    )
+    .expect_err("a query head short")
+    .to_string();
+    assert!(
+        bad.starts_with("paged qkv:") && !bad.contains('\n'),
+        "{bad}"
+    );
+    let shared = paged_qkv(&qkv, None, 1e-6, (&cos, &sin), (&pools.0, &pools.0), &meta)
+        .expect_err("one pool twice")
         .to_string();
-    assert!(bad.starts_with("paged qk:") && !bad.contains('\n'), "{bad}");
+    assert!(
+        shared.contains("shares a storage") && !shared.contains('\n'),
+        "{shared}"
+    );
 }

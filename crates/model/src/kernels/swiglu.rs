@@ -4,11 +4,15 @@
 //! `TERSE_FUSED=0`): on the CPU the composite `silu()? * up` stays, since the reference does not
 //! round as candle's two ops do.
 //!
-//! Data flow: model/forward.rs's `mlp_block` (CUDA) -> `swiglu` -> CUDA kernel (or, in tests,
-//! the CPU reference); its backward -> `SwigluBwd` -> [dg; du] in one buffer.
+//! `swiglu_stacked` is the forward of a decoding copy's stacked gate and up projection (each
+//! row [g | u], model/stacked.rs): one GEMM and this one kernel where there were two and one.
+//!
+//! Data flow: model/forward.rs's `mlp_block` (CUDA) -> `swiglu` or `swiglu_stacked` -> CUDA
+//! kernel (or, in tests, the CPU reference); its backward -> `SwigluBwd` -> [dg; du] in one
+//! buffer.
 
 use super::cpu::f32s;
-use super::op::{apply2, apply3, Arg, Kernel};
+use super::op::{apply1, apply2, apply3, Arg, Kernel};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, Result, Shape, Tensor};
@@ -30,6 +34,47 @@ pub fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
 }
 
 struct Swiglu;
+
+/// silu(g) * u from `gu` (.., 2I), each row [g | u] -> (.., I); forward only (inference).
+pub(crate) fn swiglu_stacked(gu: &Tensor) -> Result<Tensor> {
+    let w = gu.dims().last().copied().unwrap_or(0);
+    if w % 2 != 0 {
+        crate::fail!(
+            "swiglu stacked: rows of {w} values do not split into gate and up {:?}",
+            gu.dims()
+        );
+    }
+    if gu.elem_count() == 0 {
+        return gu.narrow(gu.rank() - 1, 0, w / 2);
+    }
+    apply1(&gu.contiguous()?, SwigluStacked)
+}
+
+/// The output shape of `swiglu_stacked`: the last dimension halved.
+fn half_shape(s: &Shape) -> Shape {
+    let mut d = s.dims().to_vec();
+    if let Some(w) = d.last_mut() {
+        *w /= 2;
+    }
+    Shape::from(d)
+}
+
+struct SwigluStacked;
+
+impl Kernel<1> for SwigluStacked {
+    const NAME: &'static str = "terse-swiglu-stacked";
+
+    fn cpu(&self, [(s, l)]: [Arg<CpuStorage>; 1]) -> Result<(CpuStorage, Shape)> {
+        let width = l.shape().dims().last().copied().unwrap_or(0) / 2;
+        let y = refs::swiglu_stacked(f32s(s, l, "swiglu stacked")?, width);
+        Ok((CpuStorage::F32(y), half_shape(l.shape())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, [(s, l)]: [Arg<CudaStorage>; 1]) -> Result<(CudaStorage, Shape)> {
+        cuda::stacked(s, l)
+    }
+}
 
 impl Kernel<2> for Swiglu {
     const NAME: &'static str = "terse-swiglu";
@@ -105,6 +150,14 @@ pub mod reference {
         g.iter().zip(u).map(|(&a, &b)| a * sigmoid(a) * b).collect()
     }
 
+    /// y = silu(g) u from rows [g | u] of 2 `width` values -> rows of `width`.
+    /// kernels/swiglu.cu `swiglu_stacked_*`.
+    pub fn swiglu_stacked(gu: &[f32], width: usize) -> Vec<f32> {
+        gu.chunks(2 * width.max(1))
+            .flat_map(|r| swiglu_fwd(&r[..width], &r[width..]))
+            .collect()
+    }
+
     /// [dg; du] from g, u and dy: dg = dy u s (1 + g (1 - s)), du = dy g s.
     /// kernels/swiglu.cu `swiglu_bwd_*`.
     pub fn swiglu_bwd(g: &[f32], u: &[f32], dy: &[f32]) -> Vec<f32> {
@@ -130,6 +183,14 @@ pub mod launch {
         elementwise(format!("swiglu_fwd_{}", s.suffix()), "swiglu", n, args)
     }
 
+    /// Buffers: gu (n / width rows of 2 width), y (n elements).
+    pub fn swiglu_stacked(s: Storage, n: usize, width: usize) -> Launch {
+        let args = bufs(2)
+            .chain([Arg::U64(n as u64), Arg::U64(width as u64)])
+            .collect();
+        elementwise(format!("swiglu_stacked_{}", s.suffix()), "swiglu", n, args)
+    }
+
     /// Buffers: g, u, dy (n elements each), [dg; du] (2n).
     pub fn swiglu_bwd(s: Storage, n: usize) -> Launch {
         let args = bufs(4).chain([Arg::U64(n as u64)]).collect();
@@ -142,7 +203,7 @@ pub mod launch {
 #[allow(unsafe_code)] // kernel launches and uninitialised device buffers the kernels fill
 mod cuda {
     use crate::kernels::launching::{by_dtype, func, store, view, Described};
-    use crate::kernels::swiglu::{both_shape, launch};
+    use crate::kernels::swiglu::{both_shape, half_shape, launch};
     use candle_core::backend::BackendStorage;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
@@ -167,6 +228,28 @@ mod cuda {
             CudaStorage::wrap_cuda_slice(y, dev.clone())
         });
         Ok((out, lg.shape().clone()))
+    }
+
+    pub fn stacked(gu: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let dev: &CudaDevice = gu.device();
+        let shape = half_shape(l.shape());
+        let (n, width) = (
+            shape.elem_count(),
+            shape.dims().last().copied().unwrap_or(0),
+        );
+        let ld = launch::swiglu_stacked(store(gu.dtype(), "swiglu stacked")?, n, width);
+        let f = func!(dev, ld)?;
+        let out = by_dtype!(gu.dtype(), "swiglu stacked", T => {
+            let src = view::<T>(gu, l, "swiglu stacked")?;
+            // SAFETY: every element is written by the kernel.
+            let mut y = unsafe { dev.alloc::<T>(n)? };
+            let mut d = Described::new(f.builder(), &ld);
+            d.buf(0, &src)?.buf(1, &mut y)?;
+            // SAFETY: gu holds 2n elements, y n.
+            unsafe { d.launch() }?;
+            CudaStorage::wrap_cuda_slice(y, dev.clone())
+        });
+        Ok((out, shape))
     }
 
     pub fn bwd(

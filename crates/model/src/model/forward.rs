@@ -27,6 +27,32 @@ pub(crate) enum LayerKv<'a> {
     ),
 }
 
+/// The residual stream between decoder layers: x, plus the last MLP block's output where the
+/// sum is left to the next norm, which adds and normalises in one kernel (`rmsnorm_fwd_res`, the
+/// inference path on CUDA: one launch a layer less).
+pub(crate) struct Stream {
+    pub(crate) x: Tensor,
+    pub(crate) add: Option<Tensor>,
+}
+
+impl Stream {
+    pub(crate) fn of(x: Tensor) -> Self {
+        Stream { x, add: None }
+    }
+
+    /// Both parts through `f` (a reshape or a row selection).
+    pub(crate) fn map(self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Self> {
+        let add = match &self.add {
+            Some(a) => Some(f(a)?),
+            None => None,
+        };
+        Ok(Stream {
+            x: f(&self.x)?,
+            add,
+        })
+    }
+}
+
 /// Which attention a layer runs: the composite ops with an additive bias (B, 1, 1, T, S), or
 /// flash attention over key ranges (full sequences only, no cache).
 #[derive(Clone, Copy)]
@@ -37,7 +63,7 @@ pub(crate) enum Mask<'a> {
 
 impl Qwen3 {
     /// x (B, T, In) @ W^T with W (Out, In) -> (B, T, Out).
-    fn linear(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
+    pub(super) fn linear(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
         let (b, t, i) = x.dims3()?;
         let w = self.w(name, train)?;
         let out = w.dim(0)?;
@@ -54,6 +80,24 @@ impl Qwen3 {
         span(&self.device, C::Norm, || crate::ops::rms_norm(x, &w, eps))
     }
 
+    /// The stream summed and its RMSNorm with the weight `name` -> (sum, normalised): one
+    /// `rmsnorm_fwd_res` launch where the sum is pending, else the plain norm.
+    pub(crate) fn norm_stream(
+        &self,
+        s: Stream,
+        name: &str,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let Some(add) = s.add else {
+            let h = self.norm(&s.x, name, train)?;
+            return Ok((s.x, h));
+        };
+        let (w, eps) = (self.w(name, train)?, self.config.rms_norm_eps as f32);
+        span(&self.device, C::Norm, || {
+            fused::rms_norm_residual(&add, &s.x, &w, eps)
+        })
+    }
+
     /// x + y, the residual stream's add (an `Elementwise` span).
     fn residual(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
         span(&self.device, C::Elementwise, || x + y)
@@ -61,7 +105,7 @@ impl Qwen3 {
 
     /// A q/k/v projection `{name}.weight`, plus `{name}.bias` where the architecture has one
     /// (Qwen2) -> (B, T, Out).
-    fn qkv_proj(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
+    pub(super) fn qkv_proj(&self, x: &Tensor, name: &str, train: bool) -> Result<Tensor> {
         let y = self.linear(x, &format!("{name}.weight"), train)?;
         if !self.config.qkv_bias {
             return Ok(y);
@@ -91,26 +135,41 @@ impl Qwen3 {
         cache: Option<LayerKv>,
         train: bool,
     ) -> Result<Tensor> {
+        let s = Stream::of(x.clone());
+        let out = self.layer_stream(l, s, cos, sin, mask, cache, train)?;
+        match out.add {
+            Some(add) => self.residual(&out.x, &add),
+            None => Ok(out.x),
+        }
+    }
+
+    /// `layer` over the residual stream: its input's pending sum joins the input norm, and
+    /// with `inference_kernels` its own MLP output is left pending for the next norm.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layer_stream(
+        &self,
+        l: usize,
+        x: Stream,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<Mask>,
+        cache: Option<LayerKv>,
+        train: bool,
+    ) -> Result<Stream> {
         let c = &self.config;
         let p = format!("model.layers.{l}");
-        let (b, t, _) = x.dims3()?;
+        let (b, t, _) = x.x.dims3()?;
         let (hq, hkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
 
-        let h = self.norm(x, &format!("{p}.input_layernorm.weight"), train)?;
-        let q = self
-            .qkv_proj(&h, &format!("{p}.self_attn.q_proj"), train)?
-            .reshape((b, t, hq, hd))?;
-        let k = self
-            .qkv_proj(&h, &format!("{p}.self_attn.k_proj"), train)?
-            .reshape((b, t, hkv, hd))?;
-        let v = self
-            .qkv_proj(&h, &format!("{p}.self_attn.v_proj"), train)?
-            .reshape((b, t, hkv, hd))?;
+        let (x, h) = self.norm_stream(x, &format!("{p}.input_layernorm.weight"), train)?;
+        let x = &x;
+        let proj = self.projections(&p, &h, train)?;
         if let Some(LayerKv::Paged(pk, pv, meta)) = &cache {
             let (pk, pv, meta) = (*pk, *pv, *meta);
-            if self.paged_qk_serves(&q, train) {
-                // One kernel normalises and rotates q and k and writes k into its slot.
+            if self.paged_qkv_serves(&h, train) {
+                // One kernel normalises and rotates q and k and writes k and v into their slots.
+                let qkv = proj.stacked()?.squeeze(1)?; // (N, (Hq + 2 Hkv) hd)
                 let norms = match c.qk_norm {
                     true => Some((
                         self.w(&format!("{p}.self_attn.q_norm.weight"), train)?,
@@ -120,21 +179,19 @@ impl Qwen3 {
                 };
                 let tables = (&cos.squeeze(1)?, &sin.squeeze(1)?); // (N, hd/2)
                 let q = span(&self.device, C::DecodeAttention, || {
-                    let q = fused::paged_qk(
-                        &q.squeeze(1)?,
-                        &k.squeeze(1)?,
+                    fused::paged_qkv(
+                        &qkv,
                         norms.as_ref().map(|(a, b)| (a, b)),
                         eps as f32,
                         tables,
-                        pk,
+                        (pk, pv),
                         meta,
-                    )?; // (N, Hq, hd)
-                    fused::paged_kv_write(pv, &v.squeeze(1)?, meta)?;
-                    Ok(q)
+                    ) // (N, Hq, hd)
                 })?;
                 return self.paged_attention_block(&p, x, &q, (pk, pv, meta), train);
             }
         }
+        let (q, k, v) = proj.split([hq, hkv, hd])?; // (B, T, H, hd) each
         let q = self
             .head_norm(&q, &format!("{p}.self_attn.q_norm.weight"), train)?
             .transpose(1, 2)?; // (B, Hq, T, hd)
@@ -204,14 +261,15 @@ impl Qwen3 {
         self.device.is_cuda() && crate::device::fused() && !train
     }
 
-    /// Whether a paged step's query and key go through the one `paged_qk` kernel: on CUDA
-    /// (unless `TERSE_FUSED=0`), outside training, one token per row, f32 or bf16. Elsewhere
-    /// the plain norms, rotations and cache write run (the CPU's numbers do not move).
-    fn paged_qk_serves(&self, q: &Tensor, train: bool) -> bool {
+    /// Whether a paged step's query, key and value go through the one `paged_qkv` kernel, from
+    /// the layer's normalised input h (B, T, hidden): on CUDA (unless `TERSE_FUSED=0`), outside
+    /// training, one token per row, f32 or bf16. Elsewhere the plain norms, rotations and cache
+    /// writes run (the CPU's numbers do not move).
+    fn paged_qkv_serves(&self, h: &Tensor, train: bool) -> bool {
         self.inference_kernels(train)
-            && q.dim(1).is_ok_and(|t| t == 1)
+            && h.dim(1).is_ok_and(|t| t == 1)
             && matches!(
-                q.dtype(),
+                h.dtype(),
                 candle_core::DType::F32 | candle_core::DType::BF16
             )
     }
@@ -225,7 +283,7 @@ impl Qwen3 {
         q: &Tensor,
         (pk, pv, meta): (&Tensor, &Tensor, &std::sync::Arc<crate::kernels::PagedMeta>),
         train: bool,
-    ) -> Result<Tensor> {
+    ) -> Result<Stream> {
         let (n, hq, hd) = q.dims3()?;
         let attn = span(&self.device, C::DecodeAttention, || {
             fused::paged_decode_attention(q, pk, pv, meta) // (N, Hq, hd)
@@ -238,8 +296,8 @@ impl Qwen3 {
     /// The second half of a decoder layer, from the residual stream `x` and the attention
     /// block's output `o`: s = x + o, then s + MLP(RMSNorm(s)). With `inference_kernels` the add
     /// and the norm are one `rmsnorm_fwd_res` launch (HF's rounding, as the training path's
-    /// norm); elsewhere two ops.
-    fn mlp_block(&self, p: &str, x: &Tensor, o: &Tensor, train: bool) -> Result<Tensor> {
+    /// norm), and the last add is left to the next norm (`Stream`); elsewhere plain ops.
+    fn mlp_block(&self, p: &str, x: &Tensor, o: &Tensor, train: bool) -> Result<Stream> {
         let name = format!("{p}.post_attention_layernorm.weight");
         let (x, h) = if self.inference_kernels(train) {
             let (w, eps) = (self.w(&name, train)?, self.config.rms_norm_eps as f32);
@@ -251,19 +309,28 @@ impl Qwen3 {
             let h = self.norm(&x, &name, train)?;
             (x, h)
         };
-        let gate = self.linear(&h, &format!("{p}.mlp.gate_proj.weight"), train)?;
-        let up = self.linear(&h, &format!("{p}.mlp.up_proj.weight"), train)?;
-        // On CUDA one kernel each way (kernels/swiglu.cu); the CPU keeps candle's two ops,
-        // whose rounding the fused reference does not repeat (`TERSE_FUSED=0`: CUDA too).
-        let act = span(&self.device, C::Elementwise, || {
-            if h.device().is_cuda() && crate::device::fused() {
-                crate::kernels::swiglu(&gate, &up)
-            } else {
-                gate.silu()? * up
+        let act = match self.stacked_swiglu(p, &h, train)? {
+            Some(act) => act,
+            None => {
+                let gate = self.linear(&h, &format!("{p}.mlp.gate_proj.weight"), train)?;
+                let up = self.linear(&h, &format!("{p}.mlp.up_proj.weight"), train)?;
+                // On CUDA one kernel each way (kernels/swiglu.cu); the CPU keeps candle's two
+                // ops, whose rounding the fused reference does not repeat (`TERSE_FUSED=0`:
+                // CUDA too).
+                span(&self.device, C::Elementwise, || {
+                    if h.device().is_cuda() && crate::device::fused() {
+                        crate::kernels::swiglu(&gate, &up)
+                    } else {
+                        gate.silu()? * up
+                    }
+                })?
             }
-        })?;
+        };
         let down = self.linear(&act, &format!("{p}.mlp.down_proj.weight"), train)?;
-        self.residual(&x, &down)
+        if self.inference_kernels(train) {
+            return Ok(Stream { x, add: Some(down) });
+        }
+        Ok(Stream::of(self.residual(&x, &down)?))
     }
 
     pub(crate) fn embed(&self, ids: &Tensor, train: bool) -> Result<Tensor> {

@@ -19,6 +19,7 @@ use std::path::Path;
 pub(crate) mod forward;
 pub mod keep;
 mod layer_grad;
+mod stacked;
 
 /// A Qwen3ForCausalLM whose parameters are candle `Var`s keyed by their HF names.
 pub struct Qwen3 {

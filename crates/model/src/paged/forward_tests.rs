@@ -327,3 +327,32 @@ fn decoding_a_compute_dtype_copy_equals_casting_each_weight_at_its_use() {
     })
     .expect("f32");
 }
+
+/// A decoding copy whose q/k/v and gate/up weights are stacked (what CUDA decodes, model/
+/// stacked.rs) decodes as the separate weights do, through the paged kernels' layer and the
+/// composite one, for Qwen3 and for Qwen2 (stacked biases): one GEMM's columns where there were
+/// three GEMMs.
+#[test]
+fn stacked_projections_decode_as_the_separate_ones() {
+    for m in [model(16), qwen2(16)] {
+        let mut stacked = m.merged().expect("copy");
+        stacked.stack_all().expect("stack");
+        let names: Vec<&String> = stacked.base_vars().keys().collect();
+        assert!(names
+            .iter()
+            .all(|n| !n.contains("q_proj") && !n.contains("gate_proj")));
+        let qkv = names.iter().filter(|n| n.contains("qkv_proj")).count();
+        assert_eq!(qkv, if m.config.qkv_bias { 4 } else { 2 }, "{names:?}");
+        let seq = tokens(30, 3);
+        for path in [PagedPath::Kernels, PagedPath::Composite] {
+            let decode = |m: &Qwen3| {
+                let mut c = m.new_paged_cache(16, 8, DType::F32).expect("cache");
+                feed(m, path, &mut c, &seq, 7).1
+            };
+            let (want, got) = (decode(&m), decode(&stacked));
+            for (a, b) in want.iter().flatten().zip(got.iter().flatten()) {
+                assert!((a - b).abs() < 1e-5, "{path:?}: {a} vs {b}");
+            }
+        }
+    }
+}

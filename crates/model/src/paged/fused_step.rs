@@ -5,12 +5,12 @@
 //! their references on the CPU). The tables, lengths and write slots are uploaded once per
 //! step (`PagedMeta`).
 //!
-//! Data flow: `forward_paged` (`PagedPath::Kernels`) -> here -> `Qwen3::layer` with
-//! `LayerKv::Paged` -> logits (B, V).
+//! Data flow: `forward_paged` (`PagedPath::Kernels`) -> here -> `Qwen3::layer_stream` with
+//! `LayerKv::Paged` -> the head (its norm takes the last pending residual add) -> logits (B, V).
 
 use super::{BlockTable, PagedKvCache};
 use crate::kernels::PagedMeta;
-use crate::model::forward::LayerKv;
+use crate::model::forward::{LayerKv, Stream};
 use crate::model::Qwen3;
 use crate::ops::rope_tables;
 use candle_core::{Result, Tensor};
@@ -43,35 +43,37 @@ impl Qwen3 {
         let x = self.paged_rows(cache, &meta, &ids, &pos)?; // (N, H)
                                                             // Each sequence's last token only: (N, H) -> (B, H).
         let last = Tensor::from_vec(last, seqs.len(), dev)?;
-        self.paged_head(&x.index_select(&last, 0)?)
+        self.paged_head(x.map(|t| t.index_select(&last, 0))?)
     }
 
     /// The layers over a step's rows: token ids and positions (N, 1) u32 (their K/V written
-    /// where `meta` says) -> the last layer's hidden states (N, H). Reads its inputs from the
-    /// tensors it is given and uploads nothing, so a decode graph can capture it (graphs.rs).
+    /// where `meta` says) -> the last layer's residual stream (N, H), its last add left to the
+    /// head's norm on CUDA. Reads its inputs from the tensors it is given and uploads nothing,
+    /// so a decode graph can capture it (graphs.rs).
     pub(crate) fn paged_rows(
         &self,
         cache: &PagedKvCache,
         meta: &std::sync::Arc<PagedMeta>,
         ids: &Tensor,
         pos: &Tensor,
-    ) -> Result<Tensor> {
+    ) -> Result<Stream> {
         let c = &self.config;
         let (cos, sin) = rope_tables(pos, c.head_dim, c.rope_theta, self.compute_dtype)?;
-        let mut x = self.embed(ids, false)?;
+        let mut x = Stream::of(self.embed(ids, false)?);
         for l in 0..c.num_hidden_layers {
             let (pk, pv) = cache.layer(l);
             let kv = Some(LayerKv::Paged(pk, pv, meta));
-            x = self.layer(l, &x, &cos, &sin, None, kv, false)?;
+            x = self.layer_stream(l, x, &cos, &sin, None, kv, false)?;
         }
-        x.squeeze(1) // (N, 1, H) -> (N, H)
+        x.map(|t| t.squeeze(1)) // (N, 1, H) -> (N, H)
     }
 
-    /// Hidden states (B, H) -> logits (B, V) in the accumulation dtype.
-    pub(crate) fn paged_head(&self, x: &Tensor) -> Result<Tensor> {
+    /// The residual stream (B, H) -> logits (B, V) in the accumulation dtype (a pending add
+    /// joins the final norm).
+    pub(crate) fn paged_head(&self, x: Stream) -> Result<Tensor> {
         use crate::profile::{span, Category as C};
         let dev = &self.device;
-        let h = self.norm(x, "model.norm.weight", false)?;
+        let (_, h) = self.norm_stream(x, "model.norm.weight", false)?;
         let wh = self.w(self.head_name(), false)?;
         let logits = span(dev, C::HeadForward, || h.matmul(&wh.t()?))?;
         span(dev, C::Cast, || {

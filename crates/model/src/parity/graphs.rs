@@ -18,7 +18,9 @@ pub(super) fn decode_graphs(dev: &Device) -> Result<Vec<Row>> {
         DType::F32
     };
     let config = crate::Config::synthetic(512, 128, 256, 2, 4, 2, 64, true)?;
-    let model = crate::Qwen3::random(config, 11, dev, dt)?;
+    // The decoding copy rollout reads: on CUDA, projections stacked (model/stacked.rs).
+    let mut model = crate::Qwen3::random(config, 11, dev, dt)?.merged()?;
+    model.stack_projections()?;
     let snap = model.decode_weights();
     let prompts: Vec<Vec<u32>> = [3u32, 9, 17, 30, 41]
         .iter()

@@ -9,9 +9,10 @@ fn small_config() -> Result<crate::Config> {
     crate::Config::synthetic(1024, 256, 512, 2, 4, 2, 128, true)
 }
 
-/// Prefill + 16 greedy decode steps through the kernels (`DecodePath::Kernels`) and through the
-/// composite ops (`DecodePath::Composite`) on the same device, the same tokens fed to both:
-/// the logits' max difference and how many steps pick a different token.
+/// Prefill + 16 greedy decode steps through the kernels (`DecodePath::Kernels`, on the decoding
+/// copy whose projections are stacked where the device stacks them) and through the composite
+/// ops (`DecodePath::Composite`, the model's own weights) on the same device, the same tokens
+/// fed to both: the logits' max difference and how many steps pick a different token.
 pub(super) fn model_decode(dev: &Device) -> Result<Vec<Row>> {
     decode_rows(dev, small_config()?, "model")
 }
@@ -30,18 +31,21 @@ fn decode_rows(dev: &Device, config: crate::Config, what: &str) -> Result<Vec<Ro
         DType::F32
     };
     let model = crate::Qwen3::random(config, 7, dev, dt)?;
+    let mut fast = model.merged()?;
+    fast.stack_projections()?;
     let prompts: Vec<Vec<u32>> = vec![(1..9).collect(), (20..25).collect()];
     let batch = crate::Batch::from_rows(&prompts, 0, crate::Padding::Left, dev)?;
     let (b, t) = batch.input_ids.dims2()?;
     let mask = batch.mask.clone();
     let mut caches = [model.new_cache(b, t + 17)?, model.new_cache(b, t + 17)?];
     let paths = [DecodePath::Kernels, DecodePath::Composite];
-    let snap = model.decode_weights();
+    let models = [&fast, &model];
+    let snaps = [fast.decode_weights(), model.decode_weights()];
     // The prefill (several slots per row) runs the composite ops on either path.
     let mut logits = vec![];
-    for c in caches.iter_mut() {
+    for (c, (m, snap)) in caches.iter_mut().zip(models.iter().zip(&snaps)) {
         let (ids, pos) = (&batch.input_ids, &batch.position_ids);
-        logits.push(model.forward_cached_with(DecodePath::Composite, &snap, c, ids, pos, &mask)?);
+        logits.push(m.forward_cached_with(DecodePath::Composite, snap, c, ids, pos, &mask)?);
     }
     let mut pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     let (mut worst, mut disagree) = (0.0f64, 0usize);
@@ -52,7 +56,8 @@ fn decode_rows(dev: &Device, config: crate::Config, what: &str) -> Result<Vec<Ro
         let ids = Tensor::from_vec(next.clone(), (b, 1), dev)?;
         let p = Tensor::from_vec(pos.clone(), (b, 1), dev)?;
         for (i, (c, path)) in caches.iter_mut().zip(paths).enumerate() {
-            logits[i] = model.forward_cached_with(path, &snap, c, &ids, &p, &vec![1; b])?;
+            let (m, snap) = (models[i], &snaps[i]);
+            logits[i] = m.forward_cached_with(path, snap, c, &ids, &p, &vec![1; b])?;
         }
         worst = worst.max(diff(&logits[0], &logits[1])?);
         if worst.is_nan() {

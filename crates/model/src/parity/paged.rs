@@ -1,5 +1,5 @@
 //! gpu-check's parity groups for the paged cache's decode ops (`kernels::paged_kv_write`,
-//! `kernels::paged_decode_attention`, `kernels::paged_qk`): a step's fused query and key
+//! `kernels::paged_decode_attention`, `kernels::paged_qkv`): a step's fused query, key and value
 //! against the reference, then K/V written token
 //! by token into blocks scattered over the pool (four sequences growing in turn, so their
 //! blocks interleave), then one decode attention over the block tables, on the device against
@@ -10,7 +10,7 @@
 
 use super::common::{bf16_round, bf16_tolerance, rnd, row, Row};
 use crate::kernels::paged_split::{reset_flash_decoding, set_flash_decoding};
-use crate::kernels::{paged_decode_attention, paged_kv_write, paged_qk, PagedMeta};
+use crate::kernels::{paged_decode_attention, paged_kv_write, paged_qkv, PagedMeta};
 use crate::paged::{BlockTable, PagedKvCache};
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -153,9 +153,10 @@ fn long_rows(dev: &Device, dt: DType, round: bool, what: &str) -> Result<Vec<Row
     ])
 }
 
-/// A decode step's fused query and key (`kernels::paged_qk`) at Qwen3-0.6B's head layout (Hq 16,
-/// Hkv 8, D 128, q_norm and k_norm), 5 rows writing scattered slots -> [q; the key pool], flat.
-fn paged_qk_step(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
+/// A decode step's fused query, key and value (`kernels::paged_qkv`) at Qwen3-0.6B's head layout
+/// (Hq 16, Hkv 8, D 128, q_norm and k_norm), 5 rows writing scattered slots -> [q; the key pool;
+/// the value pool], flat.
+fn paged_qkv_step(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
     let (n, hq, hkv, d, bs, nb) = (5usize, 16, 8, 128, 16, 8);
     let prep = |t: Tensor| -> Result<Tensor> {
         let t = if round { bf16_round(&t)? } else { t };
@@ -180,18 +181,26 @@ fn paged_qk_step(dev: &Device, dt: DType, round: bool) -> Result<Tensor> {
     let (cos, sin) = (prep(cos)?, prep(sin)?);
     let w = |seed| -> Result<Tensor> { prep(rnd(&[d], seed)?.affine(0.5, 1.0)?) };
     let (qn, kn) = (w(41)?, w(42)?);
-    let pool = prep(rnd(&[nb, hkv, bs, d], 43)?)?;
-    let (q, k) = (
-        prep(rnd(&[n, hq, d], 44)?)?,
-        prep(rnd(&[n, hkv, d], 45)?.affine(3.0, 0.0)?)?,
+    let (kpool, vpool) = (
+        prep(rnd(&[nb, hkv, bs, d], 43)?)?,
+        prep(rnd(&[nb, hkv, bs, d], 46)?)?,
     );
-    let out = paged_qk(&q, &k, Some((&qn, &kn)), 1e-6, (&cos, &sin), &pool, &meta)?;
+    let qkv = prep(rnd(&[n, (hq + 2 * hkv) * d], 44)?.affine(2.0, 0.0)?)?; // (N, (Hq + 2 Hkv) D)
+    let tables = (&cos, &sin);
+    let out = paged_qkv(
+        &qkv,
+        Some((&qn, &kn)),
+        1e-6,
+        tables,
+        (&kpool, &vpool),
+        &meta,
+    )?;
     let flat = |t: &Tensor| {
         t.to_dtype(DType::F32)?
             .to_device(&Device::Cpu)?
             .flatten_all()
     };
-    Tensor::cat(&[flat(&out)?, flat(&pool)?], 0)
+    Tensor::cat(&[flat(&out)?, flat(&kpool)?, flat(&vpool)?], 0)
 }
 
 pub(crate) fn paged_f32(dev: &Device) -> Result<Vec<Row>> {
@@ -201,11 +210,11 @@ pub(crate) fn paged_f32(dev: &Device) -> Result<Vec<Row>> {
     );
     let mut rows = vec![row("paged kv write + decode attention", &g, &c, 1e-4)?];
     let (qg, qc) = (
-        paged_qk_step(dev, DType::F32, false)?,
-        paged_qk_step(&Device::Cpu, DType::F32, false)?,
+        paged_qkv_step(dev, DType::F32, false)?,
+        paged_qkv_step(&Device::Cpu, DType::F32, false)?,
     );
     rows.push(row(
-        "paged qk: norm + rope + key write [q; pool]",
+        "paged qkv: norm + rope + cache writes [q; pools]",
         &qg,
         &qc,
         1e-5,
@@ -230,13 +239,13 @@ pub(crate) fn paged_bf16(dev: &Device) -> Result<Vec<Row>> {
         bf16_tolerance(&c)?,
     )?];
     let (qg, qc) = (
-        paged_qk_step(dev, dt, true)?,
-        paged_qk_step(&Device::Cpu, DType::F32, true)?,
+        paged_qkv_step(dev, dt, true)?,
+        paged_qkv_step(&Device::Cpu, DType::F32, true)?,
     );
     // Three bf16 roundings on the device (the norm's two, as HF rounds, and the rotation's),
     // where the f32 reference rounds none: twice the one-rounding tolerance.
     rows.push(row(
-        "bf16 paged qk: norm + rope + key write [q; pool]",
+        "bf16 paged qkv: norm + rope + cache writes [q; pools]",
         &qg,
         &qc,
         2.0 * bf16_tolerance(&qc)?,

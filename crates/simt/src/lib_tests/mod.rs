@@ -16,7 +16,7 @@ mod flash_fa2_bwd;
 mod flash_fa2_rows;
 mod fragments;
 mod norm;
-mod paged_qk;
+mod paged_qkv;
 mod paged_split;
 mod sample;
 mod swiglu;

@@ -114,7 +114,7 @@ impl InplaceOp1 for Upload<'_> {
 /// what it allocates).
 fn body(model: &Qwen3, cache: &PagedKvCache, b: &Bucket, w: &Warpers) -> Result<()> {
     let x = model.paged_rows(cache, &b.meta, &b.ids, &b.pos)?; // (R, H)
-    let drawn = sample_packed(&model.paged_head(&x)?, &b.uniforms, w)?; // (R, 4)
+    let drawn = sample_packed(&model.paged_head(x)?, &b.uniforms, w)?; // (R, 4)
     b.output.slice_set(&drawn, 0, 0)
 }
 
