@@ -45,6 +45,31 @@ pub struct DecodeGraphs {
     buckets: Vec<cuda::Bucket>,
 }
 
+/// Device bytes a rollout's decode graphs hold, an estimate for the memory plan: each bucket's
+/// graph keeps the memory its captured step allocates (CUDA's graph memory nodes reuse a freed
+/// block within one graph, so a graph holds about its step's peak), and the buckets are the
+/// powers of two up to `max_rows`'s, so they hold under twice the largest one's. CUDA may also
+/// share physical memory between graphs launched on one stream, which this does not count on.
+/// A step's peak per row, with `value_bytes` per compute value: the logits as the GEMM leaves
+/// them and their f32 copy for the sampler (V each), flash-decoding's partials (Hq ·
+/// `MAX_SPLITS` · (D + 2) f32), one layer's activations all live at once (6 hidden-sized, 3
+/// query-sized, 2 KV-sized, 3 MLP-sized values) and the 16-byte draw.
+pub fn decode_graph_bytes(c: &crate::Config, max_rows: usize, value_bytes: usize) -> u64 {
+    use crate::kernels::paged_split::MAX_SPLITS;
+    if max_rows == 0 {
+        return 0;
+    }
+    let (h, i, d) = (c.hidden_size, c.intermediate_size, c.head_dim);
+    let (hq, hkv) = (c.num_attention_heads, c.num_key_value_heads);
+    let logits = c.vocab_size * (value_bytes + 4);
+    let partials = hq * MAX_SPLITS * (d + 2) * 4;
+    let layer = (6 * h + (3 * hq + 2 * hkv) * d + 3 * i) * value_bytes;
+    let per_row = (logits + partials + layer + 16) as u64;
+    // Buckets 1, 2, 4, ..., B hold 2B - 1 rows in all.
+    let rows = 2 * max_rows.next_power_of_two() as u64 - 1;
+    rows.saturating_mul(per_row)
+}
+
 impl DecodeGraphs {
     /// Graphs for steps of at most `max_rows` rows, each sequence at most `max_len` tokens,
     /// sampled with `warpers`; one block of `cache` is kept for padding rows. None where graphs

@@ -18,7 +18,7 @@ pub use crate::kernels::paged_attention::PagedMeta;
 pub use crate::kernels::paged_split::{reset_flash_decoding, set_flash_decoding};
 use candle_core::{DType, Device, Result, Tensor};
 pub use forward::PagedSeq;
-pub use graphs::DecodeGraphs;
+pub use graphs::{decode_graph_bytes, DecodeGraphs};
 
 /// The blocks of one sequence, in order, and how many tokens they hold. Made empty
 /// (`BlockTable::default`), grown by `PagedKvCache::reserve` + `forward_paged`, copied only by

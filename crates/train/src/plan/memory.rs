@@ -302,6 +302,21 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
             }
         ),
     );
+    if t.cuda {
+        // The rollout's decode graphs, one per bucket of at most max_num_seqs rows at once.
+        let most = g
+            .paging
+            .max_num_seqs
+            .min(usize::try_from(rows).unwrap_or(usize::MAX));
+        add(
+            "decode graphs",
+            terse_model::paged::decode_graph_bytes(c, most, value as usize),
+            format!(
+                "buckets up to {} rows, each holding its step's peak (logits, attention partials, a layer)",
+                most.next_power_of_two()
+            ),
+        );
+    }
     let total = comps.iter().fold(0u64, |t, x| t.saturating_add(x.bytes));
     // Activations are linear in the token budget: the largest budget that fits is where the
     // rest plus activation(T) meets the device.

@@ -49,6 +49,43 @@ fn the_plan_keeps_what_fits_of_the_last_layers() {
     assert_eq!(plan(&cfg, &c, target(true, Some(141.0))).kept_layers, 0);
 }
 
+/// The decode graphs' memory: on CUDA only, the buckets up to the rows that run at once (the
+/// rollout's rows, at most paging.max_num_seqs), each at its step's peak per row, which is
+/// worked out here by hand for Qwen3-0.6B in bf16.
+#[test]
+fn the_plan_counts_the_decode_graphs_buckets() {
+    let c = Config::qwen3_0_6b();
+    // Logits in bf16 and f32 (151,936 x 6), flash-decoding's partials (16 heads x 32 splits
+    // x 130 f32), one layer's activations ((6 x 1024 + 64 x 128 + 3 x 3072) bf16), the draw.
+    let per_row = 151_936 * 6 + 16 * 32 * 130 * 4 + (6 * 1024 + 64 * 128 + 3 * 3072) * 2 + 16;
+    assert_eq!(per_row, 1_224_976);
+    let mut cfg = RunConfig::default();
+    cfg.grpo.prompts_per_step = 3;
+    cfg.grpo.group_size = 4;
+    // 12 rows: buckets 1 to 16, 31 rows in all.
+    let p = plan(&cfg, &c, target(true, Some(80.0)));
+    assert_eq!(
+        component(&p, "decode graphs"),
+        31 * per_row,
+        "{}",
+        p.table()
+    );
+    assert_eq!(
+        component(&plan(&cfg, &c, target(false, Some(80.0))), "decode graphs"),
+        0
+    );
+    // More rows than run at once: max_num_seqs's buckets.
+    cfg.grpo.prompts_per_step = 128;
+    cfg.grpo.paging.max_num_seqs = 200;
+    let p = plan(&cfg, &c, target(true, Some(80.0)));
+    assert_eq!(
+        component(&p, "decode graphs"),
+        511 * per_row,
+        "{}",
+        p.table()
+    );
+}
+
 #[test]
 fn activations_are_linear_with_checkpointing_and_the_budget_search_is_exact() {
     let c = Config::qwen3_0_6b();
