@@ -81,7 +81,9 @@ impl Qwen3 {
     }
 
     /// The stream summed and its RMSNorm with the weight `name` -> (sum, normalised): one
-    /// `rmsnorm_fwd_res` launch where the sum is pending, else the plain norm.
+    /// `rmsnorm_fwd_res` launch where the sum is pending, else the plain norm. The sum is the
+    /// plain add's bits; the fused norm rounds as HF and the training path do (the normalised
+    /// value to bf16 before the weight), where candle's inference norm rounds once.
     pub(crate) fn norm_stream(
         &self,
         s: Stream,

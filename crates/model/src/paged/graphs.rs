@@ -61,12 +61,16 @@ pub fn decode_graph_bytes(c: &crate::Config, max_rows: usize, value_bytes: usize
     }
     let (h, i, d) = (c.hidden_size, c.intermediate_size, c.head_dim);
     let (hq, hkv) = (c.num_attention_heads, c.num_key_value_heads);
-    let logits = c.vocab_size * (value_bytes + 4);
-    let partials = hq * MAX_SPLITS * (d + 2) * 4;
-    let layer = (6 * h + (3 * hq + 2 * hkv) * d + 3 * i) * value_bytes;
-    let per_row = (logits + partials + layer + 16) as u64;
+    // Saturating: a config beyond u64 bytes (the fuzzer's) plans as one that fits no device.
+    let (v, b) = (value_bytes as u64, |x: usize| x as u64);
+    let logits = b(c.vocab_size).saturating_mul(v + 4);
+    let partials = b(hq * MAX_SPLITS).saturating_mul(b(d + 2) * 4);
+    let values = (6 * b(h)).saturating_add((3 * b(hq) + 2 * b(hkv)).saturating_mul(b(d)));
+    let layer = values.saturating_add(3 * b(i)).saturating_mul(v);
+    let per_row = logits.saturating_add(partials).saturating_add(layer) + 16;
     // Buckets 1, 2, 4, ..., B hold 2B - 1 rows in all.
-    let rows = 2 * max_rows.next_power_of_two() as u64 - 1;
+    let bucket = max_rows.checked_next_power_of_two().map_or(u64::MAX, b);
+    let rows = bucket.saturating_mul(2) - 1;
     rows.saturating_mul(per_row)
 }
 

@@ -311,10 +311,10 @@ pub fn plan(cfg: &RunConfig, c: &Config, t: Target) -> Plan {
         add(
             "decode graphs",
             terse_model::paged::decode_graph_bytes(c, most, value as usize),
-            format!(
-                "buckets up to {} rows, each holding its step's peak (logits, attention partials, a layer)",
-                most.next_power_of_two()
-            ),
+            match most.checked_next_power_of_two() {
+                Some(b) => format!("buckets up to {b} rows, each holding its step's peak (logits, attention partials, a layer)"),
+                None => format!("{most} rows at once: past any bucket"),
+            },
         );
     }
     let total = comps.iter().fold(0u64, |t, x| t.saturating_add(x.bytes));
