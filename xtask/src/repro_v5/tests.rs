@@ -172,3 +172,32 @@ fn the_smoke_study_runs_end_to_end_and_its_report_follows_from_its_csvs() {
     );
     std::fs::remove_dir_all(&tmp).expect("test input");
 }
+
+/// The committed v5 report follows from the committed checkpoint tables: its generated part is
+/// what `report` computes from them, and the hand-written deviations and reading follow it as
+/// committed.
+#[test]
+fn the_committed_v5_report_follows_from_its_checkpoint_tables() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let cks = terse_study::checkpoints::read(&root.join("docs/v5/checkpoints")).expect("tables");
+    assert_eq!(cks.len(), crate::report_v5::PLANNED_CHECKPOINTS);
+    let plan = Plan {
+        checkpoints: 0..crate::report_v5::PLANNED_CHECKPOINTS,
+        seeds: Testbed::V5.default_seeds(),
+        methods: crate::methods::select(&[], Testbed::V5).expect("test input"),
+        steps: None,
+        sft_steps: None,
+    };
+    assert!(plan.planned());
+    let plain = crate::report_v5::plain_l1(&read("configs/v5.toml")).expect("plain read");
+    let mut want = crate::report_v5::report(&cks, &plan, plain, &[]).expect("report");
+    for input in ["docs/v5/deviations.md", "docs/v5/results-reading.md"] {
+        want.push('\n');
+        want.push_str(&read(input));
+    }
+    assert!(
+        read("docs/v5/results.md") == want,
+        "docs/v5/results.md does not follow from docs/v5/checkpoints/ and its hand-written parts: regenerate it (`cargo xtask repro --testbed v5 --report-only`)"
+    );
+}
