@@ -17,6 +17,7 @@ mod graphs;
 pub use crate::kernels::paged_attention::PagedMeta;
 pub use crate::kernels::paged_split::{reset_flash_decoding, set_flash_decoding};
 use candle_core::{DType, Device, Result, Tensor};
+pub(crate) use forward::PagedPath;
 pub use forward::PagedSeq;
 pub use graphs::{decode_graph_bytes, DecodeGraphs};
 

@@ -66,7 +66,13 @@ fn decode_rows(dev: &Device, config: crate::Config, what: &str) -> Result<Vec<Ro
         pos.iter_mut().for_each(|x| *x += 1);
     }
     let tol = if dev.is_cuda() { 0.1 } else { 2e-4 };
+    let paged = paged_worst(&fast, &model, &prompts)?;
     Ok(vec![
+        Row {
+            name: format!("{what} paged decode logits, stacked kernels vs composite (8 steps)"),
+            max_diff: paged,
+            tolerance: tol,
+        },
         Row {
             name: format!("{what} decode logits, kernels vs composite (16 steps)"),
             max_diff: worst,
@@ -78,6 +84,63 @@ fn decode_rows(dev: &Device, config: crate::Config, what: &str) -> Result<Vec<Ro
             tolerance: if dev.is_cuda() { 1.0 } else { 0.0 },
         },
     ])
+}
+
+/// The paged step as rollout runs it, the stacked copy `fast` through the fused paged ops (on
+/// CUDA: `paged_qkv`, `swiglu_stacked`, the residual's last add left to the next norm), against
+/// `model`'s own weights through the composite paged path: prefill, then 8 greedy steps fed the
+/// composite side's tokens -> the logits' max difference.
+fn paged_worst(fast: &crate::Qwen3, model: &crate::Qwen3, prompts: &[Vec<u32>]) -> Result<f64> {
+    use crate::paged::PagedPath;
+    use crate::{BlockTable, PagedSeq};
+    let dt = model.compute_dtype();
+    let sides = [(fast, PagedPath::Kernels), (model, PagedPath::Composite)];
+    let snaps = [fast.decode_weights(), model.decode_weights()];
+    let mut caches = [
+        fast.new_paged_cache(16, 16, dt)?,
+        model.new_paged_cache(16, 16, dt)?,
+    ];
+    let mut tables: [Vec<BlockTable>; 2] = Default::default();
+    let mut logits = vec![];
+    for (i, (m, path)) in sides.iter().enumerate() {
+        let mut rows = vec![];
+        for p in prompts {
+            let mut t = BlockTable::default();
+            if !caches[i].reserve(&mut t, p.len())? {
+                crate::fail!("parity: paged decode pool too small");
+            }
+            let mut s = [PagedSeq {
+                table: &mut t,
+                tokens: p,
+            }];
+            rows.push(m.forward_paged_with(*path, &snaps[i], &mut caches[i], &mut s)?); // (1, V)
+            tables[i].push(t);
+        }
+        logits.push(Tensor::cat(&rows, 0)?); // (B, V)
+    }
+    let mut worst = diff(&logits[0], &logits[1])?;
+    for _ in 0..8 {
+        let next: Vec<u32> = logits[1].argmax(1)?.to_vec1::<u32>()?;
+        for (i, (m, path)) in sides.iter().enumerate() {
+            for t in tables[i].iter_mut() {
+                if !caches[i].reserve(t, 1)? {
+                    crate::fail!("parity: paged decode pool too small");
+                }
+            }
+            let ids: Vec<[u32; 1]> = next.iter().map(|&x| [x]).collect();
+            let mut seqs: Vec<PagedSeq> = tables[i]
+                .iter_mut()
+                .zip(&ids)
+                .map(|(t, id)| PagedSeq {
+                    table: t,
+                    tokens: id,
+                })
+                .collect();
+            logits[i] = m.forward_paged_with(*path, &snaps[i], &mut caches[i], &mut seqs)?;
+        }
+        worst = worst.max(diff(&logits[0], &logits[1])?);
+    }
+    Ok(worst)
 }
 
 /// The training path (token log-probs through the fused head, backward to every weight) in
