@@ -25,6 +25,23 @@ pub struct PagedSeq<'a> {
     pub tokens: &'a [u32],
 }
 
+impl<'a> PagedSeq<'a> {
+    /// One sequence per table, each feeding its row of `tokens`.
+    pub(crate) fn zip<T: AsRef<[u32]>>(
+        tables: &'a mut [BlockTable],
+        tokens: &'a [T],
+    ) -> Vec<PagedSeq<'a>> {
+        tables
+            .iter_mut()
+            .zip(tokens)
+            .map(|(table, t)| PagedSeq {
+                table,
+                tokens: t.as_ref(),
+            })
+            .collect()
+    }
+}
+
 /// How `forward_paged` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PagedPath {

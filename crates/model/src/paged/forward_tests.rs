@@ -277,14 +277,7 @@ fn kernels_step_matches_cpu_step(m: &Qwen3) {
             for (t, id) in tables.iter_mut().zip(&ids) {
                 assert!(c.reserve(t, id.len()).expect("reserve"));
             }
-            let mut seqs: Vec<PagedSeq> = tables
-                .iter_mut()
-                .zip(&ids)
-                .map(|(t, id)| PagedSeq {
-                    table: t,
-                    tokens: id,
-                })
-                .collect();
+            let mut seqs = PagedSeq::zip(&mut tables, &ids);
             let l = m
                 .forward_paged_with(path, &snap, &mut c, &mut seqs)
                 .expect("step");

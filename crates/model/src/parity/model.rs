@@ -128,14 +128,7 @@ fn paged_worst(fast: &crate::Qwen3, model: &crate::Qwen3, prompts: &[Vec<u32>]) 
                 }
             }
             let ids: Vec<[u32; 1]> = next.iter().map(|&x| [x]).collect();
-            let mut seqs: Vec<PagedSeq> = tables[i]
-                .iter_mut()
-                .zip(&ids)
-                .map(|(t, id)| PagedSeq {
-                    table: t,
-                    tokens: id,
-                })
-                .collect();
+            let mut seqs = PagedSeq::zip(&mut tables[i], &ids);
             logits[i] = m.forward_paged_with(*path, &snaps[i], &mut caches[i], &mut seqs)?;
         }
         worst = worst.max(diff(&logits[0], &logits[1])?);
