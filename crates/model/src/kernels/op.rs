@@ -276,25 +276,18 @@ pub(crate) trait InplacePairKernel {
 /// op, so the op on `a` (which holds `a`'s write lock and `src`'s read lock) runs a second
 /// in-place op on `b` inside it, which hands both storages to the kernel. The locks are taken
 /// in one order, `a` then `b`; `b` must not share `a`'s or `src`'s storage.
-pub(crate) fn apply_inplace_pair(
+pub(crate) fn apply_inplace_pair<K: InplacePairKernel>(
     a: &Tensor,
     b: &Tensor,
     src: &Tensor,
-    kernel: &impl InplacePairKernel,
+    kernel: &K,
 ) -> Result<()> {
     // Two write locks of one storage in one thread would deadlock: refuse instead.
     let at = |t: &Tensor| &*t.storage_and_layout().0 as *const candle_core::Storage;
     if at(b) == at(a) || at(b) == at(src) {
-        crate::fail!(
-            "{}: the second destination shares a storage",
-            pair_name(kernel)
-        );
+        crate::fail!("{}: the second destination shares a storage", K::NAME);
     }
     a.inplace_op2(src, &PairFirst { b, kernel })
-}
-
-fn pair_name<K: InplacePairKernel>(_: &K) -> &'static str {
-    K::NAME
 }
 
 /// The op on the first destination.
@@ -312,6 +305,19 @@ struct PairSecond<'a, K, S> {
     first: std::cell::RefCell<Option<Held<'a, S>>>,
 }
 
+impl<'k, K> PairFirst<'k, K> {
+    /// Runs the op on the second destination with the first's storage and the source.
+    fn second<'a, S>(&'a self, first: Held<'a, S>) -> Result<()>
+    where
+        PairSecond<'a, K, S>: candle_core::InplaceOp1,
+    {
+        self.b.inplace_op1(&PairSecond {
+            kernel: self.kernel,
+            first: std::cell::RefCell::new(Some(first)),
+        })
+    }
+}
+
 impl<K: InplacePairKernel> InplaceOp2 for PairFirst<'_, K> {
     fn name(&self) -> &'static str {
         K::NAME
@@ -324,11 +330,7 @@ impl<K: InplacePairKernel> InplaceOp2 for PairFirst<'_, K> {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<()> {
-        let second = PairSecond {
-            kernel: self.kernel,
-            first: std::cell::RefCell::new(Some(((s1, l1), (s2, l2)))),
-        };
-        self.b.inplace_op1(&second)
+        self.second(((s1, l1), (s2, l2)))
     }
 
     #[cfg(feature = "cuda")]
@@ -339,11 +341,7 @@ impl<K: InplacePairKernel> InplaceOp2 for PairFirst<'_, K> {
         s2: &CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        let second = PairSecond {
-            kernel: self.kernel,
-            first: std::cell::RefCell::new(Some(((s1, l1), (s2, l2)))),
-        };
-        self.b.inplace_op1(&second)
+        self.second(((s1, l1), (s2, l2)))
     }
 }
 

@@ -301,16 +301,14 @@ impl Qwen3 {
     /// norm), and the last add is left to the next norm (`Stream`); elsewhere plain ops.
     fn mlp_block(&self, p: &str, x: &Tensor, o: &Tensor, train: bool) -> Result<Stream> {
         let name = format!("{p}.post_attention_layernorm.weight");
-        let (x, h) = if self.inference_kernels(train) {
-            let (w, eps) = (self.w(&name, train)?, self.config.rms_norm_eps as f32);
-            span(&self.device, C::Norm, || {
-                fused::rms_norm_residual(o, x, &w, eps)
-            })?
-        } else {
-            let x = self.residual(x, o)?;
-            let h = self.norm(&x, &name, train)?;
-            (x, h)
+        let s = match self.inference_kernels(train) {
+            true => Stream {
+                x: x.clone(),
+                add: Some(o.clone()),
+            },
+            false => Stream::of(self.residual(x, o)?),
         };
+        let (x, h) = self.norm_stream(s, &name, train)?;
         let act = match self.stacked_swiglu(p, &h, train)? {
             Some(act) => act,
             None => {
