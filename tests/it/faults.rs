@@ -249,6 +249,11 @@ fn testbed_keys_out_of_range_are_refused_naming_the_key() {
             "[data]\noverturn_by_level = [0.0, 0.3]\n",
             "data.overturn_by_level has 2 values but data.levels reaches 6",
         ),
+        (
+            "[data]\nverified_by_level = [0.0, 1.0]\n",
+            "data.verified_by_level has 2 values but data.levels reaches 6",
+        ),
+        ("[data]\nchain_length = 9\n", "data.chain_length = 9"),
         ("[data]\ntestbed = \"v4\"\n", "v4"),
     ] {
         let e = RunConfig::from_toml(toml, Path::new("f.toml")).expect_err(want);
@@ -259,6 +264,16 @@ fn testbed_keys_out_of_range_are_refused_naming_the_key() {
     let ok = "[data]\noverturn_by_level = [0.0, 0.0, 0.3, 0.3, 0.05, 0.05]\n";
     let cfg = RunConfig::from_toml(ok, Path::new("f.toml")).expect("a valid profile");
     assert_eq!(cfg.data.teacher().overturn(3), 0.3);
+    // The hidden class's keys reach the teacher: the same prompt at levels 1 and 2.
+    let ok = "[data]\ntestbed = \"v3\"\nlevels = [1, 2]\nchain_length = 4\nverified_by_level = [0.0, 1.0]\n";
+    let t = RunConfig::from_toml(ok, Path::new("f.toml"))
+        .expect("a hidden class")
+        .data
+        .teacher();
+    assert_eq!(
+        (t.verified(2), t.problem(1, 5).prompt()),
+        (1.0, t.problem(2, 5).prompt())
+    );
 }
 
 #[test]

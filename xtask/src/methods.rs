@@ -151,6 +151,10 @@ pub enum Testbed {
     /// Study v5 (docs/v5/plan.md): a verbose start, fresh SFT checkpoints of configs/v5.toml as
     /// the unit, each row x GRPO seeds 200-202 from each, into docs/v5/ (repro_v5.rs).
     V5,
+    /// Study v5's exploratory X6 (docs/v5/plan.md section 11): CARE's premise with the
+    /// difficulty hidden (every prompt four operations, the level a class the prompt does not
+    /// show), v4's premise condition's rows, runner and report, into docs/v5/care-hidden/.
+    V5CareHidden,
 }
 
 /// v5's rows (docs/v5/plan.md section 3): Standard and the five claims' rows.
@@ -175,6 +179,7 @@ impl Testbed {
             Testbed::V4Care => "configs/repro-v4-care.toml",
             Testbed::V4CareLevels => "configs/repro-v4-care-levels.toml",
             Testbed::V5 => "configs/repro-v5.toml",
+            Testbed::V5CareHidden => "configs/repro-v5-care-hidden.toml",
         }
     }
 
@@ -186,6 +191,7 @@ impl Testbed {
             Testbed::V4Care => "docs/v4/care",
             Testbed::V4CareLevels => "docs/v4/care-levels",
             Testbed::V5 => "docs/v5",
+            Testbed::V5CareHidden => "docs/v5/care-hidden",
         }
     }
 
@@ -198,6 +204,7 @@ impl Testbed {
             Testbed::V4Care => " v4-care",
             Testbed::V4CareLevels => " v4-care-levels",
             Testbed::V5 => " v5",
+            Testbed::V5CareHidden => " v5-care-hidden",
         }
     }
 
@@ -209,6 +216,7 @@ impl Testbed {
             Testbed::V4Care => Some("configs/v4-care.toml"),
             Testbed::V4CareLevels => Some("configs/v4-care-levels.toml"),
             Testbed::V5 => Some("configs/v5.toml"),
+            Testbed::V5CareHidden => Some("configs/v5-care-hidden.toml"),
         }
     }
 
@@ -216,7 +224,7 @@ impl Testbed {
     pub fn default_seeds(self) -> u64 {
         match self {
             Testbed::V2 | Testbed::V3 => DEFAULT_SEEDS,
-            Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels => 9,
+            Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels | Testbed::V5CareHidden => 9,
             Testbed::V5 => 3,
         }
     }
@@ -227,7 +235,7 @@ impl Testbed {
         match self {
             Testbed::V2 | Testbed::V3 => i,
             Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels => 100 + i,
-            Testbed::V5 => 200 + i,
+            Testbed::V5 | Testbed::V5CareHidden => 200 + i,
         }
     }
 
@@ -236,14 +244,17 @@ impl Testbed {
     /// such as Kimi's), or the premise condition's four.
     pub fn reported(self) -> Vec<&'static Method> {
         match self {
-            Testbed::V4Care | Testbed::V4CareLevels => self.methods(),
+            Testbed::V4Care | Testbed::V4CareLevels | Testbed::V5CareHidden => self.methods(),
             _ => known().chain(named(&["step_grpo_paper"])).collect(),
         }
     }
 
     /// Whether the study is v4's confirmatory one, reported by report_v4.rs.
     pub fn is_v4(self) -> bool {
-        matches!(self, Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels)
+        matches!(
+            self,
+            Testbed::V4 | Testbed::V4Care | Testbed::V4CareLevels | Testbed::V5CareHidden
+        )
     }
 
     /// The methods studied when `--methods` names none.
@@ -262,7 +273,7 @@ impl Testbed {
                 known().filter(|m| names.contains(&m.name)).collect()
             }
             Testbed::V4 => named(&V4_MAIN),
-            Testbed::V4Care | Testbed::V4CareLevels => named(&V4_CARE),
+            Testbed::V4Care | Testbed::V4CareLevels | Testbed::V5CareHidden => named(&V4_CARE),
             Testbed::V5 => named(&V5_MAIN),
         }
     }

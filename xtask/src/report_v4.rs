@@ -47,7 +47,7 @@ fn names(study: &Study) -> (String, String, String) {
 /// The study's scope: which claim families its report decides.
 fn scope(testbed: Testbed, cell: Option<Cell>) -> Scope {
     match (testbed, cell) {
-        (Testbed::V4Care | Testbed::V4CareLevels, _) => Scope::CarePremise,
+        (Testbed::V4Care | Testbed::V4CareLevels | Testbed::V5CareHidden, _) => Scope::CarePremise,
         (_, Some(_)) => Scope::Robustness,
         _ => Scope::Main,
     }
@@ -59,7 +59,7 @@ const CARE_ARMS: [(&str, usize); 2] = [("care", 6), ("care_g16", 16)];
 /// How a premise condition sets its overturns (what its report says a failed check 2 means).
 fn profile(testbed: Testbed) -> premise::Profile {
     match testbed {
-        Testbed::V4CareLevels => premise::Profile::PerLevel,
+        Testbed::V4CareLevels | Testbed::V5CareHidden => premise::Profile::PerLevel,
         _ => premise::Profile::Line,
     }
 }

@@ -127,4 +127,26 @@ mod tests {
         assert!(read[0].rechecks < 0.5, "{:?}", read[0]);
         assert!(read[0].ratio() < 1.25, "{:?}", read[0]);
     }
+
+    /// X6's teacher (configs/v5-care-hidden.toml) stays verbose in every hidden class and within
+    /// the length limit; the classes share their prompts, so their plain traces differ only by
+    /// how the hard steps are written (verified in classes 1-3, guessed in 4).
+    #[test]
+    fn the_hidden_class_teacher_is_verbose_and_fits() {
+        let cfg = config("v5-care-hidden.toml");
+        let read = read(&cfg, 400, 0);
+        assert_eq!(read.len(), 4);
+        for r in &read {
+            assert!(
+                r.longest < cfg.grpo.max_new_tokens,
+                "class {}: {r:?}",
+                r.level
+            );
+            assert!(r.rechecks >= 1.0, "class {}: {r:?}", r.level);
+        }
+        assert!(
+            (read[0].tokens_plain - read[1].tokens_plain).abs() < 1.0,
+            "{read:?}"
+        );
+    }
 }

@@ -20,14 +20,30 @@ impl Teacher {
         self.overturn_easy + (self.overturn_hard - self.overturn_easy) * t
     }
 
+    /// v3: the chance that a level-`level` trace's first pass is verified (hard steps as small
+    /// steps): `verified_by_level`'s value, or 0.
+    pub fn verified(&self, level: usize) -> f64 {
+        self.verified_by_level
+            .as_deref()
+            .filter(|v| !v.is_empty())
+            .map_or(0.0, |v| v[level.saturating_sub(1).min(v.len() - 1)])
+    }
+
     pub(super) fn trace_v3(&self, p: &Problem, rng: &mut impl Rng) -> Trace {
         let n = p.ops.len();
         let hard = |i: usize| HARD_OPERANDS.contains(&p.ops[i].1);
+        // Drawn only when set, so the traces of a teacher without it stay the same.
+        let verified = self.verified_by_level.is_some() && rng.random_bool(self.verified(p.level));
         let (mut parts, mut slips) = (vec![], 0);
         // vals[i]: the value before step i as the teacher last wrote it; vals[n]: its answer.
         let mut vals = vec![p.start];
         for i in 0..n {
             let right = p.apply(i, vals[i]);
+            if verified && hard(i) {
+                parts.push(small_steps(vals[i], p.ops[i].1));
+                vals.push(right);
+                continue;
+            }
             let written = if hard(i) {
                 rng.random_range(0..10)
             } else {
@@ -38,7 +54,8 @@ impl Teacher {
             vals.push(written);
         }
         parts.push(format!("= {} ;", vals[n]));
-        let mut checked = vec![false; n];
+        // A verified first pass has no unchecked hard step.
+        let mut checked = vec![verified; n];
         let (mut rechecks, mut corrected, mut overturned) = (0, 0, 0);
         for nth in 1..=self.max_rounds {
             let first_unchecked = (0..n).find(|&i| hard(i) && !checked[i]);
@@ -63,7 +80,7 @@ impl Teacher {
             let doubt = !carry
                 && !hard(start)
                 && nth >= self.overturn_from_round
-                && rng.random_bool(self.overturn(n));
+                && rng.random_bool(self.overturn(p.level));
             let value = if doubt {
                 (right + if rng.random_bool(0.5) { 1 } else { 9 }) % 10
             } else {
@@ -256,5 +273,98 @@ mod tests {
             (rate - 0.3).abs() < 0.04,
             "second-round overturn rate {rate}"
         );
+    }
+}
+
+#[cfg(test)]
+mod hidden_tests {
+    //! `chain_length` and `verified_by_level`: a class the prompt does not show (study v5's X6).
+    use super::super::{verify, Version};
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    /// X6's teacher: four operations at every level; level 1 guesses its hard steps (reflection
+    /// corrects them), level 2 verifies them in its first pass and its second rounds overturn.
+    fn hidden() -> Teacher {
+        Teacher {
+            version: Version::V3,
+            recheck_prob: 1.0,
+            recheck_hard_prob: Some(1.0),
+            hard_rate: 0.15,
+            guess_unchecked: true,
+            overturn_by_level: Some(vec![0.0, 0.5]),
+            max_rounds: 2,
+            overturn_from_round: 2,
+            chain_length: Some(4),
+            verified_by_level: Some(vec![0.0, 1.0]),
+            ..Default::default()
+        }
+    }
+
+    /// The same seed draws the same prompt at every level, of `chain_length` operations, with
+    /// hard operations at the rate of a four-operation chain: the level is hidden.
+    #[test]
+    fn a_fixed_chain_length_hides_the_level() {
+        let t = hidden();
+        assert_eq!(
+            (t.hard_prob(1), t.hard_prob(2)),
+            (t.hard_prob(4), t.hard_prob(4))
+        );
+        let mut hard = 0;
+        for seed in 0..400 {
+            let (a, b) = (t.problem(1, seed), t.problem(2, seed));
+            assert_eq!((a.prompt(), a.ops.len(), a.level), (b.prompt(), 4, 1));
+            assert_eq!(b.level, 2);
+            hard += a
+                .ops
+                .iter()
+                .filter(|o| HARD_OPERANDS.contains(&o.1))
+                .count();
+        }
+        let rate = hard as f64 / 1600.0;
+        assert!((rate - 0.3).abs() < 0.04, "hard rate {rate}");
+        // Unset, a level's problem is as before: its level's count of operations.
+        let plain = Teacher {
+            chain_length: None,
+            ..hidden()
+        };
+        assert_eq!(
+            plain.problem(3, 7),
+            Problem::generate_v2(3, 7, plain.hard_prob(3))
+        );
+    }
+
+    /// Level 1 guesses hard steps and its rounds correct them, never overturning; level 2
+    /// writes hard steps as small steps first (no slip) and only its rounds can be wrong.
+    #[test]
+    fn the_hidden_class_sets_whether_reflection_pays_or_harms() {
+        let t = hidden();
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let (mut slips, mut corrected, mut overturned) = ([0; 2], [0; 2], [0; 2]);
+        for seed in 0..2000 {
+            for level in [1, 2] {
+                let p = t.problem(level, seed);
+                let tr = t.trace(&p, &mut rng);
+                let k = level - 1;
+                slips[k] += tr.slips;
+                corrected[k] += tr.corrected;
+                overturned[k] += tr.overturned;
+                if level == 1 {
+                    // Every round runs (recheck 1.0), so every guess is corrected.
+                    assert!(verify(&tr.text, p.answer()).correct, "{}", tr.text);
+                }
+            }
+        }
+        assert!(
+            slips[0] > 500 && corrected[0] > 500,
+            "{slips:?} {corrected:?}"
+        );
+        assert_eq!((overturned[0], slips[1], corrected[1]), (0, 0, 0));
+        // The second round doubts a step re-checked directly: 0.5 x the 70 % that are not hard.
+        let rate = overturned[1] as f64 / 2000.0;
+        assert!((rate - 0.35).abs() < 0.05, "level 2's overturn rate {rate}");
+        assert_eq!(t.verified(5), 1.0);
+        assert_eq!(Teacher::default().verified(1), 0.0);
     }
 }

@@ -80,6 +80,16 @@ pub struct Teacher {
     /// v3 only: the first round (1-based) in which doubt can overturn a right step; 2 makes
     /// the first re-check of a chain a plain confirmation and only second-guessing risky.
     pub overturn_from_round: usize,
+    /// Every problem's operation count whatever its level (None: the level's). The level is
+    /// then a class the prompt does not show: problems of every level are drawn alike (hard
+    /// operations at [`Teacher::hard_prob`] of a chain this long), and the level sets only the
+    /// teacher's overturn and verified chances (study v5's X6, CARE's hidden difficulty).
+    pub chain_length: Option<usize>,
+    /// v3 only: the chance per level (the first value is level 1's) that the teacher writes
+    /// its first pass with the hard steps as small steps it knows: a verified chain with
+    /// nothing to correct, on which reflection can only confirm or overturn. None: never (the
+    /// hard steps are guessed). A level past its end takes its last value.
+    pub verified_by_level: Option<Vec<f64>>,
 }
 
 impl Default for Teacher {
@@ -96,6 +106,8 @@ impl Default for Teacher {
             overturn_by_level: None,
             max_rounds: 2,
             overturn_from_round: 1,
+            chain_length: None,
+            verified_by_level: None,
         }
     }
 }
@@ -115,22 +127,27 @@ pub struct Trace {
 }
 
 impl Teacher {
-    /// The chance that an operation of a level-`level` problem is hard (0 in v1).
+    /// The chance that an operation of a level-`level` problem is hard (0 in v1); with
+    /// `chain_length`, that of a chain that long at every level.
     pub fn hard_prob(&self, level: usize) -> f64 {
+        let ops = self.chain_length.unwrap_or(level);
         match self.version {
             Version::V1 => 0.0,
             Version::V2 | Version::V3 => {
-                (self.hard_rate * level.saturating_sub(EASY_LEVELS) as f64).clamp(0.0, 0.9)
+                (self.hard_rate * ops.saturating_sub(EASY_LEVELS) as f64).clamp(0.0, 0.9)
             }
         }
     }
 
     /// Problem `seed` of `level` in this teacher's testbed: v1's, or v2's with hard operations.
+    /// With `chain_length` the problem is the same at every level (the level is hidden).
     pub fn problem(&self, level: usize, seed: u64) -> Problem {
-        match self.version {
-            Version::V1 => Problem::generate(level, seed),
-            Version::V2 | Version::V3 => Problem::generate_v2(level, seed, self.hard_prob(level)),
-        }
+        let ops = self.chain_length.unwrap_or(level);
+        let p = match self.version {
+            Version::V1 => Problem::generate(ops, seed),
+            Version::V2 | Version::V3 => Problem::generate_v2(ops, seed, self.hard_prob(level)),
+        };
+        Problem { level, ..p }
     }
 
     /// A completion of `p`: its steps, the re-checks, `</think>`, then the answer the chain

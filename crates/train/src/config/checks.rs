@@ -137,16 +137,26 @@ impl DataSection {
                 bail!("data.{key} = {v}: must be a probability in [0, 1]");
             }
         }
-        if let Some(v) = &self.overturn_by_level {
+        for (key, v) in [
+            ("overturn_by_level", &self.overturn_by_level),
+            ("verified_by_level", &self.verified_by_level),
+        ] {
+            let Some(v) = v else { continue };
             if let Some(x) = v.iter().find(|x| !(0.0..=1.0).contains(*x)) {
-                bail!("data.overturn_by_level has {x}: each must be a probability in [0, 1]");
+                bail!("data.{key} has {x}: each must be a probability in [0, 1]");
             }
             let top = self.levels.iter().copied().max().unwrap_or(0);
             if v.len() < top {
                 bail!(
-                    "data.overturn_by_level has {} values but data.levels reaches {top}: give one per level from 1",
+                    "data.{key} has {} values but data.levels reaches {top}: give one per level from 1",
                     v.len()
                 );
+            }
+        }
+        if let Some(n) = self.chain_length {
+            let max = terse_tasks::testbed::MAX_LEVEL;
+            if !(1..=max).contains(&n) {
+                bail!("data.chain_length = {n}: a testbed chain has 1 to {max} operations");
             }
         }
         if self.overturn_from_round == 0 {

@@ -333,6 +333,14 @@ pub struct DataSection {
     /// Testbed v3: the first round (1-based) in which a re-check can overturn a right answer;
     /// 2 makes a first re-check a plain confirmation, so only second-guessing is risky.
     pub overturn_from_round: usize,
+    /// Testbed: every problem's operation count whatever its level (unset: the level's). The
+    /// level is then a class the prompt does not show, setting only `overturn_by_level` and
+    /// `verified_by_level` (study v5's X6, CARE's hidden difficulty).
+    pub chain_length: Option<usize>,
+    /// Testbed v3: the chance per level that the teacher's first pass writes hard steps as
+    /// small steps (a verified chain, which reflection can only confirm or overturn); unset:
+    /// hard steps are guessed. One value per level up to the highest trained.
+    pub verified_by_level: Option<Vec<f64>>,
     /// Training dataset (.jsonl or .parquet); required for "math".
     pub train: Option<PathBuf>,
     /// Evaluation dataset; generated tasks evaluate on held-out generated problems without it.
@@ -377,6 +385,8 @@ impl DataSection {
             overturn_by_level: self.overturn_by_level.clone(),
             max_rounds: self.reflect_rounds,
             overturn_from_round: self.overturn_from_round,
+            chain_length: self.chain_length,
+            verified_by_level: self.verified_by_level.clone(),
             ..Default::default()
         }
     }
@@ -397,6 +407,8 @@ impl Default for DataSection {
             overturn_by_level: None,
             reflect_rounds: 2,
             overturn_from_round: 1,
+            chain_length: None,
+            verified_by_level: None,
             train: None,
             eval: None,
             columns: terse_tasks::dataset::Columns {
