@@ -1,6 +1,6 @@
 // Flash attention's forward in FlashAttention-2's structure: mma.sync m16n8k16 (bf16 in, f32
 // accumulate) with the fragment layout of kernels/mma.cuh, S, P and O held in registers, K and V
-// through ldmatrix (V with .trans) from a padded shared layout filled by a 2-stage cp.async
+// through ldmatrix (V with .trans) from a swizzled shared layout filled by a 2-stage cp.async
 // pipeline. Head sizes 64 and 128 (a template on D); the `_rows` entry points read and write
 // the projections' token-major rows, out in bf16 (the written layer backward's). The interface
 // and semantics are flash_tc.cu's forward, which it replaces (kernels/flash/cuda.rs chooses): q,
@@ -19,15 +19,15 @@
 // 64-row blocks balance causal work finer; so 4 warps, and the block order is reversed so the
 // heaviest causal row blocks (the last) start first.
 //
-// Shared memory (dynamic, launch::flash_fa2_fwd's `shared`): 2 stages x (K, V) x 64 rows x
-// (D + 8) bf16: 36,864 bytes at D = 64, 69,632 at D = 128 (above 48 KB: the CUDA launch raises
-// the function's limit). The layout is PADDED, not swizzled: each row is D + 8 bf16, so the row
-// stride is 16 bytes times an odd number (9 at D = 64, 17 at D = 128). An ldmatrix reads 8 rows
-// of 16 bytes per matrix; at an odd stride of 16-byte units those 8 rows start in 8 distinct
-// 16-byte bank groups (r * odd mod 8 is a permutation), so every phase is conflict-free, and a
-// cp.async row chunk stays 16-byte aligned. Padding costs 6 % (D = 128) to 12 % (D = 64) more
-// shared memory but keeps the index arithmetic a multiply-add, where an XOR swizzle would need
-// the same permutation in the copy and in every ldmatrix address.
+// Shared memory (dynamic, launch::flash_fa2_fwd's `shared`): 2 stages x (K, V) x 64 rows x D
+// bf16: 32,768 bytes at D = 64, 65,536 at D = 128 (above 48 KB: the CUDA launch raises the
+// function's limit). The layout is SWIZZLED (fa2.cuh's fa2_at): row r's 16-byte chunk c sits at
+// chunk c ^ (r % 8). An ldmatrix reads 8 rows of 16 bytes per matrix, rows r..r+7 at one logical
+// chunk, which the XOR puts in 8 distinct 16-byte bank groups: conflict-free. A quarter-warp's
+// cp.async copies one row's aligned 128 bytes into the same aligned 128 bytes, permuted: one
+// wavefront. The rows were padded to D + 8 until 2026-12-07; Nsight Compute on the H200 counted
+// 25 % of the forward's shared wavefronts as excessive, from the copies into rows that then
+// started off a 128-byte boundary (docs/gpu/measured/2026-12-04/ncu_flash.csv).
 #include "fa2.cuh"
 
 // Grid (ceil(T / FA2_ROWS), B * Hq), blocks taken in reverse. q, k, v and out in attention's
@@ -40,10 +40,10 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     constexpr int KF = D / 16;        // k-steps of S = Q K^T (Q's A fragments)
     constexpr int NS = FA2_KEYS / 8;  // n-tiles of S (8 keys each)
     constexpr int NO = D / 8;         // n-tiles of O (8 columns each)
-    constexpr int LD = D + FA2_PAD, TILE = FA2_KEYS * LD;
+    constexpr int TILE = FA2_KEYS * D;
     TERSE_DYNAMIC_SHARED(smem);
-    bf16* ks = reinterpret_cast<bf16*>(smem);  // [2][FA2_KEYS][LD]
-    bf16* vs = ks + 2 * TILE;                  // [2][FA2_KEYS][LD]
+    bf16* ks = reinterpret_cast<bf16*>(smem);  // [2][FA2_KEYS][D], swizzled
+    bf16* vs = ks + 2 * TILE;                  // [2][FA2_KEYS][D], swizzled
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int gq = lane / 4, tq = lane % 4;  // the fragments' groupID and threadID_in_group
     int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
@@ -87,8 +87,10 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
     for (int it = 0; it < keys.tiles; it++) {  // model: main
         int k0 = keys.first + it * FA2_KEYS, s = it & 1;
         fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t, ldk);  // model: kv-ready
-        const bf16* kt = ks + s * TILE;
-        const bf16* vt = vs + s * TILE;
+        int mi = lane / 8, r = lane % 8;
+        // The lane's rows of the stage's K and V tiles (fa2.cuh's fa2_lane).
+        const bf16* kl = fa2_lane<D>(ks + s * TILE, 8 * (mi >> 1) + r, mi & 1, r);
+        const bf16* vl = fa2_lane<D>(vs + s * TILE, 8 * (mi & 1) + r, mi >> 1, r);
         // S = Q K^T, 16 x 64 per warp. ldmatrix.x4 gives two n-tiles' B fragments: matrix i
         // (lanes 8i..8i+7) is keys n0 + 8 (i >> 1) + r, dims f * 16 + 8 (i & 1).
         float sc[NS][4];
@@ -96,9 +98,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
             for (int i = 0; i < 4; i++) sc[n][i] = 0.f;
         for (int f = 0; f < KF; f++)
             for (int n = 0; n < NS; n += 2) {
-                int mi = lane / 8, r = lane % 8;
                 uint32_t bk[4];
-                ldmatrix_x4(bk, kt + (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1));  // model: k-frag
+                fa2_ldsm<D, false>(bk, kl, n * 8, 2 * f);  // model: k-frag
                 mma_bf16_16816(sc[n], qf[f], bk, sc[n]);
                 mma_bf16_16816(sc[n + 1], qf[f], bk + 2, sc[n + 1]);
             }
@@ -143,10 +144,8 @@ __device__ void fa2_fwd(const bf16* q, const bf16* k, const bf16* v, const uint3
             uint32_t pa[4];
             c_pair_as_a(pa, sc[2 * kk], sc[2 * kk + 1]);
             for (int n = 0; n < NO; n += 2) {
-                int mi = lane / 8, r = lane % 8;
                 uint32_t bv[4];
-                ldmatrix_x4_trans(bv,  // model: v-frag
-                                  vt + (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1));  // model: v-frag
+                fa2_ldsm<D, true>(bv, vl, kk * 16, n);  // model: v-frag
                 mma_bf16_16816(o[n], pa, bv, o[n]);
                 mma_bf16_16816(o[n + 1], pa, bv + 2, o[n + 1]);
             }

@@ -1,6 +1,6 @@
 // Flash attention's backward in FlashAttention-2's structure (the forward is flash_fa2.cu's):
 // mma.sync m16n8k16 with S, P, dP and dS in registers, Q/dO/K/V fragments by ldmatrix from
-// padded shared tiles filled by a 2-stage cp.async pipeline. Two kernels:
+// swizzled shared tiles filled by a 2-stage cp.async pipeline. Two kernels:
 // - dK/dV (`flash_fa2_bwd_dkdv_d*`): a block owns 64 keys (4 warps x 16); each warp holds its
 //   keys' K and V as A fragments and its dK and dV in registers for the whole kernel, and walks
 //   every query that can see the block's keys once (each query head of the GQA group in turn),
@@ -29,11 +29,11 @@
 // keys at a time 2 x 16.
 //
 // Shared memory (dynamic; launch::flash_fa2_bwd_dkdv_shared): the block's K and V (64 rows),
-// 2 stages of Q and dO (QT rows each), all padded to D + 8 bf16 (conflict-free ldmatrix, see
-// flash_fa2.cu), dS^T as 64 x (QT + 8) bf16 (an odd number of 16-byte units per row again, so
-// its transposing ldmatrix and its stores are conflict-free), and per stage the QT queries'
-// lse, delta and starts: 42,752 bytes at D = 64, 55,680 at D = 128. dQ: the forward's 2 stages
-// of K and V.
+// 2 stages of Q and dO (QT rows each), all D bf16 a row, swizzled (fa2.cuh's fa2_at: conflict-free
+// ldmatrix and copies, see flash_fa2.cu), dS^T as 64 x (QT + 8) bf16 (padded: an odd number of
+// 16-byte units per row, so its transposing ldmatrix and its 4-byte stores are conflict-free),
+// XX
+// D = 128. dQ: the forward's 2 stages of K and V.
 #include "fa2.cuh"
 
 // Queries per step of the dK/dV kernel by head size; crates/model's launch.rs
@@ -90,11 +90,12 @@ template <int D, bool TOKENS, typename G>
 __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
                            const float* lse, float* delta, const bf16* dout, G* dq,
                            const bf16* o, int hq, int hkv, int t, float scale) {
-    constexpr int KF = D / 16, NO = D / 8, LD = D + FA2_PAD, TILE = FA2_KEYS * LD;
+    constexpr int KF = D / 16, NO = D / 8, TILE = FA2_KEYS * D;
     constexpr int HK = 32, NH = HK / 8;  // keys per half tile and their n-tiles
+    constexpr int VROWS = 2 * FA2_KEYS;  // a stage's V tile, in rows after its K tile
     TERSE_DYNAMIC_SHARED(smem);
-    bf16* ks = reinterpret_cast<bf16*>(smem);  // [2][FA2_KEYS][LD]
-    bf16* vs = ks + 2 * TILE;                  // [2][FA2_KEYS][LD]
+    bf16* ks = reinterpret_cast<bf16*>(smem);  // [2][FA2_KEYS][D], swizzled
+    bf16* vs = ks + 2 * TILE;                  // [2][FA2_KEYS][D], swizzled
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int gq = lane / 4, tq = lane % 4, mi = lane / 8, r = lane % 8;
     int rb = gridDim.x - 1 - blockIdx.x;  // heaviest causal row block first
@@ -137,8 +138,10 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
     for (int it = 0; it < keys.tiles; it++) {  // model: dq-main
         int k0 = keys.first + it * FA2_KEYS, s = it & 1;
         fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t, ldk);
-        const bf16* kt = ks + s * TILE;
-        const bf16* vt = vs + s * TILE;
+        // The lane's rows of the stage's K tile, by rows and by columns (fa2_lane); the V tile
+        // is VROWS rows after it.
+        const bf16* kl = fa2_lane<D>(ks + s * TILE, 8 * (mi >> 1) + r, mi & 1, r);
+        const bf16* kc = fa2_lane<D>(ks + s * TILE, 8 * (mi & 1) + r, mi >> 1, r);
         for (int half = 0; half < FA2_KEYS / HK; half++) {  // model: dq-halves
             int kb = half * HK;
             // S = Q K^T and dP = dO V^T over 32 keys: B fragments of K and V by ldmatrix.x4 of
@@ -148,12 +151,11 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
                 for (int i = 0; i < 4; i++) sc[n][i] = dp[n][i] = 0.f;
             for (int f = 0; f < KF; f++)
                 for (int n = 0; n < NH; n += 2) {
-                    int at = (kb + n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1);
                     uint32_t bk[4], bv[4];
-                    ldmatrix_x4(bk, kt + at);  // model: rows-frag
+                    fa2_ldsm<D, false>(bk, kl, kb + n * 8, 2 * f);  // model: rows-frag
                     mma_bf16_16816(sc[n], qf[f], bk, sc[n]);
                     mma_bf16_16816(sc[n + 1], qf[f], bk + 2, sc[n + 1]);
-                    ldmatrix_x4(bv, vt + at);  // model: rows-frag
+                    fa2_ldsm<D, false>(bv, kl, VROWS + kb + n * 8, 2 * f);  // model: rows-frag
                     mma_bf16_16816(dp[n], gf[f], bv, dp[n]);
                     mma_bf16_16816(dp[n + 1], gf[f], bv + 2, dp[n + 1]);
                 }
@@ -179,8 +181,7 @@ __device__ void fa2_bwd_dq(const bf16* q, const bf16* k, const bf16* v, const ui
                 c_pair_as_a(sa, sc[2 * kk], sc[2 * kk + 1]);
                 for (int n = 0; n < NO; n += 2) {
                     uint32_t bk[4];
-                    ldmatrix_x4_trans(bk, kt + (kb + kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 +  // model: cols-frag
-                                              8 * (mi >> 1));  // model: cols-frag
+                    fa2_ldsm<D, true>(bk, kc, kb + kk * 16, n);  // model: cols-frag
                     mma_bf16_16816(acc[n], sa, bk, acc[n]);
                     mma_bf16_16816(acc[n + 1], sa, bk + 2, acc[n + 1]);
                 }
@@ -223,13 +224,14 @@ template <int D, bool TOKENS, typename G>
 __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const uint32_t* starts,
                              const float* lse, const float* delta, const bf16* dout, float* dq,
                              G* dk, G* dv, int hq, int hkv, int t, float scale, int dq_atomic) {
-    constexpr int KF = D / 16, NO = D / 8, LD = D + FA2_PAD;
-    constexpr int QT = bwd_queries<D>(), NQ = QT / 8, QTILE = QT * LD, LDS = QT + FA2_PAD;
+    constexpr int KF = D / 16, NO = D / 8;
+    constexpr int QT = bwd_queries<D>(), NQ = QT / 8, QTILE = QT * D, LDS = QT + FA2_PAD;
     constexpr int NW = NO / FA2_WARPS;  // dQ n-tiles per warp in the atomic pass
+    constexpr int GROWS = 2 * QT;       // a stage's dO tile, in rows after its Q tile
     TERSE_DYNAMIC_SHARED(smem);
-    bf16* kvs = reinterpret_cast<bf16*>(smem);  // [2][FA2_ROWS][LD]: the block's K, then V
-    bf16* qs = kvs + 2 * FA2_ROWS * LD;         // [2][QT][LD]: Q by stage
-    bf16* gs = qs + 2 * QTILE;                  // [2][QT][LD]: dO by stage
+    bf16* kvs = reinterpret_cast<bf16*>(smem);  // [2][FA2_ROWS][D]: the block's K, then V
+    bf16* qs = kvs + 2 * FA2_ROWS * D;          // [2][QT][D]: Q by stage
+    bf16* gs = qs + 2 * QTILE;                  // [2][QT][D]: dO by stage (all swizzled)
     bf16* dss = gs + 2 * QTILE;                 // [FA2_ROWS][LDS]: dS^T (atomic dQ only)
     float* ls = reinterpret_cast<float*>(dss + FA2_ROWS * LDS);  // [2][QT]: lse by stage
     float* ds = ls + 2 * QT;                                     // [2][QT]: delta by stage
@@ -242,7 +244,7 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     const size_t ko = fa2_head<TOKENS, D>(bg, hkv, t);
     const uint32_t* st = starts + (size_t)b * t;
     load_rows<D, FA2_ROWS>(kvs, k + ko, kb0, t, ldk);  // model: block-rows
-    load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * LD, v + ko, kb0, t, ldk);  // model: block-rows
+    load_rows<D, FA2_ROWS>(kvs + FA2_ROWS * D, v + ko, kb0, t, ldk);  // model: block-rows
     cp_async_commit();
     // The queries the block's keys can reach: [kb0, end), end the first query at or after kb0
     // whose start is past the block's last key (starts never decrease), by binary search.
@@ -273,9 +275,9 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
     // dims 16f + 8 (mi >> 1)).
     uint32_t kf[KF][4], vf[KF][4];
     for (int f = 0; f < KF; f++) {
-        int at = (w * 16 + 8 * (mi & 1) + r) * LD + f * 16 + 8 * (mi >> 1);
-        ldmatrix_x4(kf[f], kvs + at);  // model: cols-frag
-        ldmatrix_x4(vf[f], kvs + FA2_ROWS * LD + at);  // model: cols-frag
+        const bf16* ka = fa2_lane<D>(kvs, w * 16 + 8 * (mi & 1) + r, mi >> 1, r);
+        fa2_ldsm<D, false>(kf[f], ka, 0, 2 * f);  // model: cols-frag
+        fa2_ldsm<D, false>(vf[f], ka, FA2_ROWS, 2 * f);  // model: cols-frag
     }
     float dkf[NO][4], dvf[NO][4];
     for (int n = 0; n < NO; n++)
@@ -297,8 +299,10 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
             cp_async_wait<0>();
         }
         __syncthreads();  // this stage's copies and stores are visible to the block
-        const bf16* qt = qs + sb * QTILE;
-        const bf16* gt = gs + sb * QTILE;
+        // The lane's rows of the stage's Q tile, by rows and by columns (fa2_lane); its dO tile
+        // is GROWS rows after it.
+        const bf16* ql = fa2_lane<D>(qs + sb * QTILE, 8 * (mi >> 1) + r, mi & 1, r);
+        const bf16* qc = fa2_lane<D>(qs + sb * QTILE, 8 * (mi & 1) + r, mi >> 1, r);
         const float* lt = ls + sb * QT;
         const float* dt = ds + sb * QT;
         const int* sst = ss + sb * QT;
@@ -309,12 +313,11 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
             for (int i = 0; i < 4; i++) sc[n][i] = dp[n][i] = 0.f;
         for (int f = 0; f < KF; f++)
             for (int n = 0; n < NQ; n += 2) {
-                int at = (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1);
                 uint32_t bq[4], bo[4];
-                ldmatrix_x4(bq, qt + at);  // model: rows-frag
+                fa2_ldsm<D, false>(bq, ql, n * 8, 2 * f);  // model: rows-frag
                 mma_bf16_16816(sc[n], kf[f], bq, sc[n]);
                 mma_bf16_16816(sc[n + 1], kf[f], bq + 2, sc[n + 1]);
-                ldmatrix_x4(bo, gt + at);  // model: rows-frag
+                fa2_ldsm<D, false>(bo, ql, GROWS + n * 8, 2 * f);  // model: rows-frag
                 mma_bf16_16816(dp[n], vf[f], bo, dp[n]);
                 mma_bf16_16816(dp[n + 1], vf[f], bo + 2, dp[n + 1]);
             }
@@ -350,12 +353,11 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
             uint32_t da[4];
             c_pair_as_a(da, dp[2 * kk], dp[2 * kk + 1]);
             for (int n = 0; n < NO; n += 2) {
-                int at = (kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1);
                 uint32_t bo[4], bq[4];
-                ldmatrix_x4_trans(bo, gt + at);  // model: cols-frag
+                fa2_ldsm<D, true>(bo, qc, GROWS + kk * 16, n);  // model: cols-frag
                 mma_bf16_16816(dvf[n], pa, bo, dvf[n]);
                 mma_bf16_16816(dvf[n + 1], pa, bo + 2, dvf[n + 1]);
-                ldmatrix_x4_trans(bq, qt + at);  // model: cols-frag
+                fa2_ldsm<D, true>(bq, qc, kk * 16, n);  // model: cols-frag
                 mma_bf16_16816(dkf[n], da, bq, dkf[n]);
                 mma_bf16_16816(dkf[n + 1], da, bq + 2, dkf[n + 1]);
             }
@@ -369,6 +371,8 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
                         __float2bfloat16(dp[n][i]);  // model: dss-store
             __syncthreads();
             float* dqh = dq + ((size_t)b * hq + h) * t * D;
+            // K's .trans B fragments of this warp's quarter of the columns (fa2_lane).
+            const bf16* kw = fa2_lane<D>(kvs, 8 * (mi & 1) + r, (w * (D / 8 / FA2_WARPS)) ^ (mi >> 1), r);
             for (int m = 0; m < QT / 16; m++) {
                 float acc[NW][4];
                 for (int n = 0; n < NW; n++)
@@ -381,8 +385,7 @@ __device__ void fa2_bwd_dkdv(const bf16* q, const bf16* k, const bf16* v, const 
                                               8 * (mi & 1));  // model: atomic-frag
                     for (int n = 0; n < NW; n += 2) {
                         uint32_t bk[4];
-                        ldmatrix_x4_trans(bk, kvs + (kk * 16 + 8 * (mi & 1) + r) * LD +  // model: atomic-frag
-                                                  w * (D / FA2_WARPS) + n * 8 + 8 * (mi >> 1));  // model: atomic-frag
+                        fa2_ldsm<D, true>(bk, kw, kk * 16, n);  // model: atomic-frag
                         mma_bf16_16816(acc[n], sa, bk, acc[n]);
                         mma_bf16_16816(acc[n + 1], sa, bk + 2, acc[n + 1]);
                     }

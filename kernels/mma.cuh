@@ -35,17 +35,34 @@ __device__ __forceinline__ void mma_bf16_16816(float* d, const uint32_t* a, cons
 // Four 8 x 8 bf16 matrices from shared memory: lane 8i + r gives the address of row r of
 // matrix i (16 bytes, 16-byte aligned); r[i] of lane l is matrix i's row l / 4, columns
 // 2 (l % 4) and 2 (l % 4) + 1 (.trans: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* row) {
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t* r, uint32_t shared_row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(terse_smem(row))
+                 : "r"(shared_row)
                  : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* row) {
+__device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t* r, uint32_t shared_row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(terse_smem(row))
+                 : "r"(shared_row)
                  : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* row) {
+    ldmatrix_x4_at(r, terse_smem(row));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* row) {
+    ldmatrix_x4_trans_at(r, terse_smem(row));
+}
+// The same at a swizzled tile's row (kernels/fa2.cuh): the shared address of `base` with `x` XORed
+// into it, plus `add` bytes. With x and add compile-time, that is one LOP3 per distinct x and an
+// immediate, where a row address computed in full would cost an IMAD, a LOP3 and a LEA each.
+__device__ __forceinline__ void ldmatrix_x4_xor(uint32_t* r, const void* base, uint32_t x,
+                                                uint32_t add) {
+    ldmatrix_x4_at(r, (terse_smem(base) ^ x) + add);
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_xor(uint32_t* r, const void* base, uint32_t x,
+                                                      uint32_t add) {
+    ldmatrix_x4_trans_at(r, (terse_smem(base) ^ x) + add);
 }
 // Two matrices: lanes 0-15 give the row addresses (the others' are ignored).
 __device__ __forceinline__ void ldmatrix_x2(uint32_t* r, const void* row) {

@@ -86,6 +86,10 @@ inline void ldmatrix(int line, uint32_t* r, const void* row, int count, bool tra
     }
 }
 
+inline const void* xor_address(const void* base, uint32_t x, uint32_t add) {
+    return (const unsigned char*)((uintptr_t)base ^ x) + add;
+}
+
 inline uint32_t bf16x2(float lo, float hi) {
     return (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
 }
@@ -96,6 +100,12 @@ inline uint32_t bf16x2(float lo, float hi) {
 #define mma_bf16_16816(...) terse_shim::mma_bf16(__LINE__, __VA_ARGS__)
 #define ldmatrix_x4(r, p) terse_shim::ldmatrix(__LINE__, r, p, 4, false)
 #define ldmatrix_x4_trans(r, p) terse_shim::ldmatrix(__LINE__, r, p, 4, true)
+// The swizzled-row forms: the shim's dynamic shared memory is 128-byte aligned, as the device's,
+// so XORing the host address's low bits moves it within the tile exactly as the device's.
+#define ldmatrix_x4_xor(r, base, x, add) \
+    terse_shim::ldmatrix(__LINE__, r, terse_shim::xor_address(base, x, add), 4, false)
+#define ldmatrix_x4_trans_xor(r, base, x, add) \
+    terse_shim::ldmatrix(__LINE__, r, terse_shim::xor_address(base, x, add), 4, true)
 #define ldmatrix_x2(r, p) terse_shim::ldmatrix(__LINE__, r, p, 2, false)
 #define ldmatrix_x2_trans(r, p) terse_shim::ldmatrix(__LINE__, r, p, 2, true)
 inline void cp_async16(void* dst, const void* src) { terse_shim::async_copy16(dst, src); }

@@ -1,7 +1,8 @@
 //! Shared-memory bank conflicts for `cargo xtask kernel-model`: the wavefronts one warp-wide
 //! shared-memory instruction takes, from the byte addresses its 32 lanes request, and the lane
 //! address patterns of the access shapes the kernels use (WMMA fragments, row-per-lane-pair
-//! scans, contiguous copies, ldmatrix rows, cp.async row copies, mma C-fragment stores).
+//! scans, contiguous copies, mma C-fragment stores; FA2's ldmatrix rows and cp.async row copies
+//! are profile/fa2.rs's, by its tiles' layout).
 //!
 //! The rule (CUDA C++ Programming Guide, "Shared Memory" in the compute capability 5.x+
 //! sections: 32 banks, successive 32-bit words in successive banks, one word per bank per
@@ -72,24 +73,6 @@ pub fn per_row(elem: u64) -> Vec<u64> {
     (0..32).map(|l| (l / 2) * elem).collect()
 }
 
-/// ldmatrix.x4 (plain or .trans: the addresses are the same): lane 8i + r gives the 16-byte row
-/// r of matrix i, which starts at tile row `rows[i]` and byte column `cols[i]`, in a tile whose
-/// rows are `stride` bytes apart. A constant offset (another n-tile or k-step) moves every
-/// address by whole rows or 16-byte units, which keeps the conflicts, so offset 0 stands for all.
-pub fn ldmatrix_rows(stride: u64, rows: [u64; 4], cols: [u64; 4]) -> Vec<u64> {
-    (0..32usize)
-        .map(|l| (rows[l / 8] + (l % 8) as u64) * stride + cols[l / 8])
-        .collect()
-}
-
-/// 16-byte row copies (FA2's load_rows: element e = threadIdx.x + i * threads is 16-byte chunk
-/// e % chunks of row e / chunks): lane l's destination in rows `stride` bytes apart.
-pub fn copy_rows(stride: u64, chunks: u64) -> Vec<u64> {
-    (0..32)
-        .map(|l| (l / chunks) * stride + (l % chunks) * 16)
-        .collect()
-}
-
 /// An mma C fragment written to a row-major tile (lane l: row l / 4, element 2 (l % 4) + odd of
 /// `elem` bytes; rows `stride` bytes apart).
 pub fn c_fragment(stride: u64, elem: u64, odd: u64) -> Vec<u64> {
@@ -141,36 +124,5 @@ mod tests {
         assert_eq!(wavefronts(&row_pairs(32, 32, 0, 4), 4), 16);
         // The P write (16 x 32 bf16): 8-way.
         assert_eq!(wavefronts(&row_pairs(32, 32, 0, 2), 2), 8);
-    }
-
-    #[test]
-    fn padded_ldmatrix_rows_are_conflict_free() {
-        // B fragments (matrices: rows 0, 0, 8, 8; dims 0, 8, 0, 8) and .trans ones (rows 0, 8,
-        // 0, 8; dims 0, 0, 8, 8), bf16.
-        let plain = ([0, 0, 8, 8], [0, 16, 0, 16]);
-        let trans = ([0, 8, 0, 8], [0, 0, 16, 16]);
-        for (rows, cols) in [plain, trans] {
-            // FA2's padded rows, (D + 8) * 2 bytes = 9 or 17 16-byte units, and dS^T's (QT + 8)
-            // * 2 = 5 or 3: 8 rows in 8 distinct bank groups, 1 wavefront per matrix.
-            for stride in [(64 + 8) * 2, (128 + 8) * 2, (32 + 8) * 2, (16 + 8) * 2] {
-                assert_eq!(wavefronts(&ldmatrix_rows(stride, rows, cols), 16), 4);
-            }
-            // Unpadded D * 2 bytes (a multiple of 128): the 8 rows of a matrix in one bank
-            // group, 8-way: 8 wavefronts per matrix.
-            for stride in [64 * 2, 128 * 2] {
-                assert_eq!(wavefronts(&ldmatrix_rows(stride, rows, cols), 16), 32);
-            }
-        }
-        // The cp.async row copies into the padded rows: 4 wavefronts (the minimum for 512 B).
-        assert_eq!(wavefronts(&copy_rows((64 + 8) * 2, 8), 16), 4);
-        assert_eq!(wavefronts(&copy_rows((128 + 8) * 2, 16), 16), 4);
-        // dS^T's bf16 pairs (one 4-byte store per lane) at (QT + 8) * 2 bytes a row: 1.
-        assert_eq!(wavefronts(&c_fragment((32 + 8) * 2, 2, 0), 4), 1);
-        assert_eq!(wavefronts(&c_fragment((16 + 8) * 2, 2, 0), 4), 1);
-        // Unpadded (QT * 2 = 64 bytes a row): rows g and g + 2 share banks, 4-way.
-        assert_eq!(wavefronts(&c_fragment(32 * 2, 2, 0), 4), 4);
-        // lse / delta by column: broadcast within a column, 1.
-        assert_eq!(wavefronts(&quad_columns(4, 0), 8), 1);
-        assert_eq!(wavefronts(&quad_columns(4, 1), 4), 1);
     }
 }

@@ -107,6 +107,6 @@ fn the_launch_sizes_shared_memory_from_the_kernel_s_tile() {
         .and_then(|v| v.trim().parse::<usize>().ok())
         .expect("#define FA2_KEYS in fa2.cuh");
     assert_eq!(keys, launch::FLASH_FA2_KEYS);
-    assert_eq!(launch::flash_fa2_shared(128), 69_632);
-    assert_eq!(launch::flash_fa2_shared(64), 36_864);
+    assert_eq!(launch::flash_fa2_shared(128), 65_536);
+    assert_eq!(launch::flash_fa2_shared(64), 32_768);
 }

@@ -151,6 +151,6 @@ fn the_launch_sizes_shared_memory_from_the_kernel_s_query_step() {
             .unwrap_or_else(|| panic!("#define FA2_BWD_QT_D{d} in flash_fa2_bwd.cu"));
         assert_eq!(qt, launch::flash_fa2_bwd_queries(d), "d = {d}");
     }
-    assert_eq!(launch::flash_fa2_bwd_dkdv_shared(64), 42_752);
-    assert_eq!(launch::flash_fa2_bwd_dkdv_shared(128), 55_680);
+    assert_eq!(launch::flash_fa2_bwd_dkdv_shared(64), 38_656);
+    assert_eq!(launch::flash_fa2_bwd_dkdv_shared(128), 52_608);
 }

@@ -6,7 +6,7 @@
 //! loop is timed without it. Lines are flash_fa2.cu's `// model:` tags (marks.rs), checked by
 //! the test below.
 
-use super::fa2::{self, ldsm_cols_major, ldsm_rows_major, row_bytes, Fa2};
+use super::fa2::{self, ldsm_cols_major, ldsm_rows_major, tile, Fa2};
 use super::marks::Marks;
 use super::{lines_in, Chain, Kernel, Role, Trips};
 use anyhow::Result;
@@ -75,7 +75,7 @@ impl super::Profile for Forward {
         if self.fa2.in_load_rows(chain) {
             return fa2::copy_site(self.d);
         }
-        let stride = row_bytes(self.d);
+        let stride = tile(self.d);
         let line = lines_in(chain, FILE).first().copied().unwrap_or(0);
         match (self.marks.tag(line), store) {
             // K's B fragments: keys n0 + 8 (mi >> 1) + r, dims 16 f + 8 (mi & 1).
@@ -109,16 +109,8 @@ mod tests {
                     1,
                     "fa2_kv_ready<D>(ks, vs, kh, vh, keys, it, t, ldk)",
                 ),
-                (
-                    "k-frag",
-                    1,
-                    "ldmatrix_x4(bk, kt + (n * 8 + 8 * (mi >> 1) + r) * LD + f * 16 + 8 * (mi & 1))",
-                ),
-                (
-                    "v-frag",
-                    2,
-                    "(kk * 16 + 8 * (mi & 1) + r) * LD + n * 8 + 8 * (mi >> 1)",
-                ),
+                ("k-frag", 1, "fa2_ldsm<D, false>(bk, kl, n * 8, 2 * f)"),
+                ("v-frag", 1, "fa2_ldsm<D, true>(bv, vl, kk * 16, n)"),
             ],
         );
     }

@@ -7,7 +7,7 @@
 //! flash_fa2_bwd.cu's `// model:` tags (marks.rs), checked by the test below.
 
 use super::super::banks::{c_fragment, contiguous, quad_columns};
-use super::fa2::{self, ldsm_cols_major, ldsm_rows_major, row_bytes, Fa2};
+use super::fa2::{self, ldsm_cols_major, ldsm_rows_major, tile, Fa2, Tile};
 use super::marks::Marks;
 use super::{lines_in, Chain, Kernel, Role, Trips};
 use anyhow::Result;
@@ -149,7 +149,7 @@ impl super::Profile for Backward {
         if self.fa2.in_load_rows(chain) {
             return fa2::copy_site(self.d);
         }
-        let (stride, qt) = (row_bytes(self.d), queries(self.d));
+        let (stride, qt) = (tile(self.d), queries(self.d));
         // Elements of a bf16 pair or float pair one lane moves as separate accesses.
         let odd: &[u64] = if width <= 2 || (width == 4 && !store) {
             &[0, 1]
@@ -167,7 +167,7 @@ impl super::Profile for Backward {
             // The atomic pass: dS^T's A fragments (rows 16 kk + 8 (mi >> 1), rows (QT + 8) * 2
             // bytes apart) and K's .trans B fragments; nvcc mixes the two lines' attribution.
             ("atomic-frag", false) => vec![
-                ldsm_rows_major((qt + fa2::PAD) * 2),
+                ldsm_rows_major(Tile::Padded((qt + fa2::PAD) * 2)),
                 ldsm_cols_major(stride),
             ],
             // dss[(16 w + g + 8 h) * LDS + 8 n + 2 t + (i & 1)] = bf16.
@@ -211,8 +211,8 @@ mod tests {
                     1,
                     "for (int half = 0; half < FA2_KEYS / HK; half++)",
                 ),
-                ("rows-frag", 4, "ldmatrix_x4(b"),
-                ("cols-frag", 6, "ldmatrix_x4"),
+                ("rows-frag", 4, "fa2_ldsm<D, false>(b"),
+                ("cols-frag", 5, "fa2_ldsm<D, "),
                 ("query-rows", 2, "load_rows<D, QT>("),
                 (
                     "queries-loop",
@@ -232,7 +232,7 @@ mod tests {
                     2,
                     "dss[(w * 16 + gq + 8 * (i >> 1)) * LDS + n * 8 + 2 * tq + (i & 1)] =",
                 ),
-                ("atomic-frag", 4, "ldmatrix_x4_trans("),
+                ("atomic-frag", 3, "kk * 16"),
                 ("end atomic", 1, "}"),
                 (
                     "after-atomic",
@@ -243,7 +243,7 @@ mod tests {
         );
         let frags = m.lines("atomic-frag");
         assert!(line(frags[0]).contains("ldmatrix_x4_trans(sa, dss + "));
-        assert!(line(frags[2]).contains("ldmatrix_x4_trans(bk, kvs + "));
+        assert!(line(frags[2]).contains("fa2_ldsm<D, true>(bk, kw, "));
         assert_eq!(
             m.line("atomic-if").expect("the kernel sources' tags") + 1,
             *m.region("atomic")

@@ -158,9 +158,9 @@ pub fn flash_tc_bwd_dkdv(dm: FlashDims) -> Launch {
 pub const FLASH_FA2_KEYS: usize = 64;
 
 /// Dynamic shared memory of `flash_fa2_fwd_d{d}`: 2 stages x (K, V) x FLASH_FA2_KEYS rows of
-/// d + 8 bf16 (the padded rows of kernels/flash_fa2.cu): 36,864 bytes at d = 64, 69,632 at 128.
+/// d bf16 (the swizzled rows of kernels/fa2.cuh): 32,768 bytes at d = 64, 65,536 at 128.
 pub fn flash_fa2_shared(d: usize) -> u32 {
-    (2 * 2 * FLASH_FA2_KEYS * (d + 8) * 2) as u32
+    (2 * 2 * FLASH_FA2_KEYS * d * 2) as u32
 }
 
 /// bf16, head size 64 or 128 (`flash_tc_covers`): the forward in FlashAttention-2's structure
@@ -185,12 +185,12 @@ pub fn flash_fa2_bwd_queries(d: usize) -> usize {
 }
 
 /// Dynamic shared memory of `flash_fa2_bwd_dkdv_d{d}`: the block's K and V (FLASH_FA2_KEYS
-/// rows), 2 stages of Q and dO (`flash_fa2_bwd_queries` rows), all of d + 8 bf16, dS^T as
-/// FLASH_FA2_KEYS x (queries + 8) bf16, and per stage the queries' lse, delta and starts
-/// (4 bytes each): 42,752 bytes at d = 64, 55,680 at 128.
+/// rows), 2 stages of Q and dO (`flash_fa2_bwd_queries` rows), all of d bf16 (swizzled), dS^T
+/// as FLASH_FA2_KEYS x (queries + 8) bf16 (padded), and per stage the queries' lse, delta and
+/// starts (4 bytes each): 38,656 bytes at d = 64, 52,608 at 128.
 pub fn flash_fa2_bwd_dkdv_shared(d: usize) -> u32 {
-    let (qt, ld) = (flash_fa2_bwd_queries(d), d + 8);
-    let bf16s = 2 * FLASH_FA2_KEYS * ld + 4 * qt * ld + FLASH_FA2_KEYS * (qt + 8);
+    let qt = flash_fa2_bwd_queries(d);
+    let bf16s = 2 * FLASH_FA2_KEYS * d + 4 * qt * d + FLASH_FA2_KEYS * (qt + 8);
     (bf16s * 2 + 3 * 2 * qt * 4) as u32
 }
 
