@@ -314,6 +314,12 @@ pub fn write(
                 c.name, c.what
             ),
         ),
+        None if study.testbed == Testbed::V5CareHidden => (
+            format!("--testbed {label}"),
+            format!(
+                "Testbed {label}: study v5's exploratory row X6 (docs/v5/plan.md sections 10-11) on v4's premise condition"
+            ),
+        ),
         None => (
             format!("--testbed {label}"),
             format!("Testbed {label}: the confirmatory study"),

@@ -2,8 +2,9 @@
 //! the v4 and v5 studies against the tables it may cite.
 //!
 //! The committed set checked: each `results-reading.md` under docs/v4 (the main design, both
-//! CARE premise conditions, the nine robustness cells), docs/v5/results-reading.md (against
-//! docs/v5/results.md) and the v4 study rows of models/testbed/README.md (its "Design 3, studied" block, to the next heading). The
+//! CARE premise conditions, the nine robustness cells), docs/v5/results-reading.md and
+//! docs/v5/care-hidden/results-reading.md (against their results.md) and the v4 study rows of
+//! models/testbed/README.md (its "Design 3, studied" block, to the next heading). The
 //! deviations.md files are not readings: they record how the runs were made (dates, minutes,
 //! commits), which no table holds. A reading may cite its own report's generated part and CSVs,
 //! the main design's (every cell is read against it), and every report it names by path
@@ -197,13 +198,19 @@ fn committed_readings() -> Vec<(String, String, Vec<PathBuf>)> {
         reports.dedup();
         out.push((name, text, reports));
     }
-    // v5's reading, against its own report (which appends it) and the reports it names.
+    // v5's readings (the study's and X6's), against their own report (which appends it) and
+    // the reports they name.
     let v5 = repo().join("docs/v5");
-    let text = read(&v5.join("results-reading.md"));
-    let mut reports = vec![v5.join("results.md")];
-    reports.extend(named_reports(&text));
-    reports.dedup();
-    out.push(("docs/v5/results-reading.md".into(), text, reports));
+    for (name, d) in [
+        ("docs/v5/results-reading.md", v5.clone()),
+        ("docs/v5/care-hidden/results-reading.md", v5.join("care-hidden")),
+    ] {
+        let text = read(&d.join("results-reading.md"));
+        let mut reports = vec![d.join("results.md")];
+        reports.extend(named_reports(&text));
+        reports.dedup();
+        out.push((name.into(), text, reports));
+    }
     let rows = readme_rows();
     let reports = named_reports(&rows);
     out.push((
