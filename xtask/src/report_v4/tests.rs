@@ -282,7 +282,11 @@ fn the_committed_v4_reports_follow_from_their_csv() {
     use clap::ValueEnum;
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/v4");
     let mut reports = vec![(docs.clone(), Scope::Main, Testbed::V4)];
-    for t in [Testbed::V4Care, Testbed::V4CareLevels, Testbed::V5CareHidden] {
+    for t in [
+        Testbed::V4Care,
+        Testbed::V4CareLevels,
+        Testbed::V5CareHidden,
+    ] {
         reports.push((
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("..")

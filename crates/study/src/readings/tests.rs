@@ -203,7 +203,10 @@ fn committed_readings() -> Vec<(String, String, Vec<PathBuf>)> {
     let v5 = repo().join("docs/v5");
     for (name, d) in [
         ("docs/v5/results-reading.md", v5.clone()),
-        ("docs/v5/care-hidden/results-reading.md", v5.join("care-hidden")),
+        (
+            "docs/v5/care-hidden/results-reading.md",
+            v5.join("care-hidden"),
+        ),
     ] {
         let text = read(&d.join("results-reading.md"));
         let mut reports = vec![d.join("results.md")];
