@@ -47,7 +47,8 @@ __device__ __forceinline__ int fa2_at(int row, int chunk, int r) {
 // the lane's chunk bits `lane_chunk`. Its read of chunk c ^ lane_chunk at row row0 + `rows` is
 // then fa2_ldsm(out, base, rows, c) for c whose bits are disjoint from lane_chunk's: the base's
 // address bits 4-6 hold lane_chunk ^ r (the rows below are whole 128-byte lines), so XORing c's
-// low bits there is the swizzle, and `rows` and c's bit 3 are an immediate.
+// low bits there is the swizzle, and `rows` and c's bit 3 are an immediate. It is fa2_at with
+// the chunk split at bit 3, written out: through fa2_at, ptxas spills 8 bytes in dK/dV at D = 64.
 template <int D>
 __device__ __forceinline__ const bf16* fa2_lane(const bf16* tile, int row0, int lane_chunk,
                                                 int r) {

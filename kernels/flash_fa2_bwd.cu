@@ -32,7 +32,7 @@
 // 2 stages of Q and dO (QT rows each), all D bf16 a row, swizzled (fa2.cuh's fa2_at: conflict-free
 // ldmatrix and copies, see flash_fa2.cu), dS^T as 64 x (QT + 8) bf16 (padded: an odd number of
 // 16-byte units per row, so its transposing ldmatrix and its 4-byte stores are conflict-free),
-// XX
+// and per stage the QT queries' lse, delta and starts: 38,656 bytes at D = 64, 52,608 at
 // D = 128. dQ: the forward's 2 stages of K and V.
 #include "fa2.cuh"
 

@@ -12,8 +12,8 @@ impl Teacher {
     /// `overturn_by_level`'s value when set, else the line from `overturn_easy` at level 1 to
     /// `overturn_hard` at the top level.
     pub fn overturn(&self, level: usize) -> f64 {
-        if let Some(v) = self.overturn_by_level.as_deref().filter(|v| !v.is_empty()) {
-            return v[level.saturating_sub(1).min(v.len() - 1)];
+        if let Some(p) = by_level(self.overturn_by_level.as_deref(), level) {
+            return p;
         }
         let top = (super::MAX_LEVEL - 1).max(1) as f64;
         let t = (level.saturating_sub(1) as f64 / top).clamp(0.0, 1.0);
@@ -23,10 +23,7 @@ impl Teacher {
     /// v3: the chance that a level-`level` trace's first pass is verified (hard steps as small
     /// steps): `verified_by_level`'s value, or 0.
     pub fn verified(&self, level: usize) -> f64 {
-        self.verified_by_level
-            .as_deref()
-            .filter(|v| !v.is_empty())
-            .map_or(0.0, |v| v[level.saturating_sub(1).min(v.len() - 1)])
+        by_level(self.verified_by_level.as_deref(), level).unwrap_or(0.0)
     }
 
     pub(super) fn trace_v3(&self, p: &Problem, rng: &mut impl Rng) -> Trace {
@@ -124,6 +121,13 @@ impl Teacher {
         t.overturned = overturned;
         t
     }
+}
+
+/// A per-level profile's value at `level` (the first value is level 1's; a level past its end
+/// takes its last value); None when the profile is unset or empty.
+fn by_level(profile: Option<&[f64]>, level: usize) -> Option<f64> {
+    let v = profile.filter(|v| !v.is_empty())?;
+    Some(v[level.saturating_sub(1).min(v.len() - 1)])
 }
 
 #[cfg(test)]
